@@ -1,0 +1,3 @@
+from kvoffload.cli import main
+
+main()

@@ -1,0 +1,253 @@
+"""The `kvoffload` command: serve (the sidecar), record, analyze, sim and demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+import yaml
+
+from kvoffload import __version__
+from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
+from kvoffload.analysis import Settings, analyze_window, window_from_expositions
+from kvoffload.errors import InputError
+from kvoffload.parse import parse_text
+from kvoffload.recording import RecordingWriter, read_recording
+from kvoffload.report import render_report
+from kvoffload.scrape import fetch_sync
+from kvoffload.sidecar import target_name
+from kvoffload.units import parse_duration, parse_size
+from kvoffload.vllm import wanted
+
+EXIT_BAD_INPUT = 2
+
+
+def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _size(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InputError(f"bad listen address {value!r}: use host:port, e.g. 0.0.0.0:9400")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def load_thresholds(path: str | None, overrides: dict[str, float]) -> Thresholds:
+    values: dict[str, float] = {}
+    if path:
+        try:
+            with open(path) as fh:
+                data = yaml.safe_load(fh) or {}
+        except OSError as exc:
+            raise InputError(f"{path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: expected a mapping of threshold names to numbers")
+        known = set(Thresholds.__dataclass_fields__)
+        for key, value in data.items():
+            if key not in known:
+                raise InputError(f"{path}: unknown threshold {key!r} (known: "
+                                 f"{', '.join(sorted(known))})")
+            if not isinstance(value, int | float):
+                raise InputError(f"{path}: threshold {key!r} must be a number")
+            values[key] = float(value)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Thresholds(**values)
+
+
+def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by serve and analyze: how to read the figures and judge them."""
+    for option in reversed([
+        click.option("--world-size", type=click.IntRange(1), default=1, show_default=True,
+                     help="GPUs per engine (TP×PP): vLLM sums copy times over ranks."),
+        click.option("--memory-limit", callback=_size, default=None,
+                     help="Container memory limit for the OOM check (default: cgroup "
+                          "memory.max when readable)."),
+        click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
+                     default=None, help="YAML file of advisor thresholds (docs/advisor.md)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def make_settings(world_size: int, memory_limit: float | None, thresholds_file: str | None
+                  ) -> Settings:
+    limit = memory_limit if memory_limit is not None else read_cgroup_memory_limit()
+    return Settings(world_size, limit, load_thresholds(thresholds_file, {}))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kvoffload")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def cli(log_level: str) -> None:
+    """Is vLLM's CPU KV offloading paying off, and how big should the CPU tier be?"""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+
+
+@cli.command()
+@click.option("--target", "targets", multiple=True, required=True, metavar="URL",
+              help="vLLM /metrics URL; repeat for several engines/pods.")
+@click.option("--web.listen-address", "--listen", "listen", default="0.0.0.0:9400",
+              show_default=True, help="Where to serve /metrics, /api/v1/status and the page.")
+@click.option("--interval", callback=_duration, default="5s", show_default=True,
+              help="Scrape interval per target.")
+@click.option("--window", callback=_duration, default="5m", show_default=True,
+              help="Window the figures are computed over.")
+@click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
+@click.option("--max-payload", callback=_size, default="16MiB", show_default=True,
+              help="Largest /metrics body accepted.")
+@settings_options
+def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
+          scrape_timeout: float, max_payload: float, world_size: int,
+          memory_limit: float | None, thresholds_file: str | None) -> None:
+    """Run the sidecar next to `vllm serve`."""
+    from aiohttp import web
+
+    from kvoffload.server import make_app
+    from kvoffload.sidecar import Sidecar, SidecarConfig
+
+    host, port = _listen(listen)
+    sidecar = Sidecar(SidecarConfig(
+        list(targets), interval, window, scrape_timeout, int(max_payload),
+        make_settings(world_size, memory_limit, thresholds_file),
+    ))
+    click.echo(f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
+               f"serving http://{host}:{port}/", err=True)
+    web.run_app(make_app(sidecar), host=host, port=port, print=None,
+                access_log=None, handle_signals=True)
+
+
+@cli.command()
+@click.option("--target", "targets", multiple=True, required=True, metavar="URL")
+@click.option("--interval", callback=_duration, default="15s", show_default=True)
+@click.option("--duration", callback=_duration, default="10m", show_default=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Recording to write (OpenMetrics, .om).")
+@click.option("--job", default="vllm", show_default=True, help="job label added to every series.")
+@click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
+def record(targets: tuple[str, ...], interval: float, duration: float, output: str,
+           job: str, scrape_timeout: float) -> None:
+    """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
+    names = [target_name(url) for url in targets]
+    try:
+        fh = open(output, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise InputError(f"{output}: {exc.strerror}") from None
+    writer = RecordingWriter(fh, job=job)
+    deadline = time.monotonic() + duration
+    failures = 0
+    try:
+        while True:
+            started = time.monotonic()
+            for url, name in zip(targets, names, strict=True):
+                try:
+                    result = fetch_sync(url, scrape_timeout)
+                    writer.write_exposition(parse_text(result.body), result.timestamp, name)
+                except InputError as exc:
+                    failures += 1
+                    click.echo(f"kvoffload: warning: {exc}", err=True)
+            if started + interval > deadline:
+                break
+            time.sleep(max(0.0, started + interval - time.monotonic()))
+    except KeyboardInterrupt:
+        click.echo("kvoffload: interrupted; closing the recording", err=True)
+    finally:
+        writer.close()
+        fh.close()
+    click.echo(f"wrote {writer.scrapes} scrapes to {output} ({failures} failed)", err=True)
+    if writer.scrapes == 0:
+        raise InputError("no scrape succeeded: the recording is empty")
+
+
+@cli.command()
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--target", default=None, metavar="URL", help="Sample a live server instead.")
+@click.option("--duration", callback=_duration, default="60s", show_default=True,
+              help="With --target: how long to sample.")
+@click.option("--interval", callback=_duration, default="5s", show_default=True,
+              help="With --target: scrape interval.")
+@click.option("--window", callback=_duration, default=None,
+              help="Only the last WINDOW of the input (default: all of it).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead.")
+@settings_options
+def analyze(file: str | None, target: str | None, duration: float, interval: float,
+            window: float | None, as_json: bool, world_size: int, memory_limit: float | None,
+            thresholds_file: str | None) -> None:
+    """Figures and advice from a recording, a /metrics snapshot, or a live server."""
+    if (file is None) == (target is None):
+        raise InputError("give either a FILE or --target URL")
+    settings = make_settings(world_size, memory_limit, thresholds_file)
+    if file is not None:
+        expositions = read_recording(file, wanted)
+        source = file
+    else:
+        expositions = _sample_live(target, duration, interval)  # type: ignore[arg-type]
+        source = target  # type: ignore[assignment]
+    win, scrapes, lifetime = window_from_expositions(expositions, window)
+    groups = analyze_window(win, settings, lifetime)
+    if as_json:
+        click.echo(json.dumps({"source": source, "scrapes": scrapes, "lifetime": lifetime,
+                               "groups": groups}, indent=2, allow_nan=False))
+        return
+    note = (f"{scrapes} scrape(s)" + ("; one snapshot: lifetime totals since the engine "
+                                       "started" if lifetime else ""))
+    click.echo(render_report(groups, source, note), nl=False)
+
+
+def _sample_live(url: str, duration: float, interval: float):  # noqa: ANN202
+    name = target_name(url)
+    deadline = time.monotonic() + duration
+    while True:
+        started = time.monotonic()
+        result = fetch_sync(url)
+        expo = parse_text(result.body, wanted)
+        expo.timestamp = result.timestamp
+        for i, (sample_name, labels, value, ts) in enumerate(expo.samples):
+            expo.samples[i] = (sample_name, {**labels, "instance": name}, value, ts)
+        yield expo
+        if started + interval > deadline:
+            return
+        time.sleep(max(0.0, started + interval - time.monotonic()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="kvoffload", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_BAD_INPUT if exc.exit_code == 2 else exc.exit_code)
+    except InputError as exc:
+        click.echo(f"kvoffload: error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

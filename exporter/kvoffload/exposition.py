@@ -1,0 +1,106 @@
+"""The sidecar's own /metrics: fresh const metrics built from the latest analysis per scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from kvoffload import __version__
+from kvoffload.advisor import ACTIONS, GIB
+from kvoffload.signals import FIGURES
+from kvoffload.sidecar import Sidecar
+
+GROUP_LABELS = ["target", "model_name"]
+
+
+class SidecarCollector(Collector):
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    def collect(self) -> Iterator[Metric]:
+        sc = self.sidecar
+        build = GaugeMetricFamily("kvoffload_build_info", "kvoffload version (always 1).",
+                                  labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
+
+        up = GaugeMetricFamily("kvoffload_up", "1 if the last scrape of the vLLM target "
+                               "succeeded and parsed, else 0.", labels=["target"])
+        duration = GaugeMetricFamily("kvoffload_scrape_duration_seconds",
+                                     "Duration of the last successful scrape of the target.",
+                                     labels=["target"])
+        failures = CounterMetricFamily("kvoffload_scrape_failures",
+                                       "Scrapes of the target that failed (unreachable, slow, "
+                                       "HTTP error, oversized or unparsable).",
+                                       labels=["target"])
+        payload = GaugeMetricFamily("kvoffload_scrape_payload_bytes",
+                                    "Size of the target's last /metrics body.",
+                                    labels=["target"])
+        last_ok = GaugeMetricFamily("kvoffload_last_success_timestamp_seconds",
+                                    "Unix time of the target's last successful scrape.",
+                                    labels=["target"])
+        for t in sc.targets:
+            up.add_metric([t.name], 1.0 if t.up else 0.0)
+            failures.add_metric([t.name], t.failures)
+            if t.last_duration_seconds is not None:
+                duration.add_metric([t.name], t.last_duration_seconds)
+                payload.add_metric([t.name], t.payload_bytes)
+            if t.last_success_timestamp is not None:
+                last_ok.add_metric([t.name], t.last_success_timestamp)
+        yield from (up, duration, failures, payload, last_ok)
+
+        groups = sc.groups()
+        offloading = GaugeMetricFamily("kvoffload_offloading_enabled",
+                                       "1 if the engine exposes KV offloading metrics.",
+                                       labels=GROUP_LABELS)
+        window = GaugeMetricFamily("kvoffload_window_seconds",
+                                   "Time span the figures of this group cover.",
+                                   labels=GROUP_LABELS)
+        families: dict[str, GaugeMetricFamily] = {}
+        for fig in FIGURES:
+            if fig.metric not in families:
+                extra = [k for k, _ in fig.labels]
+                families[fig.metric] = GaugeMetricFamily(
+                    fig.metric, fig.help + " (windowed, computed by the sidecar)",
+                    labels=GROUP_LABELS + extra,
+                )
+        rec = GaugeMetricFamily("kvoffload_recommendation",
+                                "Current advice: 1 for the recommended action, 0 for the others.",
+                                labels=[*GROUP_LABELS, "action"])
+        size = GaugeMetricFamily("kvoffload_recommended_size_bytes",
+                                 "Recommended --kv-offloading-size, in bytes.",
+                                 labels=GROUP_LABELS)
+        for g in groups:
+            labels = g["labels"]
+            assert isinstance(labels, dict)
+            key = [labels["instance"], labels["model_name"]]
+            offloading.add_metric(key, 1.0 if g["offloading"] else 0.0)
+            window.add_metric(key, float(g["window_seconds"]))  # type: ignore[arg-type]
+            figures = g["figures"]
+            assert isinstance(figures, dict)
+            for fig in FIGURES:
+                value = figures.get(fig.key)
+                if value is not None:
+                    families[fig.metric].add_metric(
+                        key + [v for _, v in fig.labels], value * fig.export_scale
+                    )
+            recommendation = g["recommendation"]
+            assert isinstance(recommendation, dict)
+            for action in ACTIONS:
+                rec.add_metric([*key, action], 1.0 if recommendation["action"] == action else 0.0)
+            size_gib = recommendation.get("kv_offloading_size_gib")
+            if size_gib is not None:
+                size.add_metric(key, float(size_gib) * GIB)
+        yield offloading
+        yield window
+        yield from families.values()
+        yield rec
+        yield size
+
+
+def build_registry(sidecar: Sidecar) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(sidecar))
+    return registry

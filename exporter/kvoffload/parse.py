@@ -1,0 +1,208 @@
+"""Prometheus text exposition (0.0.4) and OpenMetrics parsing, fast and strict enough.
+
+The sidecar parses every scrape of every target, so the hot path skips samples nobody asked
+for after looking at their name only, and parses labels only for the samples it keeps.
+Errors are `ParseError` with a one-line message that names the line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from kvoffload.errors import InputError
+
+# A sample: (name, labels, value, timestamp in seconds or None).
+Sample = tuple[str, dict[str, str], float, float | None]
+
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE_RE = re.compile(r'\\[\\"n]')
+
+
+class ParseError(InputError):
+    """The payload is not valid Prometheus text exposition."""
+
+
+@dataclass
+class Exposition:
+    """One scrape: the families declared (name → type) and the samples that were kept."""
+
+    families: dict[str, str] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    timestamp: float | None = None
+
+
+def family_name(name: str, mtype: str) -> str:
+    """Normalise a TYPE line's name: 0.0.4 counters carry `_total`, OpenMetrics ones do not."""
+    if mtype == "counter" and name.endswith("_total"):
+        return name[:-6]
+    return name
+
+
+def canonical_name(name: str) -> str:
+    """vLLM names with the colon escaped (`vllm_...`, Prometheus 2 + OpenMetrics) → `vllm:...`."""
+    if name.startswith("vllm_"):
+        return "vllm:" + name[5:]
+    return name
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _parse_labels(text: str, lineno: int) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    pos = 0
+    end = len(text)
+    while pos < end:
+        m = _LABEL_RE.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ParseError(f"line {lineno}: malformed labels {{{text[:80]}}}")
+        labels[m.group(1)] = _unescape(m.group(2))
+        pos = m.end()
+    return labels
+
+
+def _parse_float(token: str, lineno: int) -> float:
+    try:
+        return float(token)
+    except ValueError:
+        raise ParseError(f"line {lineno}: bad number {token[:40]!r}") from None
+
+
+def _parse_sample_line(
+    line: str, lineno: int, wanted: Callable[[str], bool] | None
+) -> Sample | None:
+    if line[0] not in _NAME_START:
+        raise ParseError(f"line {lineno}: not a metric line: {line[:60]!r}")
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name = line[:brace]
+        close = line.rfind("}")
+        if close < brace:
+            raise ParseError(f"line {lineno}: unterminated label set: {line[:80]!r}")
+        name = canonical_name(name)
+        if wanted is not None and not wanted(name):
+            return None
+        labels = _parse_labels(line[brace + 1 : close], lineno)
+        rest = line[close + 1 :].split()
+    else:
+        if space == -1:
+            raise ParseError(f"line {lineno}: sample without a value: {line[:80]!r}")
+        name = canonical_name(line[:space])
+        if wanted is not None and not wanted(name):
+            return None
+        labels = {}
+        rest = line[space + 1 :].split()
+    if not rest or len(rest) > 2:
+        raise ParseError(f"line {lineno}: expected 'value [timestamp]': {line[:80]!r}")
+    value = _parse_float(rest[0], lineno)
+    ts = _parse_float(rest[1], lineno) if len(rest) == 2 else None
+    return name, labels, value, ts
+
+
+def _decode(body: bytes | str) -> str:
+    if isinstance(body, str):
+        text = body
+    else:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ParseError(f"not text: invalid UTF-8 at byte {exc.start}") from None
+    if "\x00" in text:
+        raise ParseError("not text: payload contains NUL bytes")
+    return text
+
+
+def parse_text(
+    body: bytes | str, wanted: Callable[[str], bool] | None = None
+) -> Exposition:
+    """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all).
+
+    Timestamps in 0.0.4 are milliseconds; they are converted to seconds.
+    """
+    text = _decode(body)
+    expo = Exposition()
+    families = expo.families
+    samples = expo.samples
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# TYPE "):
+                parts = line.split()
+                if len(parts) != 4:
+                    raise ParseError(f"line {lineno}: malformed TYPE line: {line[:80]!r}")
+                families[family_name(canonical_name(parts[2]), parts[3])] = parts[3]
+            continue
+        if line[-1] == "\r":
+            line = line[:-1]
+        sample = _parse_sample_line(line, lineno, wanted)
+        if sample is not None:
+            if sample[3] is not None:
+                sample = (sample[0], sample[1], sample[2], sample[3] / 1000.0)
+            samples.append(sample)
+    return expo
+
+
+def iter_openmetrics(
+    lines: Iterable[str], wanted: Callable[[str], bool] | None = None
+) -> Iterator[Exposition]:
+    """Stream the scrapes of a recording (OpenMetrics, a timestamp in seconds on every sample).
+
+    A scrape is a run of samples with the same timestamp; TYPE lines seen between two runs go
+    to the run that follows them. Memory stays at one scrape however long the file is.
+    """
+    current: Exposition | None = None
+    pending: dict[str, str] = {}
+    saw_eof = False
+    lineno = 0
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip("\r\n")
+        if not line:
+            continue
+        if saw_eof:
+            raise ParseError(f"line {lineno}: content after '# EOF'")
+        if "\x00" in line:
+            raise ParseError(f"line {lineno}: not text: NUL byte")
+        if line[0] == "#":
+            if line == "# EOF":
+                saw_eof = True
+            elif line.startswith("# TYPE "):
+                parts = line.split()
+                if len(parts) != 4:
+                    raise ParseError(f"line {lineno}: malformed TYPE line: {line[:80]!r}")
+                pending[family_name(canonical_name(parts[2]), parts[3])] = parts[3]
+            continue
+        sample = _parse_sample_line(line, lineno, None)
+        assert sample is not None
+        ts = sample[3]
+        if ts is None:
+            raise ParseError(f"line {lineno}: recording sample without a timestamp")
+        if current is None or ts != current.timestamp:
+            if current is not None:
+                if ts < current.timestamp:  # type: ignore[operator]
+                    # Interleaved families of several timestamps: not a recording we wrote,
+                    # and streaming it would give wrong windows.
+                    raise ParseError(
+                        f"line {lineno}: timestamp {ts} goes back in time (after "
+                        f"{current.timestamp}); recordings must be written scrape by scrape"
+                    )
+                yield current
+            current = Exposition(timestamp=ts)
+        if pending:
+            current.families.update(pending)
+            pending = {}
+        if wanted is None or wanted(sample[0]):
+            current.samples.append(sample)
+    if not saw_eof:
+        raise ParseError(f"truncated recording: no '# EOF' after line {lineno}")
+    if current is not None:
+        current.families.update(pending)
+        yield current

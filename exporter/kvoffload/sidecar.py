@@ -1,0 +1,172 @@
+"""The sidecar's engine: one scrape loop per target feeding one bounded window.
+
+No state worth losing: vLLM's counters are cumulative, so a restarted sidecar has every rate
+back after two scrapes. A failing target is marked down with its one-line error; the others
+go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from kvoffload.analysis import Settings, analyze_window
+from kvoffload.errors import InputError
+from kvoffload.parse import parse_text
+from kvoffload.scrape import fetch
+from kvoffload.vllm import extract, wanted
+from kvoffload.window import Window
+
+log = logging.getLogger("kvoffload")
+
+
+def target_name(url: str) -> str:
+    """host:port of a target URL, the way Prometheus names an instance."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.hostname:
+        raise InputError(f"{url}: not an http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return f"{host}:{port}"
+
+
+@dataclass
+class TargetState:
+    url: str
+    name: str
+    up: bool = False
+    last_error: str | None = None
+    last_duration_seconds: float | None = None
+    last_success_timestamp: float | None = None
+    scrapes: int = 0
+    failures: int = 0
+    payload_bytes: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "url": self.url, "instance": self.name, "up": self.up,
+            "last_error": self.last_error,
+            "last_scrape_duration_seconds": self.last_duration_seconds,
+            "last_success_timestamp": self.last_success_timestamp,
+            "scrapes": self.scrapes, "failures": self.failures,
+            "payload_bytes": self.payload_bytes,
+        }
+
+
+@dataclass
+class SidecarConfig:
+    targets: list[str]
+    interval_seconds: float = 5.0
+    window_seconds: float = 300.0
+    timeout_seconds: float = 10.0
+    max_payload_bytes: int = 16 * 2**20
+    settings: Settings = field(default_factory=Settings)
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig) -> None:
+        if not config.targets:
+            raise InputError("no --target given")
+        self.config = config
+        self.targets = [TargetState(url, target_name(url)) for url in config.targets]
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names):
+            raise InputError(f"two targets share an instance name: {', '.join(names)}")
+        self.window = Window(config.window_seconds)
+        self.started = time.time()
+        self._generation = 0
+        self._cache: tuple[int, list[dict[str, object]]] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64, force_close=False)
+        )
+        for i, target in enumerate(self.targets):
+            # Spread first scrapes over the interval so many targets do not scrape in lockstep.
+            offset = self.config.interval_seconds * i / max(len(self.targets), 1)
+            self._tasks.append(asyncio.create_task(self._loop(target, offset)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _loop(self, target: TargetState, offset: float) -> None:
+        await asyncio.sleep(offset)
+        interval = self.config.interval_seconds
+        next_at = time.monotonic()
+        while True:
+            await self.scrape_once(target)
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # we fell behind: skip missed slots instead of bursting
+                next_at = time.monotonic()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    # -- one scrape -------------------------------------------------------------------------
+    async def scrape_once(self, target: TargetState) -> None:
+        assert self._session is not None
+        target.scrapes += 1
+        try:
+            result = await fetch(
+                self._session, target.url, self.config.timeout_seconds,
+                self.config.max_payload_bytes,
+            )
+            expo = parse_text(result.body, wanted)
+            ex = extract(expo, result.timestamp, target.name)
+            if not ex.counters and not ex.gauges:
+                raise InputError(f"{target.url}: no vLLM metrics in the payload "
+                                 "(is this vLLM's /metrics? is --disable-log-stats set?)")
+            self.window.update(ex)
+        except InputError as exc:
+            target.up = False
+            target.failures += 1
+            target.last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("scrape failed: %s", target.last_error)
+            return
+        except Exception as exc:  # noqa: BLE001 - a sidecar must never die of one scrape
+            target.up = False
+            target.failures += 1
+            target.last_error = f"{target.url}: internal error: {type(exc).__name__}: {exc}"
+            log.exception("unexpected error scraping %s", target.url)
+            return
+        target.up = True
+        target.last_error = None
+        target.last_duration_seconds = result.duration_seconds
+        target.last_success_timestamp = result.timestamp
+        target.payload_bytes = len(result.body)
+        self._generation += 1
+
+    # -- views ------------------------------------------------------------------------------
+    def groups(self) -> list[dict[str, object]]:
+        """Analysis of every group, recomputed only when a scrape landed since the last call."""
+        if self._cache is None or self._cache[0] != self._generation:
+            self._cache = (self._generation, analyze_window(self.window, self.config.settings))
+        return self._cache[1]
+
+    @property
+    def ready(self) -> bool:
+        return any(t.last_success_timestamp is not None for t in self.targets)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "groups": self.groups(),
+            "targets": [t.to_json() for t in self.targets],
+            "window_seconds": self.config.window_seconds,
+            "interval_seconds": self.config.interval_seconds,
+            "generated_at": time.time(),
+        }

@@ -1,0 +1,219 @@
+"""Per-series history with counter-reset handling, and increases over a sliding window.
+
+Each counter series keeps an *adjusted total* that only grows: a decrease, a changed
+`_created`, or a series that vanished and came back is a restart, and then the new raw value
+is the increase since the restart (Prometheus' `increase()` semantics, without its
+extrapolation). Group totals are sums of adjusted totals, stored once per scrape, so the
+increase of a group over any window is a subtraction — a window spanning a vLLM restart gives
+the same figures as one without it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvoffload.vllm import GAUGE_KEYS, Extract
+
+# (instance, model_name)
+GroupKey = tuple[str, str]
+
+
+@dataclass
+class _SeriesState:
+    raw: float
+    created: float | None
+    adjusted: float
+    seen_at: int  # scrape number that last contained the series
+
+
+@dataclass
+class Point:
+    """Group totals at one scrape: adjusted counter sums and gauge running sums."""
+
+    t: float
+    counters: dict[str, float]
+    gauge_sums: dict[str, float]
+    gauge_n: float
+
+
+@dataclass
+class GroupStatic:
+    """The latest static facts of a group (config info labels)."""
+
+    cache_config: list[dict[str, str]] = field(default_factory=list)
+    offload_config: list[dict[str, str]] = field(default_factory=list)
+    offload_families: bool = False
+    naming: str = "none"
+    engines: set[str] = field(default_factory=set)
+    last_gauges: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Delta:
+    """What happened in a group over a window."""
+
+    seconds: float
+    inc: dict[str, float]
+    gauge_avg: dict[str, float]
+    points: int
+
+
+class Window:
+    """Bounded history for one or more targets.
+
+    window_seconds=None keeps only the first and the latest point (a whole-recording
+    analysis that streams). origin_zero=True starts every group from zero at the process
+    start (lifetime figures from a single snapshot).
+    """
+
+    def __init__(
+        self,
+        window_seconds: float | None = 300.0,
+        origin_zero: bool = False,
+        max_points: int = 10_000,
+    ) -> None:
+        self.window_seconds = window_seconds
+        self.origin_zero = origin_zero
+        self.max_points = max_points
+        # group → (counter key, engine) → state: a scrape touches only its own groups.
+        self._series: dict[GroupKey, dict[tuple[str, str], _SeriesState]] = {}
+        self._points: dict[GroupKey, deque[Point]] = {}
+        self._first: dict[GroupKey, Point] = {}
+        self._static: dict[GroupKey, GroupStatic] = {}
+        self._gauge_running: dict[GroupKey, tuple[dict[str, float], float]] = {}
+        self._scrapes: dict[str, int] = {}
+
+    # -- ingest ---------------------------------------------------------------------------
+    def update(self, ex: Extract) -> None:
+        instances = set(ex.offload_families) | {k[1] for k in ex.counters}
+        for instance in instances:
+            self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
+        group_totals: dict[GroupKey, dict[str, float]] = {}
+        earliest_created: dict[GroupKey, float] = {}
+
+        for skey, raw in ex.counters.items():
+            key, instance, model, _engine = skey
+            scrape_no = self._scrapes[instance]
+            created = ex.created.get(skey)
+            series = self._series.setdefault((instance, model), {})
+            state = series.get((key, _engine))
+            if state is None:
+                state = _SeriesState(raw, created, raw, scrape_no)
+                series[(key, _engine)] = state
+            else:
+                restarted = (
+                    raw < state.raw
+                    or (created is not None and state.created is not None
+                        and created != state.created)
+                    or state.seen_at != scrape_no - 1
+                )
+                state.adjusted += raw if restarted else raw - state.raw
+                state.raw = raw
+                state.created = created
+                state.seen_at = scrape_no
+            if created is not None:
+                g = (instance, model)
+                earliest_created[g] = min(earliest_created.get(g, created), created)
+            group_totals.setdefault((instance, model), {})
+
+        # Sum adjusted totals of every series ever seen in the group: a series missing from
+        # this scrape keeps its last contribution instead of making the sum drop.
+        for g, totals in group_totals.items():
+            for (key, _engine), state in self._series.get(g, {}).items():
+                totals[key] = totals.get(key, 0.0) + state.adjusted
+
+        gauge_now: dict[GroupKey, dict[str, list[float]]] = {}
+        for (key, instance, model, _engine), value in ex.gauges.items():
+            gauge_now.setdefault((instance, model), {}).setdefault(key, []).append(value)
+            group_totals.setdefault((instance, model), {})
+
+        for g, totals in group_totals.items():
+            static = self._static.setdefault(g, GroupStatic())
+            instance, model = g
+            static.offload_families = ex.offload_families.get(instance, False)
+            static.naming = ex.offload_naming.get(instance, "none")
+            static.cache_config = [
+                labels for (inst, _e), labels in sorted(ex.cache_config.items()) if inst == instance
+            ] or static.cache_config
+            offload_cfg = [
+                labels
+                for (inst, mdl, _e), labels in sorted(ex.offload_config.items())
+                if inst == instance and mdl == model
+            ]
+            static.offload_config = offload_cfg or static.offload_config
+            static.engines |= {e for (_k, i, m, e) in ex.counters if i == instance and m == model}
+
+            gauges = {k: sum(v) / len(v) for k, v in gauge_now.get(g, {}).items()}
+            static.last_gauges = gauges
+            sums, n = self._gauge_running.get(g, ({}, 0.0))
+            sums = dict(sums)
+            for k in GAUGE_KEYS:
+                if k in gauges:
+                    sums[k] = sums.get(k, 0.0) + gauges[k]
+            n += 1
+            self._gauge_running[g] = (sums, n)
+            point = Point(ex.timestamp, dict(totals), sums, n)
+
+            points = self._points.get(g)
+            if points is None:
+                points = deque()
+                self._points[g] = points
+                if self.origin_zero:
+                    # Without a clock (timestamp 0) the span is unknown: zero, not a guess.
+                    start = earliest_created.get(g, ex.timestamp) if ex.timestamp else 0.0
+                    self._first[g] = Point(min(start, ex.timestamp), {}, {}, 0.0)
+                else:
+                    self._first[g] = point
+            points.append(point)
+            self._trim(points, ex.timestamp)
+
+    def _trim(self, points: deque[Point], now: float) -> None:
+        if self.window_seconds is None:
+            # Whole-history mode: the first point is kept apart; only the latest matters.
+            while len(points) > 1:
+                points.popleft()
+            return
+        boundary = now - self.window_seconds
+        # Keep one point at or before the boundary so the window is fully covered.
+        while len(points) > 2 and points[1].t <= boundary:
+            points.popleft()
+        while len(points) > self.max_points:
+            points.popleft()
+
+    # -- query ----------------------------------------------------------------------------
+    def groups(self) -> list[GroupKey]:
+        return sorted(self._points)
+
+    def static(self, group: GroupKey) -> GroupStatic:
+        return self._static[group]
+
+    def delta(self, group: GroupKey) -> Delta | None:
+        """Increases over the window (or the whole history); None with fewer than two points."""
+        points = self._points.get(group)
+        if not points:
+            return None
+        last = points[-1]
+        first = self._first[group] if self.window_seconds is None else points[0]
+        if first is last:
+            return None
+        inc = {
+            key: max(last.counters.get(key, 0.0) - first.counters.get(key, 0.0), 0.0)
+            for key in last.counters
+        }
+        n = last.gauge_n - first.gauge_n
+        gauge_avg = (
+            {k: (v - first.gauge_sums.get(k, 0.0)) / n for k, v in last.gauge_sums.items()}
+            if n > 0
+            else {}
+        )
+        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, int(n))
+
+    def forget_instance(self, instance: str) -> None:
+        """Drop everything about a target (it was removed from the configuration)."""
+        for g in [g for g in self._points if g[0] == instance]:
+            self._series.pop(g, None)
+            self._points.pop(g, None)
+            self._first.pop(g, None)
+            self._static.pop(g, None)
+            self._gauge_running.pop(g, None)

@@ -1,0 +1,72 @@
+"""Shared test helpers: fixture paths, recordings built from the real H200 captures, tiny
+HTTP servers that misbehave on purpose."""
+
+from __future__ import annotations
+
+import csv
+import io
+import socket
+from pathlib import Path
+
+from kvoffload.parse import Exposition, parse_text
+from kvoffload.recording import RecordingWriter
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SAMPLE = FIXTURES / "vllm-0.33-offload-sample.prom"
+H200 = FIXTURES / "vllm-0.26-h200-capture"
+
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def h200_scrapes(server: str = "8b-offload") -> list[tuple[float, str]]:
+    """(timestamp, body) of every settled scrape of a real H200 run, in order."""
+    out = []
+    with open(H200 / "ttft.csv") as fh:
+        for row in csv.DictReader(fh):
+            if row["server"] != server:
+                continue
+            name = f"batch{row['batch']}-{row['step']}-{row['label']}.settled.prom"
+            out.append((float(row["t_epoch"]), (H200 / server / name).read_text()))
+    return out
+
+
+def recording_text(scrapes: list[tuple[float, Exposition | str]], instance: str = "vllm:8000"
+                   ) -> str:
+    buf = io.StringIO()
+    writer = RecordingWriter(buf, instance=instance, job="vllm")
+    for ts, body in scrapes:
+        if isinstance(body, str):
+            writer.write_scrape(body, ts)
+        else:
+            writer.write_exposition(body, ts)
+    writer.close()
+    return buf.getvalue()
+
+
+def restarted(expo: Exposition, base: Exposition, restart_time: float) -> Exposition:
+    """The same scrape as seen if vLLM had restarted right after `base` was taken: counters
+    count from zero since the restart, `_created` moves, and lazily created offload series
+    that have not moved since the restart are gone (as on a fresh server)."""
+    base_values = {(n, tuple(sorted(lb.items()))): v for n, lb, v, _ in base.samples}
+    samples = []
+    for name, labels, value, ts in expo.samples:
+        key = (name, tuple(sorted(labels.items())))
+        if name.endswith("_created"):
+            value = restart_time
+        elif name.endswith(COUNTER_SUFFIXES) and key in base_values:
+            value = value - base_values[key]
+            lazy = name.startswith(("vllm:kv_offload_load_", "vllm:kv_offload_store_"))
+            if lazy and value == 0:
+                continue
+        samples.append((name, labels, value, ts))
+    return Exposition(families=dict(expo.families), samples=samples)
+
+
+def parse_all(body: str) -> Exposition:
+    return parse_text(body)

@@ -1,0 +1,73 @@
+import pytest
+from helpers import SAMPLE
+
+from kvoffload.parse import ParseError, iter_openmetrics, parse_text
+from kvoffload.vllm import wanted
+
+
+def test_sample_parses_with_every_family():
+    expo = parse_text(SAMPLE.read_bytes())
+    assert "vllm:kv_offload_load_bytes" in expo.families  # counter family, _total stripped
+    assert expo.families["vllm:kv_offload_allocation_failure"] == "counter"
+    names = {s[0] for s in expo.samples}
+    assert "vllm:kv_offload_load_bytes_total" in names
+    assert "vllm:kv_offload_load_bytes_created" in names
+
+
+def test_filter_keeps_only_catalog_samples():
+    expo = parse_text(SAMPLE.read_bytes(), wanted)
+    names = {s[0] for s in expo.samples}
+    assert "vllm:request_prompt_tokens_bucket" not in names
+    assert "vllm:prefix_cache_hits_total" in names
+    # _created are read for reset detection, never as values (see test_figures)
+    assert "vllm:prefix_cache_hits_created" in names
+
+
+def test_labels_with_escapes_and_commas():
+    body = 'm{a="x,\\"y\\"",b="back\\\\slash",c="new\\nline"} 1.5\n'
+    (name, labels, value, ts), = parse_text(body).samples
+    assert labels == {"a": 'x,"y"', "b": "back\\slash", "c": "new\nline"}
+    assert (name, value, ts) == ("m", 1.5, None)
+
+
+def test_colon_escaped_names_are_canonical():
+    (name, *_), = parse_text("vllm_kv_offload_load_bytes_total 3\n").samples
+    assert name == "vllm:kv_offload_load_bytes_total"
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"\x00\x01\x02garbage", "NUL"),
+    (b"\xff\xfe\xfd", "UTF-8"),
+    ("vllm:x{engine=\"0\" 1\n", "label"),
+    ("vllm:x{engine=\"0\"} abc\n", "bad number"),
+    ("<html><body>oops</body></html>\n", "not a metric line"),
+    ("vllm:x\n", "without a value"),
+    ("# TYPE broken\n", "TYPE"),
+])
+def test_garbage_is_one_line_error(body, message):
+    with pytest.raises(ParseError) as err:
+        parse_text(body)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_openmetrics_stream_splits_scrapes_by_timestamp():
+    text = [
+        "# TYPE a counter\n", 'a_total{x="1"} 1 10.0\n', "# TYPE b gauge\n", "b 2 10.0\n",
+        "# TYPE a counter\n", 'a_total{x="1"} 3 20.0\n', "# TYPE b gauge\n", "b 4 20.0\n",
+        "# EOF\n",
+    ]
+    scrapes = list(iter_openmetrics(text))
+    assert [s.timestamp for s in scrapes] == [10.0, 20.0]
+    assert scrapes[1].families == {"a": "counter", "b": "gauge"}
+    assert [v for _, _, v, _ in scrapes[1].samples] == [3, 4]
+
+
+def test_openmetrics_without_eof_is_truncated():
+    with pytest.raises(ParseError, match="truncated"):
+        list(iter_openmetrics(["a 1 10.0\n"]))
+
+
+def test_openmetrics_time_going_back_is_rejected():
+    with pytest.raises(ParseError, match="back in time"):
+        list(iter_openmetrics(["a 1 10.0\n", "b 1 5.0\n", "# EOF\n"]))
