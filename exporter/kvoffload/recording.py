@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from kvoffload.errors import InputError
-from kvoffload.parse import Exposition, family_name, iter_openmetrics, parse_text
+from kvoffload.parse import Exposition, ParseError, family_name, iter_openmetrics, parse_text
 
 
 def _escape(value: str) -> str:
@@ -105,6 +105,13 @@ def _family_of(name: str, types: dict[str, str]) -> str:
 
 def read_recording(path: str, wanted=None) -> Iterator[Exposition]:  # noqa: ANN001
     """Stream a recording's scrapes; a plain 0.0.4 snapshot (one /metrics body) also works."""
+    try:
+        yield from _read_recording(path, wanted)
+    except ParseError as exc:
+        raise ParseError(f"{path}: {exc}") from None
+
+
+def _read_recording(path: str, wanted=None) -> Iterator[Exposition]:  # noqa: ANN001
     try:
         fh = open(path, encoding="utf-8", errors="strict")  # noqa: SIM115
     except FileNotFoundError:

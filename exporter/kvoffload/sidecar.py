@@ -126,7 +126,10 @@ class Sidecar:
                 self._session, target.url, self.config.timeout_seconds,
                 self.config.max_payload_bytes,
             )
-            expo = parse_text(result.body, wanted)
+            try:
+                expo = parse_text(result.body, wanted)
+            except InputError as exc:
+                raise InputError(f"{target.url}: {exc}") from None
             ex = extract(expo, result.timestamp, target.name)
             if not ex.counters and not ex.gauges:
                 raise InputError(f"{target.url}: no vLLM metrics in the payload "

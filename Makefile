@@ -1,0 +1,48 @@
+# kvoffload — the two commands of the quick start, and the rest.
+# Works from a fresh clone on a bare Debian machine with Python 3.11+ (as root, or with sudo).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the tests start for real: promtool/Prometheus, Alertmanager, Chromium.
+DEB_PACKAGES := prometheus prometheus-alertmanager chromium
+
+.PHONY: demo test lint generate bench deps system-deps clean
+
+$(BIN)/kvoffload: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+deps: $(BIN)/kvoffload
+
+system-deps:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+## The demo: a simulated vLLM server plus the sidecar, live figures in the terminal.
+demo: deps
+	$(BIN)/kvoffload demo
+
+## The whole test suite, with the real tools it needs.
+test: deps system-deps
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: deps
+	$(BIN)/ruff check .
+
+bench: deps
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,130 @@
+"""The command line as a user runs it: exit codes, one-line errors, record → analyze → promtool."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import FIXTURES, SAMPLE, free_port
+
+KVO = [sys.executable, "-m", "kvoffload"]
+CONTRACT_FIGURES = {
+    "offload_hit_ratio", "gpu_prefix_hit_ratio", "load_gbps", "store_gbps", "reuse_ratio",
+    "wasted_bytes", "kv_bytes_per_token", "recompute_tokens_per_second",
+    "load_tokens_per_second", "speedup", "cpu_capacity_tokens", "gpu_capacity_tokens",
+}
+
+
+def kvo(*args, timeout=60):
+    return subprocess.run([*KVO, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_analyze_sample_report():
+    r = kvo("analyze", str(SAMPLE))
+    assert r.returncode == 0, r.stderr
+    assert "12.62 GB/s" in r.stdout
+    assert "recommendation: KEEP" in r.stdout
+
+
+def test_analyze_json_contract():
+    r = kvo("analyze", str(SAMPLE), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    (group,) = doc["groups"]
+    assert group["labels"]["model_name"] == "Qwen/Qwen3-Reranker-0.6B"
+    assert group["offloading"] is True
+    assert CONTRACT_FIGURES <= set(group["figures"])
+    rec = group["recommendation"]
+    assert rec["action"] in {"enable", "leave_off", "keep", "grow", "shrink",
+                             "store_threshold", "disable"}
+    assert set(rec) >= {"action", "kv_offloading_size_gib", "reasons"}
+
+
+@pytest.fixture
+def garbage_files(tmp_path):
+    (tmp_path / "binary.om").write_bytes(bytes(range(256)) * 10)
+    (tmp_path / "empty.om").write_text("")
+    (tmp_path / "truncated.om").write_text('vllm:prompt_tokens_total{engine="0"} 1 100.0\n')
+    (tmp_path / "broken.prom").write_text('vllm:prompt_tokens_total{engine="0" 1\n')
+    (tmp_path / "html.prom").write_text("<html>502 Bad Gateway</html>\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, words", [
+    ("missing.om", "no such file"),
+    ("binary.om", "not a text file"),
+    ("empty.om", "empty file"),
+    ("truncated.om", "truncated recording"),
+    ("broken.prom", "unterminated label set"),
+    ("html.prom", "not a metric line"),
+])
+def test_bad_files_exit_2_with_one_line(garbage_files, name, words):
+    r = kvo("analyze", str(garbage_files / name))
+    assert r.returncode == 2
+    assert words in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bad_arguments_exit_2():
+    for args in (["analyze"], ["analyze", str(SAMPLE), "--window", "soon"],
+                 ["analyze", "--target", f"http://127.0.0.1:{free_port()}/metrics"],
+                 ["serve", "--target", "not-a-url"]):
+        r = kvo(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def static_server():
+    """Serves the fixtures directory over HTTP, as if each file were a /metrics endpoint."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                             "127.0.0.1", "--directory", str(FIXTURES)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    import urllib.request
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_record_then_analyze_then_promtool_backfill(static_server, tmp_path):
+    out = tmp_path / "rec.om"
+    r = kvo("record", "--target", f"{static_server}/{SAMPLE.name}", "--interval", "0.3s",
+            "--duration", "1s", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text.endswith("# EOF\n")
+    first_sample = next(line for line in text.splitlines() if not line.startswith("#"))
+    assert 'instance="127.0.0.1:' in first_sample and 'job="vllm"' in first_sample
+    assert len(first_sample.rsplit(" ", 2)) == 3  # value and timestamp
+
+    r = kvo("analyze", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    (group,) = json.loads(r.stdout)["groups"]
+    assert group["figures"]["cpu_capacity_tokens"] == 4672
+    assert group["figures"]["loaded_bytes"] == 0  # a static body: nothing moved in between
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by `make test` (Debian package prometheus)"
+    r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(out),
+                        str(tmp_path / "tsdb")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NUM SAMPLES" in r.stdout
+
+
+def test_analyze_live_target(static_server):
+    r = kvo("analyze", "--target", f"{static_server}/{SAMPLE.name}", "--duration", "0.6s",
+            "--interval", "0.3s", "--json")
+    assert r.returncode == 0, r.stderr
+    (group,) = json.loads(r.stdout)["groups"]
+    assert group["labels"]["instance"].startswith("127.0.0.1:")
