@@ -18,7 +18,7 @@ import aiohttp
 
 from kvoffload.analysis import Settings, analyze_window
 from kvoffload.errors import InputError
-from kvoffload.parse import parse_text
+from kvoffload.parse import Exposition, parse_text
 from kvoffload.scrape import fetch
 from kvoffload.vllm import extract, wanted
 from kvoffload.window import Window
@@ -34,6 +34,13 @@ def target_name(url: str) -> str:
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     return f"{host}:{port}"
+
+
+def _scrape_time(expo: Exposition, fetched_at: float) -> float:
+    """Honour sample timestamps when the target sets them (as Prometheus does by default):
+    a simulator running on a fast virtual clock stamps its samples with virtual time."""
+    stamped = [s[3] for s in expo.samples if s[3] is not None]
+    return max(stamped) if stamped else fetched_at
 
 
 @dataclass
@@ -130,7 +137,7 @@ class Sidecar:
                 expo = parse_text(result.body, wanted)
             except InputError as exc:
                 raise InputError(f"{target.url}: {exc}") from None
-            ex = extract(expo, result.timestamp, target.name)
+            ex = extract(expo, _scrape_time(expo, result.timestamp), target.name)
             if not ex.counters and not ex.gauges:
                 raise InputError(f"{target.url}: no vLLM metrics in the payload "
                                  "(is this vLLM's /metrics? is --disable-log-stats set?)")

@@ -1,0 +1,60 @@
+"""A real headless Chromium loads the status page and the page renders the sidecar's status."""
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+
+from aiohttp import web
+from helpers import FIXTURES, SAMPLE, free_port
+
+from kvoffload.server import make_app
+from kvoffload.sidecar import Sidecar, SidecarConfig
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+async def _dump_dom(screenshot: str | None = None) -> str:
+    fixtures = web.Application()
+    fixtures.router.add_static("/", FIXTURES)
+    fx_runner = web.AppRunner(fixtures)
+    await fx_runner.setup()
+    fx_port = free_port()
+    await web.TCPSite(fx_runner, "127.0.0.1", fx_port).start()
+    sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{fx_port}/{SAMPLE.name}",
+                                     f"http://127.0.0.1:{free_port()}/metrics"],
+                                    interval_seconds=0.2, timeout_seconds=1))
+    runner = web.AppRunner(make_app(sidecar))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        for _ in range(50):
+            if sidecar.ready and all(t.scrapes for t in sidecar.targets):
+                break
+            await asyncio.sleep(0.1)
+        with tempfile.TemporaryDirectory() as profile:
+            args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={profile}", "--virtual-time-budget=5000"]
+            args += [f"--screenshot={screenshot}", "--window-size=1200,1400"] if screenshot \
+                else ["--dump-dom"]
+            proc = await asyncio.create_subprocess_exec(
+                *args, f"http://127.0.0.1:{port}/",
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return out.decode()
+    finally:
+        await runner.cleanup()
+        await fx_runner.cleanup()
+
+
+def test_status_page_renders_in_chromium():
+    assert CHROMIUM, "make test installs Debian's chromium"
+    dom = asyncio.run(_dump_dom())
+    assert 'data-loaded="true"' in dom
+    assert 'data-model="Qwen/Qwen3-Reranker-0.6B"' in dom
+    assert 'class="action keep"' in dom
+    assert "4,672 tokens" in dom  # CPU capacity, rendered by the page's script
+    assert "cannot connect" in dom  # the dead target is shown with its error
