@@ -6,6 +6,7 @@ import asyncio
 import os
 
 from aiohttp import web
+
 from helpers import SAMPLE
 
 

@@ -1,8 +1,9 @@
 import pytest
-from helpers import SAMPLE
 
 from kvoffload.parse import ParseError, iter_openmetrics, parse_text
 from kvoffload.vllm import wanted
+
+from helpers import SAMPLE
 
 
 def test_sample_parses_with_every_family():

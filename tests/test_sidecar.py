@@ -4,12 +4,13 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
-from badserver import make_bad_app
-from helpers import free_port
 
 from kvoffload.parse import parse_text
 from kvoffload.server import make_app
 from kvoffload.sidecar import Sidecar, SidecarConfig
+
+from badserver import make_bad_app
+from helpers import free_port
 
 BAD = ["500", "slow", "truncated", "garbage", "huge", "notvllm"]
 

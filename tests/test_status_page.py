@@ -6,10 +6,11 @@ import subprocess
 import tempfile
 
 from aiohttp import web
-from helpers import FIXTURES, SAMPLE, free_port
 
 from kvoffload.server import make_app
 from kvoffload.sidecar import Sidecar, SidecarConfig
+
+from helpers import FIXTURES, SAMPLE, free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

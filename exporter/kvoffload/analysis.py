@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from kvoffload.advisor import Recommendation, Thresholds, advise
 from kvoffload.errors import InputError
 from kvoffload.parse import Exposition
-from kvoffload.vllm import extract
 from kvoffload.signals import FIGURE_KEYS, Context, compute_figures
+from kvoffload.vllm import extract
 from kvoffload.window import Window
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -217,7 +216,7 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
     click.echo(render_report(groups, source, note), nl=False)
 
 
-def _sample_live(url: str, duration: float, interval: float):  # noqa: ANN202
+def _sample_live(url: str, duration: float, interval: float):
     name = target_name(url)
     deadline = time.monotonic() + duration
     while True:

@@ -9,8 +9,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvoffload import __version__
 from kvoffload.advisor import ACTIONS, GIB
-from kvoffload.signals import FIGURES
 from kvoffload.sidecar import Sidecar
+from kvoffload.signals import FIGURES
 
 GROUP_LABELS = ["target", "model_name"]
 

@@ -103,7 +103,7 @@ def _family_of(name: str, types: dict[str, str]) -> str:
     return family_name(name, types.get(name, "gauge"))
 
 
-def read_recording(path: str, wanted=None) -> Iterator[Exposition]:  # noqa: ANN001
+def read_recording(path: str, wanted=None) -> Iterator[Exposition]:
     """Stream a recording's scrapes; a plain 0.0.4 snapshot (one /metrics body) also works."""
     try:
         yield from _read_recording(path, wanted)
@@ -111,7 +111,7 @@ def read_recording(path: str, wanted=None) -> Iterator[Exposition]:  # noqa: ANN
         raise ParseError(f"{path}: {exc}") from None
 
 
-def _read_recording(path: str, wanted=None) -> Iterator[Exposition]:  # noqa: ANN001
+def _read_recording(path: str, wanted=None) -> Iterator[Exposition]:
     try:
         fh = open(path, encoding="utf-8", errors="strict")  # noqa: SIM115
     except FileNotFoundError:

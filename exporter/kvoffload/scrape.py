@@ -77,7 +77,9 @@ def _first_line(exc: BaseException | None) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:200]
 
 
-def fetch_sync(url: str, timeout_seconds: float = 10.0, max_bytes: int = 16 * 2**20) -> ScrapeResult:
+def fetch_sync(
+    url: str, timeout_seconds: float = 10.0, max_bytes: int = 16 * 2**20
+) -> ScrapeResult:
     """One blocking scrape (for `record` and `analyze --target`)."""
 
     async def run() -> ScrapeResult:

@@ -148,7 +148,7 @@ class Sidecar:
             target.last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning("scrape failed: %s", target.last_error)
             return
-        except Exception as exc:  # noqa: BLE001 - a sidecar must never die of one scrape
+        except Exception as exc:
             target.up = False
             target.failures += 1
             target.last_error = f"{target.url}: internal error: {type(exc).__name__}: {exc}"
