@@ -123,3 +123,13 @@ async def _readyz_before_first_scrape():
 
 def test_readyz_is_503_before_any_successful_scrape():
     assert run(_readyz_before_first_scrape()) == 503
+
+
+def test_every_exported_metric_is_documented():
+    from pathlib import Path
+
+    from kvoffload.signals import FIGURES
+
+    doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    for fig in FIGURES:
+        assert f"`{fig.metric}{{" in doc, fig.metric
