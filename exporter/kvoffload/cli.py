@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -230,6 +231,81 @@ def _sample_live(url: str, duration: float, interval: float):
         if started + interval > deadline:
             return
         time.sleep(max(0.0, started + interval - time.monotonic()))
+
+
+def _scenario(name: str):
+    from kvoffload.sim import scenarios
+
+    try:
+        return scenarios.get(name)
+    except KeyError as exc:
+        raise InputError(str(exc.args[0])) from None
+
+
+@cli.command()
+@click.option("--scenario", default="laptop-eviction", show_default=True,
+              help="A scenario of the library (docs/scenarios.md).")
+@click.option("--listen", default="127.0.0.1:8000", show_default=True,
+              help="Where to serve the simulated /metrics.")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Virtual seconds per real second.")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a recording instead of serving (no waiting: virtual clock).")
+@click.option("--duration", callback=_duration, default=None,
+              help="With --record: virtual time to record (default: the scenario's length).")
+@click.option("--interval", callback=_duration, default="15s", show_default=True,
+              help="With --record: scrape interval in virtual time.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
+def sim(scenario: str, listen: str, speed: float, record_path: str | None,
+        duration: float | None, interval: float, seed: int, list_scenarios: bool) -> None:
+    """Run the built-in vLLM simulator: serve /metrics, or write a recording."""
+    from kvoffload.sim import SimServer, scenarios
+
+    if list_scenarios:
+        for name in scenarios.names():
+            sc = scenarios.get(name)
+            click.echo(f"{name:28} {sc.description.splitlines()[0] if sc.description else ''}")
+        return
+    chosen = _scenario(scenario)
+    if record_path is not None:
+        from kvoffload.sim.record import record_scenario
+
+        n = record_scenario(chosen, record_path, duration or chosen.duration_s, interval,
+                            seed=seed)
+        click.echo(f"wrote {n} scrapes of {chosen.name} to {record_path}", err=True)
+        return
+    from aiohttp import web
+
+    from kvoffload.sim.server import make_app as make_sim_app
+
+    host, port = _listen(listen)
+    click.echo(f"simulated vLLM ({chosen.name}, {speed:g}x): http://{host}:{port}/metrics",
+               err=True)
+    web.run_app(make_sim_app(SimServer(chosen, seed=seed), speed=speed), host=host, port=port,
+                print=None, access_log=None)
+
+
+@cli.command()
+@click.option("--scenario", default="laptop-eviction", show_default=True)
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Virtual seconds per real second.")
+@click.option("--duration", callback=_duration, default=None,
+              help="Stop after this long (default: until Ctrl-C).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=None, help="Sidecar port (default: a free one).")
+@click.option("--every", callback=_duration, default="3s", show_default=True,
+              help="How often to print the summary.")
+def demo(scenario: str, speed: float, duration: float | None, host: str, port: int | None,
+         every: float) -> None:
+    """The simulator and the sidecar together, with a live summary (the quick start)."""
+    from kvoffload.demo import run_demo
+
+    _scenario(scenario)
+    try:
+        asyncio.run(run_demo(scenario, speed, duration, host, port, every, click.echo))
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,88 @@
+"""`kvoffload demo`: the simulator and the sidecar on free local ports, a live summary."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from kvoffload.analysis import Settings
+from kvoffload.report import format_value
+from kvoffload.server import make_app as make_sidecar_app
+from kvoffload.sidecar import Sidecar, SidecarConfig
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def summary_line(group: dict[str, object]) -> str:
+    f = group["figures"]
+    rec = group["recommendation"]
+    assert isinstance(f, dict) and isinstance(rec, dict)
+    size = rec.get("kv_offloading_size_gib")
+    action = str(rec["action"]) + (f" {size:g} GiB" if size is not None else "")
+    labels = group["labels"]
+    assert isinstance(labels, dict)
+    return (
+        f"{labels['model_name']}: hit {format_value(f.get('offload_hit_ratio'), 'ratio')}"
+        f" | load {format_value(f.get('load_gbps'), 'GB/s')}"
+        f" | wasted {format_value(f.get('wasted_bytes'), 'bytes')}"
+        f" | speedup {format_value(f.get('speedup'), 'x')}"
+        f" | advice: {action}"
+    )
+
+
+async def run_demo(
+    scenario_name: str,
+    speed: float,
+    duration: float | None,
+    listen_host: str,
+    sidecar_port: int | None,
+    every: float,
+    echo: Callable[[str], None],
+) -> None:
+    from kvoffload.sim import SimServer, scenarios
+    from kvoffload.sim.server import make_app as make_sim_app
+
+    scenario = scenarios.get(scenario_name)
+    sim_port = free_port(listen_host)
+    side_port = sidecar_port or free_port(listen_host)
+    sim_runner = web.AppRunner(make_sim_app(SimServer(scenario), speed=speed), access_log=None)
+    await sim_runner.setup()
+    await web.TCPSite(sim_runner, listen_host, sim_port).start()
+    target = f"http://{listen_host}:{sim_port}/metrics"
+    # The simulator stamps samples with virtual time, so a 5-minute window is 5 virtual
+    # minutes whatever the speed; scrape often enough to have points inside it.
+    sidecar = Sidecar(SidecarConfig([target], interval_seconds=max(0.2, min(5.0, 30 / speed)),
+                                    window_seconds=300.0, settings=Settings()))
+    side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
+    await side_runner.setup()
+    await web.TCPSite(side_runner, listen_host, side_port).start()
+    echo(f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}")
+    echo(f"sidecar:   http://{listen_host}:{side_port}/  (status page)")
+    echo(f"           http://{listen_host}:{side_port}/metrics  "
+         f"http://{listen_host}:{side_port}/api/v1/status")
+    echo("Ctrl-C to stop.")
+    started = time.monotonic()
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            await asyncio.sleep(every if duration is None
+                                else min(every, max(0.0, duration - (time.monotonic() - started))))
+            groups = sidecar.groups()
+            if not groups:
+                states = "; ".join(t.last_error or "waiting" for t in sidecar.targets)
+                echo(f"[{time.monotonic() - started:5.0f}s] no figures yet ({states})")
+            for g in groups:
+                echo(f"[{time.monotonic() - started:5.0f}s] {summary_line(g)}")
+    finally:
+        with contextlib.suppress(Exception):
+            await side_runner.cleanup()
+        with contextlib.suppress(Exception):
+            await sim_runner.cleanup()
