@@ -6,7 +6,7 @@ import pytest
 
 from kvoffload.analysis import analyze_window, window_from_expositions
 from kvoffload.parse import iter_openmetrics, parse_text
-from kvoffload.vllm import wanted
+from kvoffload.vllm import WANTED_FAMILIES, wanted
 
 from helpers import SAMPLE, h200_scrapes, recording_text, restarted
 
@@ -18,7 +18,7 @@ def figures_of(expositions, window=None):
 
 
 def sample_group():
-    return figures_of([parse_text(SAMPLE.read_text(), wanted)])
+    return figures_of([parse_text(SAMPLE.read_text(), wanted, WANTED_FAMILIES)])
 
 
 def test_sample_reproduces_the_laptop_measurement():
@@ -57,7 +57,7 @@ def _drop_flat(text: str) -> str:
 
 def test_legacy_names_give_the_same_figures_and_are_never_added_twice():
     flat = sample_group()["figures"]
-    legacy_group = figures_of([parse_text(_drop_flat(SAMPLE.read_text()), wanted)])
+    legacy_group = figures_of([parse_text(_drop_flat(SAMPLE.read_text()), wanted, WANTED_FAMILIES)])
     assert legacy_group["naming"] == "legacy"
     legacy = legacy_group["figures"]
     for key in ("load_gbps", "store_gbps", "loaded_bytes", "stored_bytes", "reuse_ratio"):
@@ -73,7 +73,7 @@ def test_flat_family_without_samples_is_zero_so_far_not_legacy():
         'transfer_type="CPU_to_GPU"} 5e9\n'
         'vllm:prompt_tokens_total{engine="0",model_name="m"} 100\n'
     )
-    g = figures_of([parse_text(text, wanted)])
+    g = figures_of([parse_text(text, wanted, WANTED_FAMILIES)])
     assert g["naming"] == "flat"
     assert g["offloading"] is True
     assert g["figures"]["loaded_bytes"] == 0  # the legacy 5e9 is not used
@@ -81,7 +81,7 @@ def test_flat_family_without_samples_is_zero_so_far_not_legacy():
 
 def test_offloading_off_gives_undefined_not_zero():
     body = (h200_scrapes("8b-nooffload")[-1][1])
-    g = figures_of([parse_text(body, wanted)])
+    g = figures_of([parse_text(body, wanted, WANTED_FAMILIES)])
     f = g["figures"]
     assert g["offloading"] is False
     for key in ("offload_hit_ratio", "load_gbps", "reuse_ratio", "wasted_bytes", "speedup"):
@@ -99,7 +99,7 @@ def _h200_expositions(restart_at: int | None = None):
             (ts, restarted(expo, base, base_ts + 0.01)) for ts, expo in parsed[restart_at + 1:]
         ]
     text = recording_text(parsed)
-    return list(iter_openmetrics(io.StringIO(text), wanted))
+    return list(iter_openmetrics(io.StringIO(text), wanted, WANTED_FAMILIES))
 
 
 def test_h200_recording_figures():

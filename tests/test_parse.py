@@ -1,7 +1,7 @@
 import pytest
 
 from kvoffload.parse import ParseError, iter_openmetrics, parse_text
-from kvoffload.vllm import wanted
+from kvoffload.vllm import WANTED_FAMILIES, wanted
 
 from helpers import SAMPLE
 
@@ -16,7 +16,7 @@ def test_sample_parses_with_every_family():
 
 
 def test_filter_keeps_only_catalog_samples():
-    expo = parse_text(SAMPLE.read_bytes(), wanted)
+    expo = parse_text(SAMPLE.read_bytes(), wanted, WANTED_FAMILIES)
     names = {s[0] for s in expo.samples}
     assert "vllm:request_prompt_tokens_bucket" not in names
     assert "vllm:prefix_cache_hits_total" in names

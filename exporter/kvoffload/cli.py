@@ -23,7 +23,7 @@ from kvoffload.report import render_report
 from kvoffload.scrape import fetch_sync
 from kvoffload.sidecar import target_name
 from kvoffload.units import parse_duration, parse_size
-from kvoffload.vllm import wanted
+from kvoffload.vllm import WANTED_FAMILIES, wanted
 
 EXIT_BAD_INPUT = 2
 
@@ -201,7 +201,7 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
         raise InputError("give either a FILE or --target URL")
     settings = make_settings(world_size, memory_limit, thresholds_file)
     if file is not None:
-        expositions = read_recording(file, wanted)
+        expositions = read_recording(file, wanted, WANTED_FAMILIES)
         source = file
     else:
         expositions = _sample_live(target, duration, interval)  # type: ignore[arg-type]
@@ -223,7 +223,7 @@ def _sample_live(url: str, duration: float, interval: float):
     while True:
         started = time.monotonic()
         result = fetch_sync(url)
-        expo = parse_text(result.body, wanted)
+        expo = parse_text(result.body, wanted, WANTED_FAMILIES)
         expo.timestamp = result.timestamp
         for i, (sample_name, labels, value, ts) in enumerate(expo.samples):
             expo.samples[i] = (sample_name, {**labels, "instance": name}, value, ts)

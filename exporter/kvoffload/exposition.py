@@ -29,7 +29,8 @@ class SidecarCollector(Collector):
         up = GaugeMetricFamily("kvoffload_up", "1 if the last scrape of the vLLM target "
                                "succeeded and parsed, else 0.", labels=["target"])
         duration = GaugeMetricFamily("kvoffload_scrape_duration_seconds",
-                                     "Duration of the last successful scrape of the target.",
+                                     "Duration of the last successful scrape of the target, "
+                                     "fetch to updated figures.",
                                      labels=["target"])
         failures = CounterMetricFamily("kvoffload_scrape_failures",
                                        "Scrapes of the target that failed (unreachable, slow, "

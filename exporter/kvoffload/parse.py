@@ -121,38 +121,70 @@ def _decode(body: bytes | str) -> str:
 
 
 def parse_text(
-    body: bytes | str, wanted: Callable[[str], bool] | None = None
+    body: bytes | str,
+    wanted: Callable[[str], bool] | None = None,
+    wanted_families: frozenset[str] | set[str] | None = None,
 ) -> Exposition:
     """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all).
 
-    Timestamps in 0.0.4 are milliseconds; they are converted to seconds.
+    With `wanted_families`, a family whose TYPE line names none of them is skipped whole: the
+    scan jumps to the next comment line without looking at its samples (most of a vLLM
+    payload is histogram buckets nobody asked for). Timestamps (milliseconds in 0.0.4) are
+    converted to seconds.
     """
     text = _decode(body)
     expo = Exposition()
     families = expo.families
     samples = expo.samples
-    for lineno, line in enumerate(text.split("\n"), 1):
+    pos = 0
+    size = len(text)
+    find = text.find
+    while pos < size:
+        end = find("\n", pos)
+        if end == -1:
+            end = size
+        line = text[pos:end]
         if not line:
+            pos = end + 1
             continue
         if line[0] == "#":
             if line.startswith("# TYPE "):
                 parts = line.split()
                 if len(parts) != 4:
-                    raise ParseError(f"line {lineno}: malformed TYPE line: {line[:80]!r}")
-                families[family_name(canonical_name(parts[2]), parts[3])] = parts[3]
+                    raise ParseError(f"line {_lineno(text, pos)}: malformed TYPE line: "
+                                     f"{line[:80]!r}")
+                fam = family_name(canonical_name(parts[2]), parts[3])
+                families[fam] = parts[3]
+                if wanted_families is not None and fam not in wanted_families:
+                    # Skip the family's samples: jump to the next comment line.
+                    nxt = find("\n#", end)
+                    pos = nxt + 1 if nxt != -1 else size
+                    continue
+            pos = end + 1
             continue
         if line[-1] == "\r":
             line = line[:-1]
-        sample = _parse_sample_line(line, lineno, wanted)
+        try:
+            sample = _parse_sample_line(line, 0, wanted)
+        except ParseError as exc:
+            raise ParseError(str(exc).replace("line 0:", f"line {_lineno(text, pos)}:", 1)) \
+                from None
         if sample is not None:
             if sample[3] is not None:
                 sample = (sample[0], sample[1], sample[2], sample[3] / 1000.0)
             samples.append(sample)
+        pos = end + 1
     return expo
 
 
+def _lineno(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
 def iter_openmetrics(
-    lines: Iterable[str], wanted: Callable[[str], bool] | None = None
+    lines: Iterable[str],
+    wanted: Callable[[str], bool] | None = None,
+    wanted_families: frozenset[str] | set[str] | None = None,
 ) -> Iterator[Exposition]:
     """Stream the scrapes of a recording (OpenMetrics, a timestamp in seconds on every sample).
 
@@ -162,8 +194,12 @@ def iter_openmetrics(
     current: Exposition | None = None
     pending: dict[str, str] = {}
     saw_eof = False
+    skip = False
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
+        first = raw[:1]
+        if skip and first != "#":
+            continue  # a family nobody asked for: not even parsed
         line = raw.rstrip("\r\n")
         if not line:
             continue
@@ -171,14 +207,17 @@ def iter_openmetrics(
             raise ParseError(f"line {lineno}: content after '# EOF'")
         if "\x00" in line:
             raise ParseError(f"line {lineno}: not text: NUL byte")
-        if line[0] == "#":
+        if first == "#":
             if line == "# EOF":
                 saw_eof = True
+                skip = False
             elif line.startswith("# TYPE "):
                 parts = line.split()
                 if len(parts) != 4:
                     raise ParseError(f"line {lineno}: malformed TYPE line: {line[:80]!r}")
-                pending[family_name(canonical_name(parts[2]), parts[3])] = parts[3]
+                fam = family_name(canonical_name(parts[2]), parts[3])
+                pending[fam] = parts[3]
+                skip = wanted_families is not None and fam not in wanted_families
             continue
         sample = _parse_sample_line(line, lineno, None)
         assert sample is not None

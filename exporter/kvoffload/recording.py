@@ -7,7 +7,7 @@ backfills them. Like Prometheus, the writer adds `instance` and `job` to every s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from kvoffload.errors import InputError
@@ -103,15 +103,23 @@ def _family_of(name: str, types: dict[str, str]) -> str:
     return family_name(name, types.get(name, "gauge"))
 
 
-def read_recording(path: str, wanted=None) -> Iterator[Exposition]:
+def read_recording(
+    path: str,
+    wanted: Callable[[str], bool] | None = None,
+    wanted_families: frozenset[str] | None = None,
+) -> Iterator[Exposition]:
     """Stream a recording's scrapes; a plain 0.0.4 snapshot (one /metrics body) also works."""
     try:
-        yield from _read_recording(path, wanted)
+        yield from _read_recording(path, wanted, wanted_families)
     except ParseError as exc:
         raise ParseError(f"{path}: {exc}") from None
 
 
-def _read_recording(path: str, wanted=None) -> Iterator[Exposition]:
+def _read_recording(
+    path: str,
+    wanted: Callable[[str], bool] | None,
+    wanted_families: frozenset[str] | None,
+) -> Iterator[Exposition]:
     try:
         fh = open(path, encoding="utf-8", errors="strict")  # noqa: SIM115
     except FileNotFoundError:
@@ -130,7 +138,7 @@ def _read_recording(path: str, wanted=None) -> Iterator[Exposition]:
         fh.seek(0)
         if _looks_like_openmetrics(head):
             try:
-                yield from iter_openmetrics(fh, wanted)
+                yield from iter_openmetrics(fh, wanted, wanted_families)
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
         else:
@@ -139,7 +147,7 @@ def _read_recording(path: str, wanted=None) -> Iterator[Exposition]:
                 text = fh.read()
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
-            yield parse_text(text, wanted)
+            yield parse_text(text, wanted, wanted_families)
 
 
 def _looks_like_openmetrics(head: str) -> bool:

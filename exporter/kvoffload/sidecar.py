@@ -20,7 +20,7 @@ from kvoffload.analysis import Settings, analyze_window
 from kvoffload.errors import InputError
 from kvoffload.parse import Exposition, parse_text
 from kvoffload.scrape import fetch
-from kvoffload.vllm import extract, wanted
+from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import Window
 
 log = logging.getLogger("kvoffload")
@@ -128,13 +128,14 @@ class Sidecar:
     async def scrape_once(self, target: TargetState) -> None:
         assert self._session is not None
         target.scrapes += 1
+        started = time.monotonic()
         try:
             result = await fetch(
                 self._session, target.url, self.config.timeout_seconds,
                 self.config.max_payload_bytes,
             )
             try:
-                expo = parse_text(result.body, wanted)
+                expo = parse_text(result.body, wanted, WANTED_FAMILIES)
             except InputError as exc:
                 raise InputError(f"{target.url}: {exc}") from None
             ex = extract(expo, _scrape_time(expo, result.timestamp), target.name)
@@ -156,7 +157,8 @@ class Sidecar:
             return
         target.up = True
         target.last_error = None
-        target.last_duration_seconds = result.duration_seconds
+        # Fetch, parse and ingest: what a scrape costs from request to updated figures.
+        target.last_duration_seconds = time.monotonic() - started
         target.last_success_timestamp = result.timestamp
         target.payload_bytes = len(result.body)
         self._generation += 1

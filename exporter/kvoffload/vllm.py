@@ -131,6 +131,20 @@ def wanted(name: str) -> bool:
     return name in _INDEX
 
 
+def _families_of(names: list[str]) -> frozenset[str]:
+    out = set()
+    for name in names:
+        out.add(name)
+        for suffix in ("_total", "_count", "_sum", "_bucket", "_created"):
+            if name.endswith(suffix):
+                out.add(name[: -len(suffix)])
+    return frozenset(out)
+
+
+# Families worth looking into; the parser skips every other family whole.
+WANTED_FAMILIES = _families_of(list(_INDEX))
+
+
 # (instance, model_name, engine)
 SeriesKey = tuple[str, str, str]
 
