@@ -72,3 +72,15 @@ def test_openmetrics_without_eof_is_truncated():
 def test_openmetrics_time_going_back_is_rejected():
     with pytest.raises(ParseError, match="back in time"):
         list(iter_openmetrics(["a 1 10.0\n", "b 1 5.0\n", "# EOF\n"]))
+
+
+@pytest.mark.parametrize("label_text, expected", [
+    ('a="1",b="2"', {"a": "1", "b": "2"}),
+    ('a="1",', {"a": "1"}),
+    ('a="1", b="x,y"', {"a": "1", "b": "x,y"}),
+    ('a="say \\"hi\\"",b="2"', {"a": 'say "hi"', "b": "2"}),
+    ('a="",b="=\\""', {"a": "", "b": '="'}),
+])
+def test_label_sets_fast_and_slow_paths_agree(label_text, expected):
+    (_, labels, value, _), = parse_text(f"m{{{label_text}}} 2\n").samples
+    assert labels == expected and value == 2

@@ -17,6 +17,7 @@ from kvoffload.errors import InputError
 Sample = tuple[str, dict[str, str], float, float | None]
 
 _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
@@ -56,6 +57,21 @@ def _unescape(value: str) -> str:
 
 
 def _parse_labels(text: str, lineno: int) -> dict[str, str]:
+    if "\\" not in text and text.endswith('"'):
+        # Fast path for the common, escape-free label set: without a backslash no value can
+        # hold a quote, so '",' only ever separates pairs.
+        labels = {}
+        for pair in text[:-1].split('",'):
+            key, sep, value = pair.partition('="')
+            key = key.strip().lstrip(",").strip()
+            if not sep or not key or not _LABEL_NAME_RE.match(key) or '"' in value:
+                return _parse_labels_slow(text, lineno)
+            labels[key] = value
+        return labels
+    return _parse_labels_slow(text, lineno)
+
+
+def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
     labels: dict[str, str] = {}
     pos = 0
     end = len(text)
