@@ -118,6 +118,8 @@ def test_counter_reset_inside_the_window_changes_nothing(restart_at):
     plain = figures_of(_h200_expositions())["figures"]
     reset = figures_of(_h200_expositions(restart_at))["figures"]
     for key, value in plain.items():
+        if key.endswith("since_start"):
+            continue  # "since the engine started": a restart rightly starts it over
         if value is None:
             assert reset[key] is None, key
         else:

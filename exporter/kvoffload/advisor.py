@@ -2,7 +2,16 @@
 
 Each decision comes with the figures and thresholds that made it (`reasons`), and a size
 (`kv_offloading_size_gib`, what to pass to `--kv-offloading-size`) where one applies. When the
-data is too thin the action stays the current state and a reason says why (DESIGN.md §6).
+data is too thin the action stays the current state and a reason says why (DESIGN.md §6,
+docs/advisor.md).
+
+Counters cannot show reuse distances; the decisions lean on what they do show:
+- GPU turnover (GPU KV capacity ÷ rate of tokens written into it) says how long an idle prefix
+  survives on the GPU: reuse slower than that is lost without a CPU tier, and a CPU tier is
+  pointless when the GPU keeps blocks longer than the reuse horizon;
+- stores vs loads (reuse ratio) over windows longer than the CPU tier's fill time;
+- the tier's size against the GPU's (the CPU tier must exceed it to add hits) and
+  bytes stored since start (under the tier's size, it has never been full).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ ACTIONS = ("enable", "leave_off", "keep", "grow", "shrink", "store_threshold", "
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Defaults documented in docs/advisor.md; every one is a CLI flag / YAML key."""
+    """Defaults documented in docs/advisor.md; each is a key of the --thresholds YAML file."""
 
     min_window_seconds: float = 60.0
     min_prompt_tokens: float = 20_000.0
@@ -29,6 +38,8 @@ class Thresholds:
     oversized_fill_seconds: float = 86_400.0
     reuse_horizon_seconds: float = 600.0
     memory_headroom_ratio: float = 0.2
+    size_headroom_ratio: float = 0.2
+    gpu_floor_ratio: float = 1.25
 
 
 @dataclass
@@ -37,6 +48,7 @@ class Recommendation:
     kv_offloading_size_gib: float | None = None
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    evidence: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -55,6 +67,18 @@ def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
     return f"{value:.{digits}f}{unit}"
 
 
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / GIB:.2f} GiB"
+
+
+EVIDENCE_KEYS = (
+    "offload_hit_ratio", "gpu_prefix_hit_ratio", "speedup", "reuse_ratio", "cpu_fill_seconds",
+    "gpu_turnover_seconds", "cpu_capacity_tokens", "gpu_capacity_tokens",
+    "allocation_failures_per_second", "gpu_kv_usage_ratio", "preemptions_per_second",
+    "waiting_for_capacity", "cpu_fill_ratio_since_start", "store_rate_bytes_per_second",
+)
+
+
 def advise(
     figures: dict[str, float | None],
     offloading: bool,
@@ -68,7 +92,7 @@ def advise(
     current = "keep" if offloading else "leave_off"
     too_short = window_seconds < t.min_window_seconds and not lifetime
     if too_short or prompt_tokens < t.min_prompt_tokens:
-        return Recommendation(
+        rec = Recommendation(
             current,
             reasons=[
                 f"too little data to judge: {window_seconds:.0f} s and {prompt_tokens:.0f} "
@@ -76,66 +100,73 @@ def advise(
                 f"≥ {t.min_prompt_tokens:.0f} tokens)"
             ],
         )
-    rec = _advise_on(figures, t) if offloading else _advise_off(figures, t)
+    else:
+        rec = (_advise_on(figures, window_seconds, t) if offloading
+               else _advise_off(figures, t))
+    rec.evidence = {k: figures.get(k) for k in EVIDENCE_KEYS}
     _memory_check(rec, figures, offloading, memory_limit_bytes, t)
     return rec
 
 
-def _gpu_floor_bytes(figures: dict[str, float | None]) -> float | None:
-    return figures.get("gpu_capacity_bytes")
+def _floor_bytes(figures: dict[str, float | None], t: Thresholds) -> float | None:
+    gpu = figures.get("gpu_capacity_bytes")
+    return gpu * t.gpu_floor_ratio if gpu else None
 
 
-def _size_for_horizon(figures: dict[str, float | None], t: Thresholds) -> float | None:
-    """Bytes needed to keep what is stored for one reuse horizon, never below 2× GPU KV."""
-    rate = figures.get("store_rate_bytes_per_second")
-    if rate is None:
-        # Offloading off: every newly computed full prompt block would be stored.
-        per_token = figures.get("kv_bytes_per_token")
-        tokens = figures.get("prompt_tokens_per_second")
-        share = figures.get("prompt_share_local_compute")
-        if per_token and tokens and share is not None:
-            rate = per_token * tokens * share
-    gpu = _gpu_floor_bytes(figures)
-    candidates = [x for x in (rate * t.reuse_horizon_seconds if rate else None,
-                              2 * gpu if gpu else None) if x]
-    return max(candidates) if candidates else None
+def _sized(need: float | None, figures: dict[str, float | None], t: Thresholds,
+           what: str) -> tuple[float | None, str]:
+    floor = _floor_bytes(figures, t)
+    candidates = [x for x in (need * (1 + t.size_headroom_ratio) if need else None, floor) if x]
+    if not candidates:
+        return None, "no size: KV bytes per token unknown (pass --kv-bytes-per-token)"
+    size = round_size_gib(max(candidates))
+    return size, (
+        f"size {size:g} GiB = max({what} {_gib(need)} + {t.size_headroom_ratio:.0%}, "
+        f"{t.gpu_floor_ratio:g}× the GPU KV cache {_gib(figures.get('gpu_capacity_bytes'))}), "
+        "rounded up"
+    )
 
 
 def _advise_off(figures: dict[str, float | None], t: Thresholds) -> Recommendation:
     usage = figures.get("gpu_kv_usage_ratio") or 0.0
     preempt = figures.get("preemptions_per_second") or 0.0
     waiting = figures.get("waiting_for_capacity") or 0.0
+    turnover = figures.get("gpu_turnover_seconds")
     hit = figures.get("gpu_prefix_hit_ratio")
-    pressure = usage >= t.pressure_gpu_kv_usage or preempt > 0 or waiting > 0
+    churn = turnover is not None and turnover < t.reuse_horizon_seconds
+    pressure = usage >= t.pressure_gpu_kv_usage or preempt > 0 or waiting > 0 or churn
     evidence = (
-        f"GPU KV usage {_fmt(usage)} (threshold {t.pressure_gpu_kv_usage}), "
-        f"preemptions {_fmt(preempt, '/s', 3)}, waiting for capacity {_fmt(waiting)}, "
+        f"GPU KV usage {_fmt(usage)} (threshold {t.pressure_gpu_kv_usage:g}), preemptions "
+        f"{_fmt(preempt, '/s', 3)}, waiting for capacity {_fmt(waiting)}, GPU turnover "
+        f"{_fmt(turnover, ' s', 0)} (reuse horizon {t.reuse_horizon_seconds:.0f} s), "
         f"GPU prefix hit ratio {_fmt(hit)}"
     )
     if not pressure:
         return Recommendation("leave_off", reasons=[f"no GPU KV pressure: {evidence}"])
     if hit is None or hit < t.min_reuse_evidence_ratio:
         return Recommendation(
-            "leave_off", reasons=[f"GPU KV pressure but no prefix reuse to win: {evidence}"]
+            "leave_off",
+            reasons=[f"GPU KV pressure but no prefix reuse to win (hit ratio under "
+                     f"{t.min_reuse_evidence_ratio:g}): {evidence}"],
         )
     if hit >= t.low_gpu_prefix_hit_ratio:
         return Recommendation(
             "leave_off",
-            reasons=[f"the GPU prefix cache already serves most reuse: {evidence}"],
+            reasons=[f"the GPU prefix cache already serves most reuse (hit ratio ≥ "
+                     f"{t.low_gpu_prefix_hit_ratio:g}): {evidence}"],
         )
-    size = _size_for_horizon(figures, t)
-    reasons = [f"GPU KV pressure with prefixes being lost: {evidence}"]
-    if size is None:
-        reasons.append("no start size: KV bytes per token unknown (pass --kv-bytes-per-token)")
-        return Recommendation("enable", reasons=reasons)
-    reasons.append(
-        f"start size: store rate × {t.reuse_horizon_seconds:.0f} s reuse horizon, "
-        "at least 2× the GPU KV cache"
-    )
-    return Recommendation("enable", round_size_gib(size), reasons)
+    # Counters cannot see reuse distances: start at twice the GPU KV cache (a CPU tier must
+    # exceed it to add hits) and let the figures, or KV events, size it from there.
+    gpu = figures.get("gpu_capacity_bytes")
+    size, why = _sized(2 * gpu if gpu else None, figures, t, "twice the GPU KV cache")
+    return Recommendation("enable", size, [
+        f"the GPU prefix cache keeps losing reusable prefixes: {evidence}",
+        why + "; a start: watch the offload hit ratio as it grows, or enable KV events for "
+        "an exact size"])
 
 
-def _advise_on(figures: dict[str, float | None], t: Thresholds) -> Recommendation:
+def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
+               ) -> Recommendation:
     speed = figures.get("speedup")
     reuse = figures.get("reuse_ratio")
     fill = figures.get("cpu_fill_seconds")
@@ -143,43 +174,50 @@ def _advise_on(figures: dict[str, float | None], t: Thresholds) -> Recommendatio
     gpu = figures.get("gpu_capacity_tokens")
     failures = figures.get("allocation_failures_per_second") or 0.0
     hit = figures.get("offload_hit_ratio")
-    window = figures.get("_window_seconds") or 0.0
+    turnover = figures.get("gpu_turnover_seconds")
+    filled = figures.get("cpu_fill_ratio_since_start")
+    low_reuse = reuse is not None and reuse < t.low_reuse_ratio
 
     if speed is not None and speed < t.min_speedup:
-        return Recommendation(
-            "disable",
-            reasons=[f"reloads are barely faster than recompute: speedup {_fmt(speed)}x "
-                     f"< {t.min_speedup}x"],
-        )
-    if reuse is not None and reuse < t.low_reuse_ratio and (fill is None or window >= fill):
-        return Recommendation(
-            "store_threshold",
-            reasons=[
-                f"stores without loads: reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio} "
-                f"over {window:.0f} s (fill time {_fmt(fill, ' s', 0)}); set "
-                "store_threshold: 2 in kv_connector_extra_config, or disable offloading"
-            ],
-        )
+        return Recommendation("disable", reasons=[
+            f"reloads are barely faster than recompute: speedup {_fmt(speed)}x < "
+            f"{t.min_speedup:g}x (load {_fmt(figures.get('load_tokens_per_second'), '', 0)} "
+            f"vs recompute {_fmt(figures.get('recompute_tokens_per_second'), '', 0)} tokens/s)"])
+    if low_reuse and turnover is not None and turnover > t.reuse_horizon_seconds:
+        return Recommendation("disable", reasons=[
+            f"the GPU KV cache holds the working set: prefixes survive {turnover:.0f} s on the "
+            f"GPU (> {t.reuse_horizon_seconds:.0f} s reuse horizon), GPU prefix hit ratio "
+            f"{_fmt(figures.get('gpu_prefix_hit_ratio'))}, and the CPU tier is not read back "
+            f"(reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g})"])
     if (cpu is not None and gpu is not None and cpu <= gpu) or failures > 0:
-        size = _size_for_horizon(figures, t)
-        reasons = [
-            f"CPU tier too small: {_fmt(cpu, ' tokens', 0)} vs GPU {_fmt(gpu, ' tokens', 0)}, "
-            f"allocation failures {_fmt(failures, '/s', 3)}, offload hit ratio {_fmt(hit)}"
-        ]
-        return Recommendation("grow", round_size_gib(size) if size else None, reasons)
-    if fill is not None and fill > t.oversized_fill_seconds:
-        size = _size_for_horizon(figures, t)
-        return Recommendation(
-            "shrink",
-            round_size_gib(size) if size else None,
-            [f"the CPU tier would take {fill / 3600:.1f} h to fill at the current store rate "
-             f"(> {t.oversized_fill_seconds / 3600:.0f} h): pinned memory is idle"],
-        )
-    return Recommendation(
-        "keep",
-        reasons=[f"offloading pays: offload hit ratio {_fmt(hit)}, speedup {_fmt(speed)}x, "
-                 f"reuse ratio {_fmt(reuse)}"],
-    )
+        # Reuse lost to capacity cannot be measured from counters: double the tier (at least
+        # past the GPU floor) and judge again; KV events give the exact curve.
+        current = figures.get("cpu_capacity_bytes")
+        size, why = _sized(2 * current if current else None, figures, t, "twice the tier")
+        return Recommendation("grow", size, [
+            f"CPU tier too small to add hits: {_fmt(cpu, '', 0)} tokens vs GPU "
+            f"{_fmt(gpu, '', 0)} tokens (it must exceed the GPU KV cache), allocation failures "
+            f"{_fmt(failures, '/s', 3)}, offload hit ratio {_fmt(hit)}", why])
+    if low_reuse and (fill is None or window >= fill):
+        return Recommendation("store_threshold", reasons=[
+            f"stores without loads: reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g} "
+            f"over {window:.0f} s, longer than the fill time {_fmt(fill, ' s', 0)}: set "
+            "\"store_threshold\": 2 in kv_connector_extra_config (stores a prefix on its "
+            "second computation), or disable offloading"])
+    never_full = filled is not None and filled < 1.0
+    if never_full and fill is not None and fill > t.oversized_fill_seconds:
+        capacity = figures.get("cpu_capacity_bytes")
+        stored = filled * capacity if capacity else None
+        # Never full: everything ever stored still fits, so that (plus headroom) is enough.
+        size, why = _sized(stored, figures, t, "everything stored since start")
+        if size is not None and capacity and size * GIB < capacity:
+            return Recommendation("shrink", size, [
+                f"the CPU tier has never been full ({filled:.0%} of it stored since start) and "
+                f"would take {fill / 3600:.1f} h to fill at the current store rate "
+                f"(> {t.oversized_fill_seconds / 3600:.0f} h): its pinned memory is idle", why])
+    return Recommendation("keep", reasons=[
+        f"offloading pays: offload hit ratio {_fmt(hit)}, speedup {_fmt(speed)}x, reuse ratio "
+        f"{_fmt(reuse)}, CPU tier {_fmt(cpu, '', 0)} tokens vs GPU {_fmt(gpu, '', 0)}"])
 
 
 def _memory_check(
@@ -191,14 +229,15 @@ def _memory_check(
 ) -> None:
     if limit is None:
         return
-    size = rec.kv_offloading_size_gib * GIB if rec.kv_offloading_size_gib else (
-        figures.get("cpu_capacity_bytes") if offloading else None
-    )
+    if rec.kv_offloading_size_gib:
+        size: float | None = rec.kv_offloading_size_gib * GIB
+    else:
+        size = figures.get("cpu_capacity_bytes") if offloading else None
     if size and size * (1 + t.memory_headroom_ratio) > limit:
         rec.warnings.append(
             f"pinned CPU tier {size / GIB:.2f} GiB + {t.memory_headroom_ratio:.0%} headroom "
             f"exceeds the memory limit {limit / GIB:.2f} GiB: risk of OOM (pinned memory "
-            "cannot swap)"
+            "cannot swap; kv_offloading_size is the total across TP ranks, per engine)"
         )
 
 

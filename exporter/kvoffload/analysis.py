@@ -18,6 +18,7 @@ from kvoffload.window import Window
 class Settings:
     world_size: int = 1
     memory_limit_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
@@ -50,10 +51,10 @@ def analyze_window(
                 "naming": static.naming, "engines": sorted(static.engines),
             })
             continue
-        ctx = Context(delta, static, settings.world_size)
+        ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
         figures = compute_figures(ctx)
         rec = advise(
-            {**figures, "_window_seconds": delta.seconds},
+            figures,
             offloading,
             delta.seconds,
             settings.memory_limit_bytes,

@@ -21,6 +21,7 @@ class Context:
     delta: Delta
     static: GroupStatic
     world_size: int = 1
+    kv_bytes_per_token: float | None = None  # from the user, when nothing exposes it
 
     def inc(self, *keys: str) -> float:
         return sum(self.delta.inc.get(k, 0.0) for k in keys)
@@ -72,7 +73,18 @@ def kv_bytes_per_token(c: Context) -> float | None:
     static = static_bytes_per_token(c.static)
     if static is not None:
         return static
-    return _ratio(c.inc("load_bytes"), loaded_tokens(c))
+    dynamic = _ratio(c.inc("load_bytes"), loaded_tokens(c))
+    if dynamic is not None:
+        return dynamic
+    if c.kv_bytes_per_token:
+        return c.kv_bytes_per_token
+    # GPU side, only when --kv-cache-memory-bytes was given: bytes per GPU × GPUs per engine.
+    for labels in c.static.cache_config:
+        memory = label_number(labels, "kv_cache_memory_bytes")
+        tokens = label_number(labels, "kv_cache_size_tokens")
+        if memory and tokens:
+            return memory * max(c.world_size, 1) / tokens
+    return None
 
 
 def cpu_capacity_bytes(c: Context) -> float | None:
@@ -150,6 +162,27 @@ def cpu_fill_seconds(c: Context) -> float | None:
     capacity = cpu_capacity_bytes(c)
     rate = store_rate(c)
     return capacity / rate if capacity and rate else None
+
+
+def gpu_turnover_seconds(c: Context) -> float | None:
+    """How long the GPU prefix cache keeps a block: capacity ÷ rate of tokens written to it
+    (every prompt token it missed is computed or loaded into it)."""
+    capacity = gpu_capacity_tokens(c)
+    written = _ratio(c.inc("src_local_compute", "src_external"), c.delta.seconds)
+    return capacity / written if capacity and written else None
+
+
+def stored_since_start(c: Context) -> float | None:
+    if not c.static.offload_families:
+        return None
+    return c.static.lifetime.get("store_bytes", 0.0)
+
+
+def cpu_fill_ratio_since_start(c: Context) -> float | None:
+    """Bytes stored since the engine started ÷ tier size: below 1, the tier was never full."""
+    stored = stored_since_start(c)
+    capacity = cpu_capacity_bytes(c)
+    return stored / capacity if stored is not None and capacity else None
 
 
 def wasted_bytes(c: Context) -> float | None:
@@ -252,6 +285,15 @@ FIGURES: tuple[Figure, ...] = (
     Figure("cpu_fill_seconds", "kvoffload_cpu_fill_seconds", "s",
            "Time to fill the CPU tier at the current store rate (capacity / store rate).",
            cpu_fill_seconds),
+    Figure("gpu_turnover_seconds", "kvoffload_gpu_turnover_seconds", "s",
+           "GPU KV capacity ÷ rate of prompt tokens written into it: how long an idle prefix "
+           "survives on the GPU.", gpu_turnover_seconds),
+    Figure("stored_bytes_since_start", "kvoffload_stored_since_start_bytes", "bytes",
+           "Bytes stored into the CPU tier since the engines started (raw counter).",
+           stored_since_start),
+    Figure("cpu_fill_ratio_since_start", "kvoffload_cpu_fill_since_start_ratio", "ratio",
+           "Bytes stored since start ÷ CPU tier size: under 1 the tier has never been full.",
+           cpu_fill_ratio_since_start),
     Figure("mean_ttft_seconds", "kvoffload_mean_ttft_seconds", "s",
            "Mean time to first token over the window.",
            lambda c: _ratio(c.inc("ttft_sum"), c.inc("ttft_count"))),

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvoffload.vllm import GAUGE_KEYS, Extract
+from kvoffload.vllm import GAUGE_KEYS, OFFLOAD_COUNTERS, Extract
+
+OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 
 # (instance, model_name)
 GroupKey = tuple[str, str]
@@ -47,6 +49,8 @@ class GroupStatic:
     naming: str = "none"
     engines: set[str] = field(default_factory=set)
     last_gauges: dict[str, float] = field(default_factory=dict)
+    # Raw counter sums of the latest scrape: totals since the engines (re)started.
+    lifetime: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,6 +94,7 @@ class Window:
         for instance in instances:
             self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
         group_totals: dict[GroupKey, dict[str, float]] = {}
+        lifetime: dict[GroupKey, dict[str, float]] = {}
         earliest_created: dict[GroupKey, float] = {}
 
         for skey, raw in ex.counters.items():
@@ -116,6 +121,8 @@ class Window:
                 g = (instance, model)
                 earliest_created[g] = min(earliest_created.get(g, created), created)
             group_totals.setdefault((instance, model), {})
+            raw_sums = lifetime.setdefault((instance, model), {})
+            raw_sums[key] = raw_sums.get(key, 0.0) + raw
 
         # Sum adjusted totals of every series ever seen in the group: a series missing from
         # this scrape keeps its last contribution instead of making the sum drop.
@@ -131,7 +138,16 @@ class Window:
         for g, totals in group_totals.items():
             static = self._static.setdefault(g, GroupStatic())
             instance, model = g
-            static.offload_families = ex.offload_families.get(instance, False)
+            static.lifetime = lifetime.get(g, {})
+            # Offloading is a process setting, but one process may serve several models:
+            # a model with no offload series of its own is judged as "off".
+            models = ex.models.get(instance, set())
+            own_series = any(k in OFFLOAD_KEYS for k in static.lifetime) or any(
+                i == instance and m == model for (i, m, _e) in ex.offload_config
+            )
+            static.offload_families = ex.offload_families.get(instance, False) and (
+                own_series or len(models) <= 1
+            )
             static.naming = ex.offload_naming.get(instance, "none")
             static.cache_config = [
                 labels for (inst, _e), labels in sorted(ex.cache_config.items()) if inst == instance

@@ -1,0 +1,103 @@
+"""The advisor on the simulator's scenario library, and its rules in isolation."""
+
+import pytest
+
+from kvoffload.advisor import GIB, Thresholds, advise, round_size_gib
+from kvoffload.analysis import analyze_window
+from kvoffload.parse import parse_text
+from kvoffload.sim import SimServer, scenarios
+from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
+from kvoffload.window import Window
+
+
+def run_scenario(name: str, interval: float = 15.0) -> list[dict]:
+    """Scrape a scenario every `interval` virtual seconds over its whole length."""
+    sc = scenarios.get(name)
+    sim = SimServer(sc)
+    window = Window(None)
+    t = 0.0
+    while t <= sc.duration_s:
+        sim.advance_to(t)
+        window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
+                              sc.start_epoch + t, "sim:8000"))
+        t += interval
+    return analyze_window(window)
+
+
+def _single_model_scenarios() -> list[str]:
+    return [n for n in scenarios.names() if not scenarios.get(n).extra_models]
+
+
+@pytest.mark.parametrize("name", _single_model_scenarios())
+def test_advisor_takes_the_scenarios_right_action(name):
+    (group,) = run_scenario(name)
+    rec = group["recommendation"]
+    assert rec["action"] == scenarios.get(name).advice, rec["reasons"]
+    assert rec["reasons"] and all(isinstance(r, str) and r for r in rec["reasons"])
+    assert "speedup" in rec["evidence"]
+
+
+def test_sizes_point_the_right_way():
+    (grow,) = run_scenario("buffer-too-small")
+    g = grow["figures"]
+    assert grow["recommendation"]["kv_offloading_size_gib"] * GIB > g["cpu_capacity_bytes"]
+    (shrink,) = run_scenario("buffer-oversized")
+    s = shrink["figures"]
+    size = shrink["recommendation"]["kv_offloading_size_gib"] * GIB
+    assert s["stored_bytes_since_start"] < size < s["cpu_capacity_bytes"]
+    assert size >= s["gpu_capacity_bytes"]  # never below the GPU KV size
+    (enable,) = run_scenario("pressure-without-offloading")
+    e = enable["figures"]
+    assert enable["recommendation"]["kv_offloading_size_gib"] * GIB >= 2 * e["gpu_capacity_bytes"]
+
+
+def test_two_models_in_one_process_are_judged_apart():
+    groups = {g["labels"]["model_name"]: g for g in run_scenario("two-models")}
+    assert len(groups) == 2
+    states = sorted(g["offloading"] for g in groups.values())
+    assert states == [False, True]
+
+
+BASE = {
+    "prompt_tokens_per_second": 1000.0, "gpu_prefix_hit_ratio": 0.3, "speedup": 5.0,
+    "reuse_ratio": 0.5, "cpu_fill_seconds": 600.0, "cpu_capacity_tokens": 40_000.0,
+    "gpu_capacity_tokens": 10_000.0, "cpu_capacity_bytes": 4 * GIB,
+    "gpu_capacity_bytes": 1 * GIB, "gpu_turnover_seconds": 30.0,
+    "cpu_fill_ratio_since_start": 3.0, "offload_hit_ratio": 0.4,
+}
+
+
+def test_thin_data_keeps_the_current_state():
+    rec = advise(BASE, True, window_seconds=30, prompt_tokens=100)
+    assert rec.action == "keep" and "too little data" in rec.reasons[0]
+    rec = advise(BASE, False, window_seconds=3600, prompt_tokens=10)
+    assert rec.action == "leave_off"
+
+
+def test_slow_reload_disables_even_with_reuse():
+    rec = advise({**BASE, "speedup": 1.1}, True, 3600, prompt_tokens=1e6)
+    assert rec.action == "disable"
+
+
+def test_allocation_failures_grow_the_tier():
+    rec = advise({**BASE, "allocation_failures_per_second": 0.5}, True, 3600, prompt_tokens=1e6)
+    assert rec.action == "grow" and rec.kv_offloading_size_gib == 10.0  # 2×4 GiB + 20% → 10
+
+
+def test_memory_limit_warns_with_any_action():
+    rec = advise(BASE, True, 3600, memory_limit_bytes=4 * GIB, prompt_tokens=1e6)
+    assert rec.action == "keep"
+    assert rec.warnings and "OOM" in rec.warnings[0]
+    rec = advise(BASE, True, 3600, memory_limit_bytes=64 * GIB, prompt_tokens=1e6)
+    assert not rec.warnings
+
+
+def test_thresholds_are_configurable():
+    rec = advise(BASE, True, 3600, prompt_tokens=1e6, t=Thresholds(min_speedup=6.0))
+    assert rec.action == "disable"
+
+
+@pytest.mark.parametrize("gib, rounded", [(0.1, 0.25), (0.26, 0.5), (3.9, 4.0), (4.2, 5.0),
+                                          (33, 36.0)])
+def test_round_size(gib, rounded):
+    assert round_size_gib(gib * GIB) == rounded
