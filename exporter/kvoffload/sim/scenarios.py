@@ -1,0 +1,343 @@
+"""The scenario library: named, documented situations with a known right answer.
+
+docs/scenarios.md describes each one (what it models, its parameters, the action a correct
+advisor takes and why, and the simulator's own measurements of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .config import Scenario
+from .model import H200, H200_SLOW_LINK, LAPTOP_ADA, QWEN3_0_6B, QWEN3_8B
+from .workload import Workload
+
+GIB = 2**30
+MIB = 2**20
+
+# The seed article's batch: A cold, A again (GPU hit), B and C (evict A from the GPU), A resent.
+LAPTOP_BATCH = (
+    ("A-cold", "A", 1497),
+    ("A-hit", "A", 1497),
+    ("B", "B", 1593),
+    ("C", "C", 1593),
+    ("A-resent", "A", 1497),
+)
+
+_LAPTOP = Scenario(
+    name="laptop-eviction",
+    description=(
+        "The seed article's measurement: Qwen3-0.6B shapes on an 8 GB laptop GPU with 256 MiB "
+        "of GPU KV (146 blocks), a 0.5 GiB CPU tier (292 chunks), batches of A, A, B, C, A "
+        "sent one after another; every batch uses fresh prompts."
+    ),
+    advice="keep",
+    advice_why=(
+        "The reloaded prefix A comes back 2.2x faster (35 ms vs 77 ms); a third of the "
+        "GPU-missed tokens that can be served are served; the tier (4,672 tokens) is 2x the "
+        "GPU KV (2,336) and each batch's prefixes survive until their reuse."
+    ),
+    duration_s=600.0,
+    model=QWEN3_0_6B,
+    served_model_name="Qwen/Qwen3-Reranker-0.6B",
+    hardware=LAPTOP_ADA,
+    max_model_len=2048,
+    kv_cache_memory_bytes=256 * MIB,
+    gpu_memory_utilization=0.92,
+    cpu_gib=0.5,
+    kv_cache_metrics=True,
+    kv_cache_metrics_sample=0.1,
+    workload=Workload(kind="batches", batch=LAPTOP_BATCH, request_interval_s=0.3),
+)
+
+_LAPTOP_OFF = replace(
+    _LAPTOP,
+    name="laptop-eviction-nooffload",
+    description=(
+        "The same laptop batches on a server without offloading: A resent is recomputed "
+        "(~77 ms, like a cold request) because B and C evicted it from the GPU."
+    ),
+    advice="enable",
+    advice_why=(
+        "A fifth of the prompt tokens are prefixes seen seconds earlier but evicted from a "
+        "GPU KV cache of 2,336 tokens (GPU usage high, prefix hit ratio far below the reuse in "
+        "the traffic). A CPU tier of at least ~2x the GPU KV (0.5 GiB) catches them."
+    ),
+    cpu_gib=None,
+)
+
+# A RAG service on one H200 serving Qwen3-8B (147,456 KV bytes/token, 2.36 MB per block).
+_RAG = Scenario(
+    name="rag-hot-set-fits",
+    description=(
+        "RAG over 40 shared documents (1.5k-2.5k tokens, Zipf popularity), a 256-token system "
+        "prompt and short questions, 1.5 requests/s for 30 minutes. GPU KV 2 GiB (~14.5k "
+        "tokens, ~7 documents), CPU tier 16 GiB (~116k tokens): the whole hot set fits."
+    ),
+    advice="keep",
+    advice_why=(
+        "Most GPU-missed tokens are loaded from the CPU tier, a reload is several times faster "
+        "than recomputing 8B prefixes, the tier is 8x the GPU KV and holds the whole working "
+        "set (~12 GB) with headroom."
+    ),
+    duration_s=1800.0,
+    model=QWEN3_8B,
+    hardware=H200,
+    max_model_len=4096,
+    kv_cache_memory_bytes=2 * GIB,
+    cpu_gib=16.0,
+    workload=Workload(
+        kind="documents", rate_rps=1.5, num_docs=40, doc_tokens=(1500, 2500),
+        popularity="zipf", zipf_alpha=0.6, question_tokens=(20, 80), system_tokens=256,
+    ),
+)
+
+_TOO_SMALL = replace(
+    _RAG,
+    name="buffer-too-small",
+    description=(
+        "The RAG traffic with a CPU tier the size of the GPU KV cache (2 GiB next to 2 GiB): "
+        "the tier only mirrors what the GPU already holds and reuse is lost."
+    ),
+    advice="grow",
+    advice_why=(
+        "The offload hit ratio is near zero while GBs are stored; the CPU/GPU capacity ratio "
+        "is ~1 (vLLM's own rule: the tier must exceed the GPU KV to add hits). The oracle "
+        "sweep reaches 95% of the achievable hit ratio only at ~12 GiB."
+    ),
+    cpu_gib=2.0,
+)
+
+_OVERSIZED = Scenario(
+    name="buffer-oversized",
+    description=(
+        "A small working set (10 documents of ~2k tokens, ~3 GB of KV) behind a 256 GiB CPU "
+        "tier: 0.4 requests/s with short questions store ~1 MB/s, so filling the tier would "
+        "take days."
+    ),
+    advice="shrink",
+    advice_why=(
+        "Every reusable prefix already hits; the tier's fill time (capacity / store rate) is "
+        "more than a day, far beyond any observed reuse gap; 256 GiB of pinned host memory "
+        "counts against the container limit for nothing. The oracle reaches the full hit "
+        "ratio with a few GiB."
+    ),
+    duration_s=1800.0,
+    model=QWEN3_8B,
+    hardware=H200,
+    max_model_len=4096,
+    kv_cache_memory_bytes=1 * GIB,
+    cpu_gib=256.0,
+    workload=Workload(
+        kind="documents", rate_rps=0.4, num_docs=10, doc_tokens=(1800, 2400),
+        popularity="uniform", question_tokens=(8, 24), system_tokens=0,
+    ),
+)
+
+_NO_REUSE = Scenario(
+    name="no-reuse",
+    description=(
+        "Every request brings a new 2k-token document (summarisation of uploads) after a "
+        "shared 256-token system prompt: 1 request/s, 16 GiB tier."
+    ),
+    advice="store_threshold",
+    advice_why=(
+        "~290 MB/s are stored and nothing is ever loaded back (reuse ratio 0 over windows "
+        "longer than the tier's fill time of ~1 min): pure PCIe and pinned-memory cost. "
+        "store_threshold: 2 stops storing one-off prefixes (or disable offloading)."
+    ),
+    duration_s=1200.0,
+    model=QWEN3_8B,
+    hardware=H200,
+    max_model_len=4096,
+    kv_cache_memory_bytes=2 * GIB,
+    cpu_gib=16.0,
+    workload=Workload(
+        kind="documents", rate_rps=1.0, num_docs=1, unique_fraction=1.0,
+        doc_tokens=(1500, 2500), question_tokens=(20, 80), system_tokens=256,
+    ),
+)
+
+_GPU_PLENTY = Scenario(
+    name="gpu-plenty",
+    description=(
+        "20 documents (~50k tokens of KV) on a GPU with 40 GiB of KV (~290k tokens), "
+        "offloading on with an 8 GiB tier: nothing is ever evicted from the GPU."
+    ),
+    advice="disable",
+    advice_why=(
+        "All reuse is served by the GPU prefix cache (hit ratio ~ the traffic's reuse), no "
+        "token is ever loaded from the CPU tier, yet every new block is copied to it. The CPU "
+        "tier is smaller than the GPU KV, so it could not add hits anyway. (With offloading "
+        "off the same traffic gets leave_off.)"
+    ),
+    duration_s=1200.0,
+    model=QWEN3_8B,
+    hardware=H200,
+    max_model_len=4096,
+    kv_cache_memory_bytes=40 * GIB,
+    cpu_gib=8.0,
+    workload=Workload(
+        kind="documents", rate_rps=1.0, num_docs=20, doc_tokens=(1500, 3000),
+        popularity="zipf", zipf_alpha=0.8, question_tokens=(20, 80), system_tokens=256,
+    ),
+)
+
+_RECOMPUTE_WINS = Scenario(
+    name="recompute-wins",
+    description=(
+        "Qwen3-0.6B shapes on an H200 (~290k prefill tokens/s) behind a slow host link "
+        "(6 GB/s, ~52k tokens/s): 30 documents of ~3.5k tokens, 1 GiB of GPU KV, 8 GiB tier."
+    ),
+    advice="disable",
+    advice_why=(
+        "Loads are slower than recomputing (counter speedup well below 1.2x); every reload "
+        "also waits one more engine step, so reloaded requests are slower than cold ones and "
+        "offloading only costs PCIe traffic and pinned memory."
+    ),
+    duration_s=1200.0,
+    model=QWEN3_0_6B,
+    hardware=H200_SLOW_LINK,
+    max_model_len=8192,
+    kv_cache_memory_bytes=1 * GIB,
+    cpu_gib=8.0,
+    workload=Workload(
+        kind="documents", rate_rps=2.0, num_docs=30, doc_tokens=(3000, 4000),
+        popularity="zipf", zipf_alpha=0.6, question_tokens=(20, 80), system_tokens=0,
+    ),
+)
+
+_PRESSURE = replace(
+    _RAG,
+    name="pressure-without-offloading",
+    description=(
+        "The RAG traffic (40 documents, Zipf) at 4 requests/s on a server without offloading "
+        "and only 1 GiB of GPU KV (~7k tokens, three prompts): KV usage peaks near 1, bursts "
+        "wait for capacity, and prefixes seen a minute ago are recomputed because the GPU "
+        "evicted them within seconds (--kv-cache-metrics on: short lifetimes and idle times)."
+    ),
+    advice="enable",
+    advice_why=(
+        "The GPU prefix hit ratio (~0.2) is far below the reuse in the traffic (every document "
+        "is asked about again and again), GPU blocks live only seconds before eviction, and "
+        "requests wait for capacity. A CPU tier of ~12-16 GiB (many times the GPU KV) would "
+        "serve most missed prefixes (the oracle's sweep with offloading on)."
+    ),
+    cpu_gib=None,
+    kv_cache_memory_bytes=1 * GIB,
+    kv_cache_metrics=True,
+    kv_cache_metrics_sample=0.05,
+    workload=replace(_RAG.workload, rate_rps=4.0),
+)
+
+_DP2 = replace(
+    _RAG,
+    name="dp2",
+    description=(
+        "The RAG service on two data-parallel engines (engine=\"0\",\"1\"), requests spread "
+        "round-robin, each engine with 2 GiB of GPU KV and its own 16 GiB CPU tier; "
+        "num_gpu_blocks on cache_config_info is the DP total, as in real vLLM."
+    ),
+    advice="keep",
+    advice_why=(
+        "Per engine the picture is the rag-hot-set-fits one: most GPU misses are served from "
+        "the tier and the working set fits. Sizes are per engine; figures sum over engines."
+    ),
+    dp=2,
+    workload=replace(_RAG.workload, rate_rps=3.0),
+)
+
+_RESTART = replace(
+    _RAG,
+    name="restart",
+    description=(
+        "The RAG service restarted after 15 of 30 minutes: every counter resets, lazily created "
+        "series vanish until their first event, `_created` moves, caches start empty."
+    ),
+    advice="keep",
+    advice_why=(
+        "Same traffic as rag-hot-set-fits; the right answer must survive the counter reset "
+        "(rates and increases skip the reset, nothing goes negative)."
+    ),
+    restart_at_s=900.0,
+)
+
+_LEGACY = replace(
+    _RAG,
+    name="legacy-0.23",
+    description=(
+        "The RAG service on vLLM 0.23: only the legacy kv_offload_total_bytes/_time/_size "
+        "{transfer_type} families, created on the first transfer of each direction; no flat "
+        "names, no kv_offload_config_info, no prompt_tokens_cached_by_source, the 0.23 "
+        "cache_config_info label set (no kv_cache_size_tokens)."
+    ),
+    advice="keep",
+    advice_why=(
+        "Same as rag-hot-set-fits, read through the legacy names (CPU_to_GPU = load, "
+        "GPU_to_CPU = store) and capacity from kv_offloading_size."
+    ),
+    vllm_version="0.23",
+)
+
+_TWO_MODELS = replace(
+    _RAG,
+    name="two-models",
+    description=(
+        "One process registry carrying two served models (model_name label): the RAG model "
+        "with offloading, plus a Qwen3-0.6B chat model without it."
+    ),
+    advice="keep",
+    advice_why=(
+        "Judge each model_name on its own: the 8B RAG model keeps its tier; the 0.6B model has "
+        "no offloading and its GPU KV holds its small working set (leave_off)."
+    ),
+    extra_models=(
+        Scenario(
+            name="two-models/chat",
+            model=QWEN3_0_6B,
+            hardware=H200,
+            max_model_len=4096,
+            kv_cache_memory_bytes=4 * GIB,
+            cpu_gib=None,
+            workload=Workload(
+                kind="documents", rate_rps=2.0, num_docs=8, doc_tokens=(500, 1500),
+                popularity="uniform", question_tokens=(20, 200), system_tokens=512,
+            ),
+        ),
+    ),
+)
+
+_LIBRARY: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        _LAPTOP,
+        _LAPTOP_OFF,
+        _RAG,
+        _TOO_SMALL,
+        _OVERSIZED,
+        _NO_REUSE,
+        _GPU_PLENTY,
+        _RECOMPUTE_WINS,
+        _PRESSURE,
+        _DP2,
+        _RESTART,
+        _LEGACY,
+        _TWO_MODELS,
+    )
+}
+
+
+def names() -> list[str]:
+    """Names of the scenario library, in documentation order."""
+    return list(_LIBRARY)
+
+
+def get(name: str) -> Scenario:
+    """A scenario by name; KeyError lists the known names."""
+    try:
+        return _LIBRARY[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(_LIBRARY)}") from None
+
+
+__all__ = ["LAPTOP_BATCH", "Scenario", "get", "names"]

@@ -1,0 +1,265 @@
+"""SimServer: one simulated vLLM process on a virtual clock.
+
+It owns the event queue, the engines (data-parallel ranks of each served model), the metric
+store behind a private CollectorRegistry, and the ground truth. Time only moves when asked
+(advance_to), so an hour of traffic runs in seconds and every run is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from . import metrics as mf
+from .config import Scenario, Sizing, validate
+from .engine import Engine, EngineTruth, Request
+from .workload import PromptHasher, RequestSpec, generate
+
+
+class SimServer:
+    def __init__(self, scenario: Scenario, seed: int = 0) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.epoch = scenario.start_epoch
+        self.now = 0.0
+        process = {
+            "duration_s": scenario.duration_s,
+            "vllm_version": scenario.vllm_version,
+            "start_epoch": scenario.start_epoch,
+            "restart_at_s": scenario.restart_at_s,
+            "kv_cache_metrics": scenario.kv_cache_metrics,
+            "kv_cache_metrics_sample": scenario.kv_cache_metrics_sample,
+        }
+        self.models: list[Scenario] = [
+            scenario, *(replace(m, extra_models=(), **process) for m in scenario.extra_models)
+        ]
+        names = [m.model_name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{scenario.name}: served model names must differ: {names}")
+        for m in self.models:
+            validate(m)
+        self.sizings = [Sizing.of(m) for m in self.models]
+        self._hashers = [PromptHasher(m.block_size) for m in self.models]
+        # every model's requests, keyed by arrival at its engine core (after tokenization)
+        arrivals: list[tuple[float, int, int, RequestSpec]] = []
+        for mi, m in enumerate(self.models):
+            fe_in = m.hardware.frontend_overhead_s / 2
+            specs = generate(m.workload, m.duration_s, seed * 7919 + mi, m.max_model_len - 1)
+            arrivals += [(r.t + fe_in, mi, i, r) for i, r in enumerate(specs)]
+        arrivals.sort(key=lambda a: (a[0], a[1], a[2]))
+        self._arrivals = arrivals
+        self._next = 0
+        self._heap: list[tuple[float, int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self._gen = 0
+        self._rids = itertools.count()
+        self._rr = [0] * len(self.models)
+        self._inflight: set[int] = set()
+        self.records: list[dict[str, Any]] = []
+        self.restarts: list[float] = []
+        self.aborted = 0
+        self._archive: list[tuple[int, EngineTruth, dict[str, int]]] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._collector = mf.StoreCollector(lambda: self.metrics)
+        self.registry.register(self._collector)
+        self._start(0.0)
+        if scenario.restart_at_s is not None:
+            self._push(scenario.restart_at_s, -1, self._restart, ())
+
+    # -- process lifecycle ---------------------------------------------------------------------
+
+    def _start(self, t: float) -> None:
+        primary = self.scenario
+        self.metrics = mf.MetricStore(mf.families_for(
+            primary.vllm_version,
+            offloading=any(m.offloading for m in self.models),
+            stores_skipped=any(m.offloading and m.store_threshold >= 2 for m in self.models),
+            kv_cache_metrics=primary.kv_cache_metrics,
+            max_model_len=max(m.max_model_len for m in self.models),
+        ))
+        self.engines: list[list[Engine]] = []
+        for mi, (m, sz) in enumerate(zip(self.models, self.sizings, strict=True)):
+            self.engines.append([
+                Engine(m, sz, e, self, self._rng(mi, e), t) for e in range(m.dp)
+            ])
+
+    def _rng(self, model_index: int, engine: int) -> random.Random:
+        """Each engine's own stream (lookup jitter, block sampling), fixed by the seed."""
+        return random.Random(hash((self.seed, model_index, engine, len(self.restarts))))
+
+    def _restart(self, t: float) -> None:
+        """The process dies and comes back: caches empty, counters from zero, new _created."""
+        for mi, engines in enumerate(self.engines):
+            for eng in engines:
+                cpu = eng.cpu
+                stats = {"never_reloaded_chunks": 0, "chunk_bytes": self.sizings[mi].chunk_bytes}
+                if cpu is not None:
+                    # chunks dropped by the restart were never reloaded either
+                    stats["never_reloaded_chunks"] = (
+                        cpu.evicted_never_loaded + cpu.resident_never_loaded()
+                    )
+                self._archive.append((mi, eng.truth, stats))
+        self.aborted += len(self._inflight)
+        self._inflight.clear()
+        self.restarts.append(t)
+        self._gen += 1
+        self._start(t)
+
+    # -- event queue ---------------------------------------------------------------------------
+
+    def _push(self, t: float, gen: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), gen, fn, args))
+
+    def schedule(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        """Engines schedule their own follow-ups; a restart invalidates them (generation)."""
+        self._push(t, self._gen, fn, args)
+
+    def request_finished(self, record: dict[str, Any]) -> None:
+        self._inflight.discard(record.pop("rid"))
+        self.records.append(record)
+
+    def _dispatch(self, t: float, mi: int, spec: RequestSpec) -> None:
+        m = self.models[mi]
+        engines = self.engines[mi]
+        if m.routing == "hash":
+            idx = ((spec.route_key * 2654435761) & 0xFFFFFFFF) % len(engines)
+        else:
+            idx = self._rr[mi] % len(engines)
+            self._rr[mi] += 1
+        hashes = self._hashers[mi].block_hashes(spec.segments)
+        rid = next(self._rids)
+        self._inflight.add(rid)
+        req = Request(rid=rid, spec=spec, hashes=hashes, prompt=spec.prompt_tokens, t_engine=t)
+        engines[idx].arrive(t, req)
+
+    def _step_events(self, limit: float) -> bool:
+        """Run the earliest event at or before `limit`; False when there is none."""
+        next_arr = self._arrivals[self._next][0] if self._next < len(self._arrivals) else math.inf
+        next_evt = self._heap[0][0] if self._heap else math.inf
+        if min(next_arr, next_evt) > limit or (next_arr == next_evt == math.inf):
+            return False
+        if next_arr <= next_evt:
+            t, mi, _, spec = self._arrivals[self._next]
+            self._next += 1
+            self.now = max(self.now, t)
+            self._dispatch(t, mi, spec)
+        else:
+            t, _, gen, fn, args = heapq.heappop(self._heap)
+            self.now = max(self.now, t)
+            if gen == -1 or gen == self._gen:
+                fn(t, *args)
+        return True
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def advance_to(self, t_virtual_seconds: float) -> None:
+        """Run every event up to virtual time t (seconds since the simulation started)."""
+        while self._step_events(t_virtual_seconds):
+            pass
+        self.now = max(self.now, t_virtual_seconds)
+
+    def run(self) -> None:
+        """Run the whole workload to completion (every request answered, every copy done)."""
+        while self._step_events(math.inf):
+            pass
+        self.now = max(self.now, self.scenario.duration_s)
+
+    @property
+    def finished(self) -> bool:
+        if self._next < len(self._arrivals) or self.now < self.scenario.duration_s:
+            return False
+        return not any(e[2] == self._gen or e[2] == -1 for e in self._heap)
+
+    def render(self, timestamped: bool = False) -> bytes:
+        """The /metrics body (text format 0.0.4), exactly as prometheus_client renders it.
+
+        vLLM puts no timestamps on samples; `timestamped=True` stamps every sample with the
+        virtual wall time (start_epoch + now) so that a scraper of a sped-up clock (Prometheus
+        honours target timestamps) computes rates in virtual time.
+        """
+        if not timestamped:
+            return generate_latest(self.registry)
+        self._collector.timestamp = self.epoch + self.now
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._collector.timestamp = None
+
+    def ground_truth(self, include_requests: bool = True) -> dict[str, Any]:
+        """What really happened: JSON-serialisable, cumulative over restarts."""
+        per_model: list[dict[str, Any]] = []
+        for mi, (m, sz) in enumerate(zip(self.models, self.sizings, strict=True)):
+            tot = EngineTruth()
+            evicted_never = 0
+            resident_never = 0
+            for ami, tr, stats in self._archive:
+                if ami == mi:
+                    _add(tot, tr)
+                    evicted_never += stats["never_reloaded_chunks"]
+            for eng in self.engines[mi]:
+                _add(tot, eng.truth)
+                if eng.cpu is not None:
+                    evicted_never += eng.cpu.evicted_never_loaded
+                    resident_never += eng.cpu.resident_never_loaded()
+            recs = [r for r in self.records if r["model_name"] == m.model_name]
+            ttfts = [r["ttft_s"] for r in recs]
+            d = asdict(tot)
+            d.update({
+                "model_name": m.model_name,
+                "offloading": m.offloading,
+                "cpu_gib": m.cpu_gib,
+                "tp": m.tp,
+                "dp": m.dp,
+                "bytes_per_token": sz.bytes_per_token,
+                "block_bytes": sz.block_bytes,
+                "num_gpu_blocks_per_engine": sz.num_gpu_blocks,
+                "gpu_kv_tokens_per_engine": sz.kv_cache_size_tokens,
+                "cpu_num_chunks_per_engine": sz.cpu_num_chunks,
+                "cpu_kv_cache_size_bytes_per_engine": sz.cpu_kv_cache_size_bytes,
+                "prefill_tokens_per_s": sz.prefill_tokens_per_s,
+                "true_offload_hit_ratio": (tot.loaded_tokens / tot.gpu_missed_tokens)
+                if tot.gpu_missed_tokens else None,
+                "gpu_hit_ratio": (tot.gpu_hit_tokens / (tot.gpu_hit_tokens + tot.gpu_missed_tokens))
+                if tot.gpu_hit_tokens + tot.gpu_missed_tokens else None,
+                "never_reloaded_evicted_bytes": evicted_never * sz.chunk_bytes,
+                "never_reloaded_resident_bytes": resident_never * sz.chunk_bytes,
+                "never_reloaded_bytes": (evicted_never + resident_never) * sz.chunk_bytes,
+                "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
+            })
+            per_model.append(d)
+        primary = per_model[0]
+        out: dict[str, Any] = {
+            "scenario": self.scenario.name,
+            "seed": self.seed,
+            "vllm_version": self.scenario.vllm_version,
+            "now_s": self.now,
+            "finished": self.finished,
+            "start_epoch": self.epoch,
+            "restarts_s": list(self.restarts),
+            "aborted_requests": self.aborted,
+            "advice": self.scenario.advice,
+            "models": per_model,
+        }
+        # the primary model's figures at top level, for the common single-model case
+        for k in ("true_offload_hit_ratio", "loaded_bytes", "stored_bytes", "loaded_tokens",
+                  "gpu_missed_tokens", "never_reloaded_evicted_bytes",
+                  "never_reloaded_resident_bytes", "never_reloaded_bytes", "mean_ttft_s",
+                  "store_failures", "stores_skipped", "ttft_saved_s"):
+            out[k] = primary[k]
+        out["requests_total"] = primary["requests"]
+        if include_requests:
+            out["ttft_s"] = [r["ttft_s"] for r in self.records]
+            out["requests"] = list(self.records)
+        return out
+
+
+def _add(into: EngineTruth, other: EngineTruth) -> None:
+    for k, v in asdict(other).items():
+        setattr(into, k, getattr(into, k) + v)

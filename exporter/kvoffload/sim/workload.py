@@ -1,0 +1,235 @@
+"""Workloads: which prompts arrive when.
+
+A prompt is a tuple of segments `(segment_id, tokens)`: an optional shared system prompt, a
+document (the reusable prefix) and a unique question. Token ids are never materialised: a
+block's identity is the chain hash of the segment pieces it covers, exactly the property vLLM's
+prefix cache relies on (same prefix → same block hashes). Everything is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+from dataclasses import dataclass
+
+Segments = tuple[tuple[int, int], ...]
+
+SYSTEM_SEGMENT_ID = 1
+_DOC_BASE = 1_000
+_UNIQUE_DOC_BASE = 500_000_000
+_QUESTION_BASE = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Traffic of one served model.
+
+    kind:
+      * "documents": Poisson (or evenly spaced) arrivals at `rate_rps`; each request asks a new
+        question about a document drawn from a library of `num_docs` by `popularity`
+        (uniform or Zipf with `zipf_alpha`); `unique_fraction` of requests bring a brand-new
+        document instead; `rotate_every_s` replaces the library with fresh documents
+        periodically (older documents are never asked about again).
+      * "sessions": documents arrive at `rate_rps / (1 + reuses)`; each is asked about again
+        `reuses` times with exponential gaps of mean `reuse_gap_s` (controls reuse distance).
+      * "batches": an explicit sequence repeated `num_batches` times (or until the duration),
+        one request every `request_interval_s`; each batch uses fresh documents, and entries
+        with the same key inside a batch are the same prompt (the article's A, A, B, C, A).
+    """
+
+    kind: str = "documents"
+    rate_rps: float = 1.0
+    arrival: str = "poisson"  # "poisson" | "uniform"
+    num_docs: int = 20
+    doc_tokens: tuple[int, int] = (1500, 2500)
+    popularity: str = "zipf"  # "uniform" | "zipf"
+    zipf_alpha: float = 1.0
+    question_tokens: tuple[int, int] = (20, 80)
+    system_tokens: int = 0
+    unique_fraction: float = 0.0
+    rotate_every_s: float | None = None
+    reuses: int = 3
+    reuse_gap_s: float = 60.0
+    batch: tuple[tuple[str, str, int], ...] = ()  # (label, prompt key, prompt tokens)
+    num_batches: int | None = None
+    request_interval_s: float = 0.3
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request as the client sends it (before any server-side state)."""
+
+    t: float  # arrival at the API server, virtual seconds
+    segments: Segments
+    label: str
+    route_key: int  # what a prefix-aware router would hash (the document)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(n for _, n in self.segments)
+
+
+def _fit(segments: list[tuple[int, int]], max_tokens: int) -> Segments:
+    """Trim the tail so the prompt fits max_model_len - 1 (max_tokens=1 needs one slot)."""
+    out: list[tuple[int, int]] = []
+    room = max_tokens
+    for seg_id, n in segments:
+        if room <= 0:
+            break
+        take = min(n, room)
+        if take > 0:
+            out.append((seg_id, take))
+            room -= take
+    return tuple(out)
+
+
+def _arrivals(rng: random.Random, rate: float, duration: float, kind: str) -> list[float]:
+    if rate <= 0:
+        return []
+    times: list[float] = []
+    if kind == "uniform":
+        step = 1.0 / rate
+        t = step / 2
+        while t < duration:
+            times.append(t)
+            t += step
+        return times
+    t = rng.expovariate(rate)
+    while t < duration:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+def _doc_len(seed: int, doc_id: int, bounds: tuple[int, int]) -> int:
+    # Each document has one fixed length whatever order it is first drawn in.
+    return random.Random(seed * 1_000_003 + doc_id).randint(bounds[0], bounds[1])
+
+
+def generate(
+    workload: Workload, duration_s: float, seed: int, max_prompt_tokens: int
+) -> list[RequestSpec]:
+    """All requests of the run, sorted by arrival time."""
+    rng = random.Random(seed)
+    questions = itertools.count(_QUESTION_BASE)
+    system: list[tuple[int, int]] = (
+        [(SYSTEM_SEGMENT_ID, workload.system_tokens)] if workload.system_tokens > 0 else []
+    )
+
+    def question() -> tuple[int, int]:
+        lo, hi = workload.question_tokens
+        return (next(questions), rng.randint(lo, hi))
+
+    out: list[RequestSpec] = []
+    if workload.kind == "documents":
+        n = max(1, workload.num_docs)
+        if workload.popularity == "zipf":
+            weights = [1.0 / math.pow(rank + 1, workload.zipf_alpha) for rank in range(n)]
+        else:
+            weights = [1.0] * n
+        cum = list(itertools.accumulate(weights))
+        unique_ids = itertools.count(_UNIQUE_DOC_BASE)
+        for t in _arrivals(rng, workload.rate_rps, duration_s, workload.arrival):
+            if workload.unique_fraction > 0 and rng.random() < workload.unique_fraction:
+                doc_id = next(unique_ids)
+            else:
+                idx = bisect.bisect_left(cum, rng.random() * cum[-1])
+                generation = (
+                    int(t // workload.rotate_every_s) if workload.rotate_every_s else 0
+                )
+                doc_id = _DOC_BASE + generation * n + min(idx, n - 1)
+            doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
+            segs = _fit([*system, doc, question()], max_prompt_tokens)
+            out.append(RequestSpec(t=t, segments=segs, label="doc", route_key=doc_id))
+    elif workload.kind == "sessions":
+        per_session = 1 + max(0, workload.reuses)
+        session_rate = workload.rate_rps / per_session
+        for i, t0 in enumerate(_arrivals(rng, session_rate, duration_s, workload.arrival)):
+            doc_id = _DOC_BASE + i
+            doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
+            t = t0
+            for turn in range(per_session):
+                if turn:
+                    t += rng.expovariate(1.0 / workload.reuse_gap_s)
+                if t >= duration_s:
+                    break
+                segs = _fit([*system, doc, question()], max_prompt_tokens)
+                label = "first" if turn == 0 else "reuse"
+                out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
+    elif workload.kind == "batches":
+        t = workload.request_interval_s
+        for b in itertools.count():
+            if workload.num_batches is not None and b >= workload.num_batches:
+                break
+            if t >= duration_s or not workload.batch:
+                break
+            keys: dict[str, int] = {}
+            for label, key, tokens in workload.batch:
+                doc_id = keys.setdefault(key, _DOC_BASE + b * 100 + len(keys))
+                segs = _fit([*system, (doc_id, tokens)], max_prompt_tokens)
+                out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
+                t += workload.request_interval_s
+    else:
+        raise ValueError(f"unknown workload kind {workload.kind!r}")
+    out.sort(key=lambda r: r.t)
+    return out
+
+
+# (hashes of the full blocks so far, last parent hash, (segment, start, end) pieces of the
+# partial block being filled)
+_HashState = tuple[tuple[int, ...], int, tuple[tuple[int, int, int], ...]]
+
+
+class PromptHasher:
+    """Chain hashes of a prompt's full blocks, memoised per shared prefix.
+
+    hash_i = hash((hash_{i-1}, pieces of block i)); pieces are (segment_id, start, end) so two
+    prompts share a block hash exactly when they share every token up to the end of that block.
+    Python's hash of int tuples is deterministic (no PYTHONHASHSEED dependence).
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._memo: dict[Segments, _HashState] = {}
+
+    def _extend(self, state: _HashState, segment: tuple[int, int]) -> _HashState:
+        """Append one segment to (full-block hashes, last parent hash, partial-block pieces)."""
+        hashes, parent, pending = state
+        hashes_l = list(hashes)
+        pend = list(pending)
+        filled = sum(e - s for _, s, e in pend)
+        seg_id, n = segment
+        pos = 0
+        bs = self.block_size
+        while pos < n:
+            take = min(bs - filled, n - pos)
+            pend.append((seg_id, pos, pos + take))
+            pos += take
+            filled += take
+            if filled == bs:
+                parent = hash((parent, tuple(pend)))
+                hashes_l.append(parent)
+                pend = []
+                filled = 0
+        return tuple(hashes_l), parent, tuple(pend)
+
+    def _prefix_state(self, segments: Segments) -> _HashState:
+        if not segments:
+            return (), 0, ()
+        hit = self._memo.get(segments)
+        if hit is not None:
+            return hit
+        state = self._extend(self._prefix_state(segments[:-1]), segments[-1])
+        if len(self._memo) > 200_000:  # bound memory on very long runs
+            self._memo.clear()
+        self._memo[segments] = state
+        return state
+
+    def block_hashes(self, segments: Segments) -> tuple[int, ...]:
+        """Hashes of every full block. Proper prefixes (system, system+document) are memoised so
+        shared documents hash once; the full prompt with its unique question is not kept."""
+        if not segments:
+            return ()
+        return self._extend(self._prefix_state(segments[:-1]), segments[-1])[0]
