@@ -129,3 +129,30 @@ def test_analyze_live_target(static_server):
     assert r.returncode == 0, r.stderr
     (group,) = json.loads(r.stdout)["groups"]
     assert group["labels"]["instance"].startswith("127.0.0.1:")
+
+
+def test_demo_prints_live_figures():
+    r = kvo("demo", "--duration", "7s", "--every", "2s", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "sidecar:" in r.stdout and "/metrics" in r.stdout
+    lines = [line for line in r.stdout.splitlines() if "advice:" in line]
+    assert lines, r.stdout
+    assert "hit 0.2" in lines[-1] and "load 12.6" in lines[-1] and "advice: keep" in lines[-1]
+
+
+def test_sim_records_a_scenario_that_analyze_reads(tmp_path):
+    out = tmp_path / "nr.om"
+    r = kvo("sim", "--scenario", "no-reuse", "--record", str(out), "--duration", "20m")
+    assert r.returncode == 0, r.stderr
+    r = kvo("analyze", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    (group,) = json.loads(r.stdout)["groups"]
+    assert group["recommendation"]["action"] == "store_threshold"
+    assert group["window_seconds"] == pytest.approx(1200)
+
+
+def test_sim_unknown_scenario_is_a_one_line_error():
+    r = kvo("sim", "--scenario", "nope")
+    assert r.returncode == 2 and "laptop-eviction" in r.stderr and "Traceback" not in r.stderr
+    r = kvo("sim", "--list")
+    assert r.returncode == 0 and "buffer-too-small" in r.stdout

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -52,6 +53,10 @@ async def run_demo(
     from kvoffload.sim.server import make_app as make_sim_app
 
     scenario = scenarios.get(scenario_name)
+    # Stretch the workload over the whole demo (30 minutes when open-ended), so the figures
+    # keep moving instead of going flat when the scenario's natural length is over.
+    wall = duration if duration is not None else 1800.0
+    scenario = replace(scenario, duration_s=max(scenario.duration_s, speed * wall))
     sim_port = free_port(listen_host)
     side_port = sidecar_port or free_port(listen_host)
     sim_runner = web.AppRunner(make_sim_app(SimServer(scenario), speed=speed), access_log=None)

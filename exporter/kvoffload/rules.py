@@ -191,7 +191,7 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
         "The CPU offload tier is too small to add prefix hits.",
         f"{where}: {{{{ if eq $labels.reason \"capacity\" }}}}the CPU tier holds only "
         "{{ $value | humanizePercentage }} of the GPU KV cache's tokens, and it must be larger "
-        "than the GPU cache to add hits{{ else }}{{ $value | humanize }} store attempts per "
+        "than the GPU cache to add hits{{ else }}{{ printf \"%.2f\" $value }} store attempts per "
         "second find no free CPU-tier slot, and those blocks are silently not offloaded"
         "{{ end }}. Grow --kv-offloading-size, within the container's memory limit.",
     ))

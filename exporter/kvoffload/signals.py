@@ -250,8 +250,9 @@ FIGURES: tuple[Figure, ...] = (
            "Bytes loaded back from the CPU tier per byte stored into it over the window.",
            _offload_only(lambda c: _ratio(c.inc("load_bytes"), c.inc("store_bytes")))),
     Figure("wasted_bytes", "kvoffload_wasted_offload_bytes", "bytes",
-           "Bytes stored minus bytes loaded over the window, floored at 0: an upper-bound proxy "
-           "for offloaded KV never reused.", wasted_bytes),
+           "Bytes stored minus bytes loaded over the window, floored at 0: a lower bound on "
+           "offloaded KV never read back (exact when each reloaded block is read once).",
+           wasted_bytes),
     Figure("loaded_bytes", "kvoffload_loaded_bytes", "bytes",
            "Bytes copied from the CPU tier to the GPU over the window.",
            _offload_only(lambda c: c.inc("load_bytes"))),
