@@ -13,7 +13,6 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from helpers import free_port
 
 from kvoffload.analysis import analyze_window
 from kvoffload.parse import parse_text
@@ -23,6 +22,8 @@ from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.server import make_app as make_sim_app
 from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import Window
+
+from helpers import free_port
 
 SCENARIOS = ["laptop-eviction", "rag-hot-set-fits", "buffer-too-small", "no-reuse", "dp2",
              "restart", "legacy-0.23", "recompute-wins"]
