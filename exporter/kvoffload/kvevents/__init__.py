@@ -1,0 +1,1 @@
+"""vLLM KV cache events: decoding, subscribing, recording and exact CPU-tier sizing."""

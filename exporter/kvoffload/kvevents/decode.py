@@ -1,0 +1,113 @@
+"""Decoding vLLM's KV-event batches into plain, version-independent records.
+
+vLLM encodes a `KVEventBatch` with msgspec. The shape has moved between releases: the batch as
+an array `[ts, events, data_parallel_rank]` (reference/vllm-kv-events.md, 0.33) or as a map
+`{"ts", "events", "data_parallel_rank"}` (vLLM main at one point); events as maps with a
+`"type"` tag, or as arrays with the tag first (older `array_like=True` structs). All of them
+decode here into `Event`s; unknown fields are ignored and unknown event types are counted,
+so a newer vLLM still decodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from kvoffload.errors import InputError
+
+# Field order of the array-like encodings (msgspec array_like=True), tag first.
+_ARRAY_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                    "medium", "lora_name"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
+
+
+class DecodeError(InputError):
+    """A payload that is not a vLLM KV-event batch."""
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # BlockStored | BlockRemoved | AllBlocksCleared
+    block_hashes: tuple[int, ...] = ()
+    medium: str | None = None  # "GPU", "CPU", ...; None on releases without media
+    block_size: int = 0
+    group_idx: int | None = None
+
+
+@dataclass
+class Batch:
+    ts: float
+    dp_rank: int
+    events: list[Event] = field(default_factory=list)
+    unknown: int = 0  # events of a type this version does not know
+
+
+_decoder = msgspec.msgpack.Decoder()
+
+
+def _hash(value: Any) -> int:
+    # Hashes are ints by default; bytes hashes (some hash algorithms) fold to an int.
+    if isinstance(value, int):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return int.from_bytes(value[:16], "big", signed=False)
+    raise DecodeError(f"block hash of unexpected type {type(value).__name__}")
+
+
+def _event(raw: Any) -> Event | None:
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        fields = raw
+    elif isinstance(raw, list | tuple) and raw and isinstance(raw[0], str):
+        kind = raw[0]
+        names = _ARRAY_FIELDS.get(kind)
+        if names is None:
+            return None
+        fields = dict(zip(names, raw[1:], strict=False))
+    else:
+        raise DecodeError("event is neither a map nor a tagged array")
+    if kind not in _ARRAY_FIELDS:
+        return None
+    if kind == CLEARED:
+        return Event(CLEARED)
+    hashes = fields.get("block_hashes") or []
+    if not isinstance(hashes, list):
+        raise DecodeError("block_hashes is not a list")
+    medium = fields.get("medium")
+    block_size = fields.get("block_size") or 0
+    group = fields.get("group_idx")
+    return Event(kind, tuple(_hash(h) for h in hashes),
+                 medium if isinstance(medium, str) else None,
+                 int(block_size) if isinstance(block_size, int) else 0,
+                 group if isinstance(group, int) else None)
+
+
+def decode_batch(payload: bytes, default_rank: int = 0) -> Batch:
+    try:
+        raw = _decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not msgpack: {exc}") from None
+    if isinstance(raw, dict):
+        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
+    elif isinstance(raw, list | tuple) and len(raw) >= 2:
+        ts, events = raw[0], raw[1]
+        rank = raw[2] if len(raw) > 2 else None
+    else:
+        raise DecodeError("payload is not a KV-event batch")
+    if not isinstance(ts, int | float) or not isinstance(events, list):
+        raise DecodeError("payload is not a KV-event batch (ts/events)")
+    batch = Batch(float(ts), int(rank) if isinstance(rank, int) else default_rank)
+    for item in events:
+        ev = _event(item)
+        if ev is None:
+            batch.unknown += 1
+        else:
+            batch.events.append(ev)
+    return batch

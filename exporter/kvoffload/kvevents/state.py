@@ -1,0 +1,148 @@
+"""What the KV-event stream of one target says: reuse distances, CPU occupancy, true waste.
+
+One `EngineEvents` per DP rank (each engine has its own CPU tier). GPU `BlockStored` blocks are
+exactly the GPU misses (computed or loaded), so they feed the stack-distance tracker; CPU
+`BlockStored`/`BlockRemoved` give the tier's occupancy and, joined with later GPU misses of the
+same hash, which stored blocks were ever loaded back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvoffload.kvevents.decode import CLEARED, REMOVED, STORED, Batch
+from kvoffload.kvevents.stackdist import StackDistanceTracker
+
+GPU_MEDIA = (None, "GPU", "gpu", "cuda")
+CPU_MEDIA = ("CPU", "cpu")
+
+
+@dataclass
+class EngineEvents:
+    sample_rate: float = 1.0
+    sample_budget: int | None = None
+    tracker: StackDistanceTracker = field(init=False)
+    block_size: int = 0
+    gpu_missed_blocks: int = 0
+    cpu_resident: dict[int, bool] = field(default_factory=dict)  # hash → loaded since stored
+    cpu_stored_blocks: int = 0
+    cpu_evicted_never_loaded_blocks: int = 0
+    cpu_evicted_blocks: int = 0
+    clears: int = 0
+    last_seq: int | None = None
+    messages: int = 0
+    lost_messages: int = 0
+    unknown_events: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+    def __post_init__(self) -> None:
+        self.tracker = StackDistanceTracker(self.sample_rate, self.sample_budget)
+
+    def sequence(self, seq: int) -> int:
+        """Account a message's sequence number; returns how many were lost before it.
+
+        A number at or below the last one means the publisher restarted (a vLLM restart
+        numbers from 0 again), not a loss."""
+        lost = seq - self.last_seq - 1 if self.last_seq is not None and seq > self.last_seq else 0
+        self.last_seq = seq
+        self.lost_messages += lost
+        self.messages += 1
+        return lost
+
+    def ingest(self, batch: Batch) -> None:
+        self.unknown_events += batch.unknown
+        self.first_ts = batch.ts if self.first_ts is None else self.first_ts
+        self.last_ts = batch.ts
+        for ev in batch.events:
+            if ev.kind == STORED and ev.medium in GPU_MEDIA:
+                if ev.block_size:
+                    self.block_size = ev.block_size
+                for h in ev.block_hashes:
+                    self.gpu_missed_blocks += 1
+                    self.tracker.access(h)
+                    if h in self.cpu_resident:
+                        self.cpu_resident[h] = True  # missed on GPU, present in CPU: loaded
+            elif ev.kind == STORED and ev.medium in CPU_MEDIA:
+                for h in ev.block_hashes:
+                    self.cpu_resident[h] = False
+                    self.cpu_stored_blocks += 1
+            elif ev.kind == REMOVED and ev.medium in CPU_MEDIA:
+                for h in ev.block_hashes:
+                    loaded = self.cpu_resident.pop(h, None)
+                    if loaded is not None:
+                        self.cpu_evicted_blocks += 1
+                        if not loaded:
+                            self.cpu_evicted_never_loaded_blocks += 1
+            elif ev.kind == CLEARED:
+                # The prefix cache was reset (a restart): the GPU and the CPU tier are empty.
+                self.clears += 1
+                self.tracker.reset()
+                self.cpu_resident.clear()
+
+    @property
+    def resident_never_loaded_blocks(self) -> int:
+        return sum(1 for loaded in self.cpu_resident.values() if not loaded)
+
+
+class TargetEvents:
+    """All DP ranks of one target."""
+
+    def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
+        self.sample_rate = sample_rate
+        self.sample_budget = sample_budget
+        self.engines: dict[int, EngineEvents] = {}
+        self.decode_errors = 0
+        self.last_error: str | None = None
+
+    def engine(self, rank: int) -> EngineEvents:
+        eng = self.engines.get(rank)
+        if eng is None:
+            eng = EngineEvents(self.sample_rate, self.sample_budget)
+            self.engines[rank] = eng
+        return eng
+
+    def ingest(self, batch: Batch, seq: int | None = None, publisher_rank: int | None = None
+               ) -> None:
+        eng = self.engine(publisher_rank if publisher_rank is not None else batch.dp_rank)
+        if seq is not None:
+            eng.sequence(seq)
+        eng.ingest(batch)
+
+    # -- figures ------------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return max((e.block_size for e in self.engines.values()), default=0)
+
+    def missed_tokens_from_events(self) -> float:
+        return sum(e.tracker.histogram.total for e in self.engines.values()) * self.block_size
+
+    def hit_tokens(self, cpu_bytes_per_engine: float, bytes_per_block: float) -> float:
+        """GPU-missed tokens a tier of that size (per engine) would have served."""
+        if bytes_per_block <= 0:
+            return 0.0
+        blocks = cpu_bytes_per_engine / bytes_per_block
+        return sum(e.tracker.histogram.hits_below(blocks) for e in self.engines.values()) \
+            * self.block_size
+
+    def achievable_tokens(self) -> float:
+        """Every non-cold miss: what an unbounded tier would serve."""
+        return sum(e.tracker.histogram.total - e.tracker.histogram.cold
+                   for e in self.engines.values()) * self.block_size
+
+    def cpu_resident_blocks(self) -> int:
+        return sum(len(e.cpu_resident) for e in self.engines.values())
+
+    def never_loaded_blocks(self) -> tuple[int, int]:
+        """(evicted without a load, resident and not loaded yet)."""
+        return (sum(e.cpu_evicted_never_loaded_blocks for e in self.engines.values()),
+                sum(e.resident_never_loaded_blocks for e in self.engines.values()))
+
+    def lost_messages(self) -> int:
+        return sum(e.lost_messages for e in self.engines.values())
+
+    def messages(self) -> int:
+        return sum(e.messages for e in self.engines.values())
+
+    def sample_rate_now(self) -> float:
+        return min((e.tracker.rate for e in self.engines.values()), default=self.sample_rate)
