@@ -17,6 +17,7 @@ Counters cannot show reuse distances; the decisions lean on what they do show:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvoffload.signals import GIB
@@ -218,6 +219,70 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
     return Recommendation("keep", reasons=[
         f"offloading pays: offload hit ratio {_fmt(hit)}, speedup {_fmt(speed)}x, reuse ratio "
         f"{_fmt(reuse)}, CPU tier {_fmt(cpu, '', 0)} tokens vs GPU {_fmt(gpu, '', 0)}"])
+
+
+def refine_with_curve(
+    rec: Recommendation,
+    figures: dict[str, float | None],
+    offloading: bool,
+    right_size_bytes: float | None,
+    achievable: float,
+    predicted_at: Callable[[float], float],
+    current_bytes: float | None,
+    gpu_bytes: float | None,
+    memory_limit_bytes: float | None,
+    t: Thresholds,
+) -> Recommendation:
+    """Re-decide enable/grow/shrink/keep from the exact miss-ratio curve (KV events).
+
+    Sizes are per engine (each DP engine has its own tier): the smallest tier reaching 95% of
+    the achievable hit ratio, never below the GPU floor, capped by the memory limit. Decisions
+    the curve cannot judge (thin data, reloads slower than recompute) stand."""
+    if rec.reasons and rec.reasons[0].startswith("too little data"):
+        return rec
+    if rec.action == "disable" and (figures.get("speedup") or 0) < t.min_speedup \
+            and figures.get("speedup") is not None:
+        return rec
+    floor = gpu_bytes * t.gpu_floor_ratio if gpu_bytes else 0.0
+    curve_note = (f"the KV-event curve decided: achievable offload hit ratio "
+                  f"{achievable:.3f}, 95% of it from {_gib(right_size_bytes)} per engine")
+    if achievable < t.low_reuse_ratio or right_size_bytes is None:
+        action = "disable" if offloading else "leave_off"
+        new = Recommendation(action, reasons=[
+            f"the KV-event curve shows no reuse a CPU tier could serve: achievable offload hit "
+            f"ratio {achievable:.3f} < {t.low_reuse_ratio:g}"])
+        new.evidence = rec.evidence
+        return new
+    size_bytes = max(right_size_bytes, floor)
+    size = round_size_gib(size_bytes)
+    warnings: list[str] = []
+    if memory_limit_bytes:
+        ceiling = memory_limit_bytes / (1 + t.memory_headroom_ratio)
+        if size * GIB > ceiling:
+            size = max(0.25, math.floor(ceiling / GIB / 0.25) * 0.25)
+            warnings.append(f"capped at {size:g} GiB by the memory limit "
+                            f"{memory_limit_bytes / GIB:.2f} GiB less "
+                            f"{t.memory_headroom_ratio:.0%} headroom")
+    predicted = predicted_at(size * GIB)
+    sized = (f"--kv-offloading-size {size:g} (per engine): predicted offload hit ratio "
+             f"{predicted:.3f}")
+    if not offloading:
+        action = "enable"
+    elif current_bytes is None:
+        action = "keep"
+    else:
+        at_current = predicted_at(current_bytes)
+        if at_current < 0.95 * achievable - 0.02 and size * GIB > current_bytes:
+            action = "grow"
+        elif current_bytes > 1.5 * size * GIB:
+            action = "shrink"
+        else:
+            action = "keep"
+        curve_note += f"; the current {_gib(current_bytes)} gives {at_current:.3f}"
+    new = Recommendation(action, None if action == "keep" else size,
+                         [curve_note, sized] if action != "keep" else [curve_note],
+                         warnings, rec.evidence)
+    return new
 
 
 def _memory_check(

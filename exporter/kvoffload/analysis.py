@@ -6,12 +6,14 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvoffload.advisor import Recommendation, Thresholds, advise
+from kvoffload.advisor import GIB, Recommendation, Thresholds, advise, refine_with_curve
 from kvoffload.errors import InputError
+from kvoffload.kvevents.evidence import event_evidence
+from kvoffload.kvevents.state import TargetEvents
 from kvoffload.parse import Exposition
 from kvoffload.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.vllm import extract
-from kvoffload.window import Window
+from kvoffload.window import GroupKey, Window
 
 
 @dataclass(frozen=True)
@@ -23,12 +25,19 @@ class Settings:
 
 
 def analyze_window(
-    window: Window, settings: Settings | None = None, lifetime: bool = False
+    window: Window,
+    settings: Settings | None = None,
+    lifetime: bool = False,
+    events: dict[str, TargetEvents] | None = None,
+    event_baselines: dict[GroupKey, dict[str, float]] | None = None,
 ) -> list[dict[str, object]]:
     """One JSON object per (instance, model_name) group that has at least two points.
 
     lifetime: the figures are totals since the engine started (one snapshot, no clock), so
     per-second rates are undefined and only the amount of traffic says whether it is enough.
+    events: KV-event state per instance; the curve and exact figures join the group, and the
+    advisor sizes from the curve. event_baselines: counter totals when the events started
+    (live); without them the window's increases are the events' period (a recording).
     """
     settings = settings or Settings()
     groups: list[dict[str, object]] = []
@@ -62,7 +71,7 @@ def analyze_window(
             lifetime=lifetime,
             prompt_tokens=ctx.inc("prompt_tokens"),
         )
-        groups.append({
+        entry: dict[str, object] = {
             "labels": labels,
             "offloading": offloading,
             "window_seconds": delta.seconds,
@@ -70,8 +79,51 @@ def analyze_window(
             "recommendation": rec.to_json(),
             "naming": static.naming,
             "engines": sorted(static.engines),
-        })
+        }
+        target_events = (events or {}).get(instance)
+        if target_events is not None and target_events.messages():
+            missed = _missed_tokens(window, group, ctx, event_baselines)
+            ev = event_evidence(target_events, static, figures, missed)
+            entry["kv_events"] = ev.json
+            if ev.curve is not None:
+                curve = ev.curve
+                entry["curve"] = [p.to_json() for p in curve.points]
+                gpu = figures.get("gpu_capacity_bytes")
+                engines = max(len(static.engines), 1)
+                rec = refine_with_curve(
+                    rec, figures, offloading, curve.right_size_bytes,
+                    curve.achievable_hit_ratio,
+                    lambda size, c=curve, e=target_events: c.at(size, e),
+                    ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
+                    settings.memory_limit_bytes, settings.thresholds)
+                entry["recommendation"] = rec.to_json()
+                size = rec.kv_offloading_size_gib
+                entry["predicted_offload_hit_ratio"] = (
+                    curve.at(size * GIB, target_events) if size is not None
+                    else ev.json.get("predicted_offload_hit_ratio_current"))
+        groups.append(entry)
     return groups
+
+
+def _missed_tokens(window: Window, group: GroupKey, ctx: Context,
+                   baselines: dict[GroupKey, dict[str, float]] | None) -> float | None:
+    """GPU-missed prompt tokens over the events' period, from the counters."""
+    if baselines is None:
+        inc = ctx.inc
+    else:
+        base = baselines.get(group)
+        latest = window.latest(group)
+        if base is None or latest is None:
+            return None
+
+        def inc(*keys: str) -> float:
+            return sum(latest.get(k, 0.0) - base.get(k, 0.0) for k in keys)
+
+    external = inc("ext_queries")
+    if external > 0:
+        return external
+    missed = inc("prefix_queries") - inc("prefix_hits")
+    return missed if missed > 0 else None
 
 
 def _figure_keys() -> tuple[str, ...]:

@@ -119,20 +119,44 @@ def cli(log_level: str) -> None:
 @click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
 @click.option("--max-payload", callback=_size, default="16MiB", show_default=True,
               help="Largest /metrics body accepted.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
+              help="vLLM's KV-event endpoint (DP rank 0) of the target in the same position; "
+                   "enables the exact miss-ratio curve.")
+@click.option("--kv-events-replay", multiple=True, metavar="ENDPOINT",
+              help="vLLM's replay endpoint, paired like --kv-events.")
+@click.option("--kv-events-dp", type=click.IntRange(1), default=1, show_default=True,
+              help="DP ranks per target (rank N publishes at port + N).")
+@click.option("--kv-events-topic", default="", help="Topic vLLM publishes on.")
+@click.option("--kv-events-sample-rate", type=click.FloatRange(0, 1, min_open=True),
+              default=1.0, show_default=True, help="Share of blocks tracked (SHARDS); 1 = exact.")
+@click.option("--kv-events-sample-budget", type=click.IntRange(1000), default=None,
+              help="At most this many blocks tracked per engine (lowers the rate as needed).")
 @settings_options
 def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
-          scrape_timeout: float, max_payload: float, world_size: int,
+          scrape_timeout: float, max_payload: float, kv_events: tuple[str, ...],
+          kv_events_replay: tuple[str, ...], kv_events_dp: int, kv_events_topic: str,
+          kv_events_sample_rate: float, kv_events_sample_budget: int | None, world_size: int,
           memory_limit: float | None, thresholds_file: str | None) -> None:
     """Run the sidecar next to `vllm serve`."""
     from aiohttp import web
 
     from kvoffload.server import make_app
-    from kvoffload.sidecar import Sidecar, SidecarConfig
+    from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
 
     host, port = _listen(listen)
+    if len(kv_events) > len(targets) or len(kv_events_replay) > len(kv_events):
+        raise InputError("--kv-events pairs with --target (and --kv-events-replay with "
+                         "--kv-events) by position: too many given")
+    sources = [
+        KVEventsSource(url, endpoint,
+                       kv_events_replay[i] if i < len(kv_events_replay) else None,
+                       kv_events_dp, kv_events_topic)
+        for i, (url, endpoint) in enumerate(zip(targets, kv_events, strict=False))
+    ]
     sidecar = Sidecar(SidecarConfig(
         list(targets), interval, window, scrape_timeout, int(max_payload),
-        make_settings(world_size, memory_limit, thresholds_file),
+        make_settings(world_size, memory_limit, thresholds_file), sources,
+        kv_events_sample_rate, kv_events_sample_budget,
     ))
     click.echo(f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
                f"serving http://{host}:{port}/", err=True)
@@ -148,36 +172,46 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
               help="Recording to write (OpenMetrics, .om).")
 @click.option("--job", default="vllm", show_default=True, help="job label added to every series.")
 @click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
+@click.option("--kv-events", "kv_events", default=None, metavar="ENDPOINT",
+              help="Also record the first target's KV events (vLLM's ZMQ endpoint of DP rank 0).")
+@click.option("--kv-events-replay", default=None, metavar="ENDPOINT")
+@click.option("--kv-events-dp", type=click.IntRange(1), default=1, show_default=True,
+              help="DP ranks to subscribe to (rank N at port + N).")
+@click.option("--events-output", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the event stream (default: OUTPUT.kvev).")
 def record(targets: tuple[str, ...], interval: float, duration: float, output: str,
-           job: str, scrape_timeout: float) -> None:
+           job: str, scrape_timeout: float, kv_events: str | None,
+           kv_events_replay: str | None, kv_events_dp: int, events_output: str | None) -> None:
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
-    names = [target_name(url) for url in targets]
+    from kvoffload.kvevents.eventfile import open_writer
+    from kvoffload.recorder import record_targets
+
+    pairs = [(url, target_name(url)) for url in targets]
     try:
         fh = open(output, "w", encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         raise InputError(f"{output}: {exc.strerror}") from None
     writer = RecordingWriter(fh, job=job)
-    deadline = time.monotonic() + duration
+    events_fh = events_writer = None
+    if kv_events:
+        events_fh, events_writer = open_writer(events_output or output + ".kvev")
     failures = 0
     try:
-        while True:
-            started = time.monotonic()
-            for url, name in zip(targets, names, strict=True):
-                try:
-                    result = fetch_sync(url, scrape_timeout)
-                    writer.write_exposition(parse_text(result.body), result.timestamp, name)
-                except InputError as exc:
-                    failures += 1
-                    click.echo(f"kvoffload: warning: {exc}", err=True)
-            if started + interval > deadline:
-                break
-            time.sleep(max(0.0, started + interval - time.monotonic()))
+        failures = asyncio.run(record_targets(
+            pairs, interval, duration, writer, scrape_timeout,
+            lambda msg: click.echo(f"kvoffload: warning: {msg}", err=True),
+            (kv_events, kv_events_replay, kv_events_dp) if kv_events else None, events_writer))
     except KeyboardInterrupt:
         click.echo("kvoffload: interrupted; closing the recording", err=True)
     finally:
         writer.close()
         fh.close()
+        if events_fh is not None:
+            events_fh.close()
     click.echo(f"wrote {writer.scrapes} scrapes to {output} ({failures} failed)", err=True)
+    if events_writer is not None:
+        click.echo(f"wrote {events_writer.messages} KV-event messages to "
+                   f"{events_output or output + '.kvev'}", err=True)
     if writer.scrapes == 0:
         raise InputError("no scrape succeeded: the recording is empty")
 
@@ -192,10 +226,13 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
 @click.option("--window", callback=_duration, default=None,
               help="Only the last WINDOW of the input (default: all of it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead.")
+@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
+              help="A KV-event stream recorded with `record --kv-events`: adds the exact "
+                   "miss-ratio curve and sizes from it.")
 @settings_options
 def analyze(file: str | None, target: str | None, duration: float, interval: float,
-            window: float | None, as_json: bool, world_size: int, memory_limit: float | None,
-            thresholds_file: str | None) -> None:
+            window: float | None, as_json: bool, events_file: str | None, world_size: int,
+            memory_limit: float | None, thresholds_file: str | None) -> None:
     """Figures and advice from a recording, a /metrics snapshot, or a live server."""
     if (file is None) == (target is None):
         raise InputError("give either a FILE or --target URL")
@@ -207,7 +244,15 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
         expositions = _sample_live(target, duration, interval)  # type: ignore[arg-type]
         source = target  # type: ignore[assignment]
     win, scrapes, lifetime = window_from_expositions(expositions, window)
-    groups = analyze_window(win, settings, lifetime)
+    events = None
+    if events_file is not None:
+        from kvoffload.kvevents.replay import load_event_file
+
+        instances = sorted({instance for instance, _model in win.groups()})
+        if len(instances) != 1:
+            raise InputError("--events needs a recording of exactly one target")
+        events = {instances[0]: load_event_file(events_file)}
+    groups = analyze_window(win, settings, lifetime, events=events)
     if as_json:
         click.echo(json.dumps({"source": source, "scrapes": scrapes, "lifetime": lifetime,
                                "groups": groups}, indent=2, allow_nan=False))

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvoffload import __version__
@@ -99,6 +104,84 @@ class SidecarCollector(Collector):
         yield from families.values()
         yield rec
         yield size
+        yield from self._kv_events(groups)
+
+    def _kv_events(self, groups: list[dict[str, object]]) -> Iterator[Metric]:
+        sc = self.sidecar
+        if not sc.events:
+            return
+        messages = CounterMetricFamily("kvoffload_kv_events_messages",
+                                       "KV-event messages received from vLLM.", labels=["target"])
+        lost = CounterMetricFamily("kvoffload_kv_events_lost_messages",
+                                   "KV-event messages lost (sequence gaps not replayed).",
+                                   labels=["target"])
+        errors = CounterMetricFamily("kvoffload_kv_events_decode_errors",
+                                     "KV-event payloads that did not decode.", labels=["target"])
+        rate = GaugeMetricFamily("kvoffload_kv_events_sample_ratio",
+                                 "Share of blocks tracked for reuse distances (1 = exact).",
+                                 labels=["target"])
+        for name, state in sc.events.items():
+            messages.add_metric([name], state.messages())
+            lost.add_metric([name], state.lost_messages())
+            errors.add_metric([name], state.decode_errors)
+            rate.add_metric([name], state.sample_rate_now())
+        yield from (messages, lost, errors, rate)
+
+        hist = HistogramMetricFamily(
+            "kvoffload_reuse_distance_bytes",
+            "GPU-missed prompt tokens by LRU reuse distance in bytes (KV events): the bucket "
+            "at le=C counts the tokens a CPU tier of C bytes per engine would have served.",
+            labels=GROUP_LABELS)
+        resident = GaugeMetricFamily("kvoffload_cpu_resident_bytes",
+                                     "Bytes resident in the CPU tier (KV events).",
+                                     labels=GROUP_LABELS)
+        never_evicted = CounterMetricFamily(
+            "kvoffload_never_loaded_evicted_bytes",
+            "Bytes stored into the CPU tier and evicted without ever being loaded (KV events).",
+            labels=GROUP_LABELS)
+        never_resident = GaugeMetricFamily(
+            "kvoffload_never_loaded_resident_bytes",
+            "Bytes in the CPU tier not loaded since they were stored (KV events).",
+            labels=GROUP_LABELS)
+        achievable = GaugeMetricFamily(
+            "kvoffload_achievable_offload_hit_ratio",
+            "Offload hit ratio an unbounded CPU tier would reach (KV events).",
+            labels=GROUP_LABELS)
+        predicted = GaugeMetricFamily(
+            "kvoffload_predicted_offload_hit_ratio",
+            "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
+            labels=GROUP_LABELS)
+        for g in groups:
+            info = g.get("kv_events")
+            labels = g["labels"]
+            assert isinstance(labels, dict)
+            state = sc.events.get(labels["instance"])
+            if not isinstance(info, dict) or state is None:
+                continue
+            key = [labels["instance"], labels["model_name"]]
+            bpb = info.get("bytes_per_block")
+            if isinstance(bpb, float | int) and bpb > 0 and state.block_size:
+                bounds = sorted({p["cpu_gib"] * 2**30 for p in g.get("curve", [])})  # type: ignore[union-attr]
+                buckets = [(_le(b), state.hit_tokens(b, bpb)) for b in bounds]
+                total = sum(e.tracker.histogram.total for e in state.engines.values())
+                finite = sum(e.tracker.histogram.finite_sum for e in state.engines.values())
+                buckets.append(("+Inf", total * state.block_size))
+                hist.add_metric(key, buckets, finite * bpb * state.block_size)
+            for family, field_name in ((resident, "cpu_resident_bytes"),
+                                       (never_evicted, "never_loaded_evicted_bytes"),
+                                       (never_resident, "never_loaded_resident_bytes"),
+                                       (achievable, "achievable_hit_ratio")):
+                value = info.get(field_name)
+                if isinstance(value, float | int):
+                    family.add_metric(key, float(value))
+            value = g.get("predicted_offload_hit_ratio")
+            if isinstance(value, float | int):
+                predicted.add_metric(key, float(value))
+        yield from (hist, resident, never_evicted, never_resident, achievable, predicted)
+
+
+def _le(value: float) -> str:
+    return repr(float(value))
 
 
 def build_registry(sidecar: Sidecar) -> CollectorRegistry:

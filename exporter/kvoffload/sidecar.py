@@ -8,9 +8,9 @@ go on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -18,10 +18,14 @@ import aiohttp
 
 from kvoffload.analysis import Settings, analyze_window
 from kvoffload.errors import InputError
+from kvoffload.kvevents.decode import decode_batch
+from kvoffload.kvevents.eventfile import RawMessage
+from kvoffload.kvevents.state import TargetEvents
+from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.parse import Exposition, parse_text
 from kvoffload.scrape import fetch
 from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
-from kvoffload.window import Window
+from kvoffload.window import GroupKey, Window
 
 log = logging.getLogger("kvoffload")
 
@@ -66,6 +70,17 @@ class TargetState:
         }
 
 
+@dataclass(frozen=True)
+class KVEventsSource:
+    """KV events of one target: vLLM's endpoint for DP rank 0 (rank N is at port + N)."""
+
+    target: str  # the target URL it belongs to
+    endpoint: str
+    replay_endpoint: str | None = None
+    dp_size: int = 1
+    topic: str = ""
+
+
 @dataclass
 class SidecarConfig:
     targets: list[str]
@@ -74,6 +89,9 @@ class SidecarConfig:
     timeout_seconds: float = 10.0
     max_payload_bytes: int = 16 * 2**20
     settings: Settings = field(default_factory=Settings)
+    kv_events: list[KVEventsSource] = field(default_factory=list)
+    kv_events_sample_rate: float = 1.0
+    kv_events_sample_budget: int | None = None
 
 
 class Sidecar:
@@ -87,6 +105,22 @@ class Sidecar:
             raise InputError(f"two targets share an instance name: {', '.join(names)}")
         self.window = Window(config.window_seconds)
         self.started = time.time()
+        by_url = {t.url: t.name for t in self.targets}
+        self.events: dict[str, TargetEvents] = {}
+        self.subscribers: list[Subscriber] = []
+        # Counter totals per group when its events started: the curve's denominator runs
+        # from there.
+        self.event_baselines: dict[GroupKey, dict[str, float]] = {}
+        for source in config.kv_events:
+            name = by_url.get(source.target)
+            if name is None:
+                raise InputError(f"--kv-events for {source.target}: no such --target")
+            state = self.events.setdefault(name, TargetEvents(
+                config.kv_events_sample_rate, config.kv_events_sample_budget))
+            for rank in range(source.dp_size):
+                self.subscribers.append(Subscriber(
+                    source.endpoint, rank, self._on_event_message(name, state),
+                    source.replay_endpoint, source.topic))
         self._generation = 0
         self._cache: tuple[int, list[dict[str, object]]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -101,13 +135,37 @@ class Sidecar:
             # Spread first scrapes over the interval so many targets do not scrape in lockstep.
             offset = self.config.interval_seconds * i / max(len(self.targets), 1)
             self._tasks.append(asyncio.create_task(self._loop(target, offset)))
+        for sub in self.subscribers:
+            self._tasks.append(asyncio.create_task(self._subscribe(sub)))
+
+    async def _subscribe(self, sub: Subscriber) -> None:
+        while True:  # a broken socket is reopened; the error stays visible meanwhile
+            try:
+                await sub.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never let one endpoint kill the sidecar
+                sub.state.last_error = f"{sub.state.endpoint}: {type(exc).__name__}: {exc}"
+                log.warning("kv events: %s", sub.state.last_error)
+            await asyncio.sleep(1.0)
+
+    def _on_event_message(
+        self, name: str, state: TargetEvents
+    ) -> Callable[[RawMessage], None]:
+        def handle(msg: RawMessage) -> None:
+            try:
+                batch = decode_batch(msg.payload, msg.dp_rank)
+            except InputError as exc:
+                state.decode_errors += 1
+                state.last_error = f"rank {msg.dp_rank} seq {msg.seq}: {exc}"
+                return
+            state.ingest(batch, msg.seq, msg.dp_rank)
+            self._generation += 1
+
+        return handle
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         if self._session is not None:
             await self._session.close()
 
@@ -161,13 +219,26 @@ class Sidecar:
         target.last_duration_seconds = time.monotonic() - started
         target.last_success_timestamp = result.timestamp
         target.payload_bytes = len(result.body)
+        self._note_event_baselines(target.name)
         self._generation += 1
+
+    def _note_event_baselines(self, name: str) -> None:
+        state = self.events.get(name)
+        if state is None or not state.messages():
+            return
+        for group in self.window.groups():
+            if group[0] == name and group not in self.event_baselines:
+                latest = self.window.latest(group)
+                if latest is not None:
+                    self.event_baselines[group] = latest
 
     # -- views ------------------------------------------------------------------------------
     def groups(self) -> list[dict[str, object]]:
         """Analysis of every group, recomputed only when a scrape landed since the last call."""
         if self._cache is None or self._cache[0] != self._generation:
-            self._cache = (self._generation, analyze_window(self.window, self.config.settings))
+            self._cache = (self._generation, analyze_window(
+                self.window, self.config.settings, events=self.events,
+                event_baselines=self.event_baselines))
         return self._cache[1]
 
     @property
@@ -178,6 +249,12 @@ class Sidecar:
         return {
             "groups": self.groups(),
             "targets": [t.to_json() for t in self.targets],
+            "kv_events": [
+                {"endpoint": s.state.endpoint, "rank": s.state.rank,
+                 "connected": s.state.connected, "last_seq": s.state.last_seq,
+                 "replayed": s.state.replayed, "last_error": s.state.last_error}
+                for s in self.subscribers
+            ],
             "window_seconds": self.config.window_seconds,
             "interval_seconds": self.config.interval_seconds,
             "generated_at": time.time(),

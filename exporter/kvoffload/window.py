@@ -204,6 +204,11 @@ class Window:
     def static(self, group: GroupKey) -> GroupStatic:
         return self._static[group]
 
+    def latest(self, group: GroupKey) -> dict[str, float] | None:
+        """Adjusted counter totals at the latest scrape (restart-proof, for baselines)."""
+        points = self._points.get(group)
+        return dict(points[-1].counters) if points else None
+
     def delta(self, group: GroupKey) -> Delta | None:
         """Increases over the window (or the whole history); None with fewer than two points."""
         points = self._points.get(group)

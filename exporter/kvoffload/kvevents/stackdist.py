@@ -60,6 +60,7 @@ class DistanceHistogram:
         self._fw = _Fenwick(1024)
         self.cold = 0.0  # first access of a block: a miss at every size
         self.total = 0.0
+        self.finite_sum = 0.0  # Σ distance × weight over non-cold accesses (histogram _sum)
 
     def add(self, distance: int, weight: float) -> None:
         if distance >= self._fw.n:
@@ -73,6 +74,7 @@ class DistanceHistogram:
                     self._fw.add(i, v)
         self._fw.add(distance, weight)
         self.total += weight
+        self.finite_sum += distance * weight
 
     def add_cold(self, weight: float) -> None:
         self.cold += weight

@@ -1,0 +1,67 @@
+"""What KV events add to a group's analysis: the curve and the exact figures counters lack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvoffload.kvevents.curve import Curve, build_curve
+from kvoffload.kvevents.state import TargetEvents
+from kvoffload.signals import static_bytes_per_token
+from kvoffload.vllm import label_number
+from kvoffload.window import GroupStatic
+
+
+@dataclass(frozen=True)
+class EventEvidence:
+    curve: Curve | None
+    bytes_per_block: float | None
+    current_cpu_bytes_per_engine: float | None
+    json: dict[str, object]
+
+
+def bytes_per_block(static: GroupStatic, figures: dict[str, float | None],
+                    events: TargetEvents) -> float | None:
+    """The CPU tier's slot size per block: from kv_offload_config_info (page-aligned, as the
+    tier allocates it), else KV bytes per token × block size."""
+    for labels in static.offload_config:
+        size = label_number(labels, "cpu_kv_cache_size_bytes")
+        chunks = label_number(labels, "cpu_num_chunks")
+        per_chunk = label_number(labels, "cpu_blocks_per_chunk") or 1.0
+        if size and chunks:
+            return size / (chunks * per_chunk)
+    block_size = events.block_size or next(
+        (label_number(lb, "block_size") for lb in static.cache_config
+         if label_number(lb, "block_size")), None)
+    per_token = static_bytes_per_token(static) or figures.get("kv_bytes_per_token")
+    return per_token * block_size if per_token and block_size else None
+
+
+def event_evidence(events: TargetEvents, static: GroupStatic,
+                   figures: dict[str, float | None], missed_tokens: float | None
+                   ) -> EventEvidence:
+    engines = max(len(static.engines), 1)
+    bpb = bytes_per_block(static, figures, events)
+    cpu_total = figures.get("cpu_capacity_bytes") if static.offload_families else None
+    gpu_total = figures.get("gpu_capacity_bytes")
+    current = cpu_total / engines if cpu_total else None
+    gpu = gpu_total / engines if gpu_total else None
+    curve = build_curve(events, bpb, missed_tokens, tuple(x for x in (current, gpu) if x)) \
+        if bpb else None
+    evicted, resident = events.never_loaded_blocks()
+    info: dict[str, object] = {
+        "messages": events.messages(),
+        "lost_messages": events.lost_messages(),
+        "sample_rate": events.sample_rate_now(),
+        "cpu_resident_blocks": events.cpu_resident_blocks(),
+        "cpu_resident_bytes": events.cpu_resident_blocks() * bpb if bpb else None,
+        "never_loaded_evicted_bytes": evicted * bpb if bpb else None,
+        "never_loaded_resident_bytes": resident * bpb if bpb else None,
+        "bytes_per_block": bpb,
+    }
+    if curve is not None:
+        info["achievable_hit_ratio"] = curve.achievable_hit_ratio
+        info["right_size_gib"] = (curve.right_size_bytes / 2**30
+                                  if curve.right_size_bytes else None)
+        if current:
+            info["predicted_offload_hit_ratio_current"] = curve.at(current, events)
+    return EventEvidence(curve, bpb, current, info)

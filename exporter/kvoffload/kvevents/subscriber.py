@@ -1,0 +1,137 @@
+"""Subscribing to a vLLM engine's KV events over ZMQ, with replay of missed messages.
+
+vLLM's publisher binds a PUB socket (`--kv-events-config '{"endpoint": "tcp://*:5557"}'`); DP
+rank N publishes on port + N. Each message is (topic, 8-byte big-endian sequence, msgpack
+payload). When the sequence jumps, the messages in between were dropped (PUB high-water mark,
+a slow subscriber): with a replay endpoint (a ROUTER) we ask for them from the last one seen;
+whatever cannot be replayed is counted as lost, never hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from kvoffload.errors import InputError
+from kvoffload.kvevents.eventfile import RawMessage
+
+log = logging.getLogger("kvoffload.kvevents")
+END_SEQ = -1
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """The endpoint of DP rank `rank`: vLLM adds the rank to the port."""
+    if rank == 0:
+        return endpoint
+    base, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"{endpoint}: a tcp endpoint with a port is needed for DP ranks")
+    return f"{base}:{int(port) + rank}"
+
+
+def check_endpoint(endpoint: str) -> str:
+    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+        raise InputError(f"{endpoint}: not a ZMQ endpoint (use tcp://host:port)")
+    return endpoint
+
+
+@dataclass
+class SubscriberState:
+    endpoint: str
+    rank: int
+    connected: bool = False
+    last_seq: int | None = None
+    replayed: int = 0
+    last_error: str | None = None
+
+
+class Subscriber:
+    """One SUB socket for one DP rank; `on_message` gets every message in sequence order."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        rank: int,
+        on_message: Callable[[RawMessage], None],
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        replay_timeout_seconds: float = 2.0,
+    ) -> None:
+        self.state = SubscriberState(offset_endpoint(check_endpoint(endpoint), rank), rank)
+        self.replay_endpoint = (offset_endpoint(check_endpoint(replay_endpoint), rank)
+                                if replay_endpoint else None)
+        self.topic = topic.encode()
+        self.on_message = on_message
+        self.replay_timeout = replay_timeout_seconds
+        self._ctx = zmq.asyncio.Context.instance()
+
+    async def run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        try:
+            sub.connect(self.state.endpoint)
+            self.state.connected = True
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    self.state.last_error = f"{self.state.endpoint}: malformed message " \
+                        f"({len(frames)} frames)"
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                last = self.state.last_seq
+                if last is not None and seq > last + 1 and self.replay_endpoint:
+                    await self._replay(last + 1, seq)
+                self._deliver(seq, frames[0], frames[2])
+        finally:
+            sub.close(linger=0)
+            self.state.connected = False
+
+    def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
+        self.state.last_seq = seq
+        self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
+
+    async def _replay(self, start: int, stop: int) -> None:
+        """Fetch messages [start, stop) from vLLM's replay buffer, in order."""
+        assert self.replay_endpoint is not None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(self.replay_endpoint)
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.replay_timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not await dealer.poll(remaining * 1000):
+                    self.state.last_error = f"{self.replay_endpoint}: replay timed out"
+                    return
+                frames = await dealer.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                if seq == END_SEQ:
+                    return
+                if start <= seq < stop and (self.state.last_seq is None
+                                            or seq > self.state.last_seq):
+                    self.state.replayed += 1
+                    self._deliver(seq, self.topic, frames[2])
+        except zmq.ZMQError as exc:
+            self.state.last_error = f"{self.replay_endpoint}: {exc}"
+        finally:
+            dealer.close(linger=0)
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -1,0 +1,58 @@
+"""`kvoffload record`: scrape targets on a schedule into a recording, and optionally write the
+KV-event stream of one target next to it, in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from kvoffload.errors import InputError
+from kvoffload.kvevents.eventfile import EventFileWriter
+from kvoffload.kvevents.subscriber import Subscriber, cancel_all
+from kvoffload.parse import parse_text
+from kvoffload.recording import RecordingWriter
+from kvoffload.scrape import fetch
+
+
+async def record_targets(
+    targets: list[tuple[str, str]],  # (url, instance name)
+    interval: float,
+    duration: float,
+    writer: RecordingWriter,
+    scrape_timeout: float,
+    warn: Callable[[str], None],
+    events: tuple[str, str | None, int] | None = None,  # (endpoint, replay, dp size)
+    events_writer: EventFileWriter | None = None,
+) -> int:
+    """Returns the number of failed scrapes; the writer holds the successful ones."""
+    tasks: list[asyncio.Task[None]] = []
+    if events is not None and events_writer is not None:
+        endpoint, replay, dp_size = events
+        for rank in range(dp_size):
+            sub = Subscriber(endpoint, rank, events_writer.write, replay)
+            tasks.append(asyncio.create_task(sub.run()))
+    failures = 0
+    deadline = time.monotonic() + duration
+    try:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                started = time.monotonic()
+                for url, name in targets:
+                    try:
+                        result = await fetch(session, url, scrape_timeout)
+                        writer.write_exposition(parse_text(result.body), result.timestamp, name)
+                    except InputError as exc:
+                        failures += 1
+                        warn(str(exc))
+                if started + interval > deadline:
+                    break
+                await asyncio.sleep(max(0.0, started + interval - time.monotonic()))
+    finally:
+        # Let messages already published land before closing the subscribers.
+        if tasks:
+            await asyncio.sleep(0.2)
+        await cancel_all(tasks)
+    return failures
