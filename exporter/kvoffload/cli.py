@@ -301,9 +301,18 @@ def _scenario(name: str):
 @click.option("--interval", callback=_duration, default="15s", show_default=True,
               help="With --record: scrape interval in virtual time.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--kv-events", "kv_events", metavar="ENDPOINT", default=None,
+              help="Publish vLLM's KV cache events over ZMQ, e.g. tcp://127.0.0.1:5557 "
+                   "(bound; DP rank N on port + N).")
+@click.option("--kv-events-replay", metavar="ENDPOINT", default=None,
+              help="With --kv-events: the replay (ROUTER) endpoint, e.g. tcp://127.0.0.1:5558.")
+@click.option("--record-kv-events", "record_kv_events", type=click.Path(dir_okay=False),
+              default=None, help="With --record: also write the KV event stream to this file.")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
 def sim(scenario: str, listen: str, speed: float, record_path: str | None,
-        duration: float | None, interval: float, seed: int, list_scenarios: bool) -> None:
+        duration: float | None, interval: float, seed: int, kv_events: str | None,
+        kv_events_replay: str | None, record_kv_events: str | None,
+        list_scenarios: bool) -> None:
     """Run the built-in vLLM simulator: serve /metrics, or write a recording."""
     from kvoffload.sim import SimServer, scenarios
 
@@ -313,12 +322,20 @@ def sim(scenario: str, listen: str, speed: float, record_path: str | None,
             click.echo(f"{name:28} {sc.description.splitlines()[0] if sc.description else ''}")
         return
     chosen = _scenario(scenario)
+    if kv_events_replay is not None and kv_events is None:
+        raise InputError("--kv-events-replay needs --kv-events")
+    if record_kv_events is not None and record_path is None:
+        raise InputError("--record-kv-events needs --record")
     if record_path is not None:
         from kvoffload.sim.record import record_scenario
 
+        if kv_events is not None:
+            raise InputError("--kv-events serves; with --record use --record-kv-events")
         n = record_scenario(chosen, record_path, duration or chosen.duration_s, interval,
-                            seed=seed)
-        click.echo(f"wrote {n} scrapes of {chosen.name} to {record_path}", err=True)
+                            seed=seed, events_path=record_kv_events)
+        click.echo(f"wrote {n} scrapes of {chosen.name} to {record_path}"
+                   + (f" and its KV events to {record_kv_events}" if record_kv_events else ""),
+                   err=True)
         return
     from aiohttp import web
 
@@ -327,8 +344,13 @@ def sim(scenario: str, listen: str, speed: float, record_path: str | None,
     host, port = _listen(listen)
     click.echo(f"simulated vLLM ({chosen.name}, {speed:g}x): http://{host}:{port}/metrics",
                err=True)
-    web.run_app(make_sim_app(SimServer(chosen, seed=seed), speed=speed), host=host, port=port,
-                print=None, access_log=None)
+    if kv_events is not None:
+        click.echo(f"KV events: {kv_events}"
+                   + (f" (replay {kv_events_replay})" if kv_events_replay else ""), err=True)
+    app = make_sim_app(SimServer(chosen, seed=seed, kv_events=kv_events is not None),
+                       speed=speed, kv_events_endpoint=kv_events,
+                       kv_events_replay=kv_events_replay)
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 
 @cli.command()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -112,6 +112,7 @@ class StoreDecision:
     requested: int  # chunks asked for (observed in kv_offload_cpu_allocation_size)
     skipped: int  # rejected by store_threshold
     failed: bool  # not enough free + evictable slots: nothing stored
+    evicted: list[int] = field(default_factory=list)  # chunks evicted to make room (LRU/ARC)
 
 
 class CpuTier:
@@ -203,10 +204,12 @@ class CpuTier:
         evictable = len(self._chunks) - self.num_pinned
         if n > free + evictable:
             return StoreDecision([], n, skipped, True)
+        evicted: list[int] = []
         for _ in range(n - free):
             victim = self._policy.evict_one(self._is_pinned)
             if victim is None:  # cannot happen after the check above; keep the tier consistent
-                return StoreDecision([], n, skipped, True)
+                return StoreDecision([], n, skipped, True, evicted)
+            evicted.append(victim)
             c = self._chunks.pop(victim)
             self.evicted_chunks += 1
             if c.loads == 0:
@@ -216,7 +219,7 @@ class CpuTier:
             self._policy.insert(k)
         self.num_pinned += n
         self.num_writing += n
-        return StoreDecision(list(candidates), n, skipped, False)
+        return StoreDecision(list(candidates), n, skipped, False, evicted)
 
     def complete_store(self, keys: Sequence[int]) -> None:
         for k in keys:

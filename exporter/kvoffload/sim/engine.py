@@ -20,13 +20,16 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics as mf
 from .config import Scenario, Sizing
 from .cpu_tier import CpuTier
 from .gpu_cache import GpuPrefixCache
 from .workload import RequestSpec
+
+if TYPE_CHECKING:
+    from .kv_events import KvEventLog
 
 
 class Host(Protocol):
@@ -114,7 +117,13 @@ class Engine:
         self.stepped = False
         self._now = 0.0  # time of the event being handled (for eviction callbacks)
         self.truth = EngineTruth()
+        self.kv: KvEventLog | None = None  # KV events are off unless the host turns them on
         self._init_metrics(started_at)
+
+    def enable_kv_events(self, log: KvEventLog) -> None:
+        """Report what the caches do to `log` (vLLM's --kv-events-config), as DP rank `index`."""
+        self.kv = log
+        self.gpu.removed = []
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -285,6 +294,9 @@ class Engine:
             delay = (15e-6 + 0.25e-6 * len(keys)) * self.rng.uniform(0.8, 1.2)
             m.observe("vllm:kv_offload_lookup_sync_delay_seconds", lab, delay, w)
         r.blocks = self.gpu.allocate(hashes, gpu_hit, total_blocks, t)
+        if self.kv is not None and self.gpu.removed:
+            self.kv.gpu_removed(self.index, t, self.gpu.removed)
+            self.gpu.removed.clear()
         r.gpu_hit_blocks = gpu_hit
         r.ext_blocks = ext_blocks
         hit_tok = gpu_hit * bs
@@ -319,7 +331,7 @@ class Engine:
         assert self.cpu is not None
         self.cpu.end_load(r.load_keys)
         g = r.gpu_hit_blocks
-        self.gpu.cache(r.blocks, r.hashes, g, g + r.ext_blocks)
+        self._cache(t, r, g, g + r.ext_blocks)  # the load's own GPU BlockStored
         self._transfer_metrics(True, r.ext_blocks, rank_s, t)
         del self.loading[r.rid]
         self.ready.append(r)
@@ -342,7 +354,22 @@ class Engine:
         if d.failed:
             m.inc("vllm:kv_offload_allocation_failure", lab, 1, w)
             self.truth.store_failures += 1
+        if self.kv is not None and d.evicted:
+            self.kv.cpu_removed(self.index, t, d.evicted)
         r.store_keys = d.keys
+
+    def _cache(self, t: float, r: Request, start: int, end: int) -> None:
+        """Blocks [start, end) of the request now hold their KV (computed or loaded)."""
+        if self.kv is None:
+            self.gpu.cache(r.blocks, r.hashes, start, end)
+            return
+        runs: list[tuple[int, int]] = []
+        self.gpu.cache(r.blocks, r.hashes, start, end, runs)
+        cached = 0
+        for a, b in runs:
+            self.kv.gpu_stored(self.index, t, r.hashes, r.spec.segments, a, b, self.bs)
+            cached += b - a
+        self.kv.missed_resident_blocks += (end - start) - cached
 
     def _maybe_step(self, t: float) -> None:
         if self.in_step:
@@ -376,8 +403,7 @@ class Engine:
         compute = 0
         for r in batch:
             r.t_sched = t
-            first = r.gpu_hit_blocks + r.ext_blocks
-            self.gpu.cache(r.blocks, r.hashes, first, len(r.hashes))
+            self._cache(t, r, r.gpu_hit_blocks + r.ext_blocks, len(r.hashes))
             if self.cpu is not None:
                 self._prepare_store(t, r)
             compute += r.computed(bs)
@@ -413,6 +439,8 @@ class Engine:
         assert self.cpu is not None
         self.cpu.complete_store(keys)
         self._transfer_metrics(False, len(keys) * self.bpc, rank_s, t)
+        if self.kv is not None:
+            self.kv.cpu_stored(self.index, t, keys)
         if not self.in_step:
             self._record_step(t)
 

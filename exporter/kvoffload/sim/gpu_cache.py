@@ -54,6 +54,9 @@ class GpuPrefixCache:
         self._on_evict = on_evict_sampled
         self._samples: dict[int, _Sample] = {}
         self.evictions = 0
+        # Hashes evicted since the engine last took them, for KV events (BlockRemoved). None
+        # when events are off, so the default run keeps no list.
+        self.removed: list[int] | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -103,15 +106,37 @@ class GpuPrefixCache:
             blocks.append(b)
         return blocks
 
-    def cache(self, blocks: Sequence[int], hashes: Sequence[int], start: int, end: int) -> None:
-        """Give blocks[start:end] their hashes once their KV is computed or loaded."""
+    def cache(
+        self,
+        blocks: Sequence[int],
+        hashes: Sequence[int],
+        start: int,
+        end: int,
+        runs: list[tuple[int, int]] | None = None,
+    ) -> None:
+        """Give blocks[start:end] their hashes once their KV is computed or loaded.
+
+        With `runs`, appends the [first, last + 1) index ranges of the blocks that really became
+        cached (what vLLM reports in BlockStored); blocks whose hash is already resident are
+        skipped and split the range, since one hash maps to one GPU block here.
+        """
+        run_start = -1
         for i in range(start, end):
             h = hashes[i]
             b = blocks[i]
             if h in self._block_of or self._hash_of[b] is not None:
-                continue  # a concurrent request computed the same block first: keep that one
+                # a concurrent request computed the same block first (or it is the recomputed
+                # last block of a fully cached prompt): keep the resident copy
+                if runs is not None and run_start >= 0:
+                    runs.append((run_start, i))
+                run_start = -1
+                continue
             self._hash_of[b] = h
             self._block_of[h] = b
+            if run_start < 0:
+                run_start = i
+        if runs is not None and run_start >= 0:
+            runs.append((run_start, end))
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, tail first (the tail is the first to be evicted)."""
@@ -129,6 +154,8 @@ class GpuPrefixCache:
         del self._block_of[h]
         self._hash_of[b] = None
         self.evictions += 1
+        if self.removed is not None:
+            self.removed.append(h)
         if s is not None and self._on_evict is not None:
             hits = list(s.hits)
             gaps = [b2 - a for a, b2 in itertools.pairwise(hits)]

@@ -2,6 +2,9 @@
 
 The simulator is scraped on its virtual clock every `interval_s`, like Prometheus would, and
 each body goes through kvoffload.recording.RecordingWriter (which adds instance/job labels).
+With `events_path`, the KV event stream a subscriber would have received goes to a raw event
+file (kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again
+from 0 after a restart), received at the batch's virtual time, empty topic.
 """
 
 from __future__ import annotations
@@ -18,24 +21,57 @@ def record_scenario(
     seed: int = 0,
     instance: str = "sim:8000",
     job: str = "vllm",
+    events_path: str | None = None,
 ) -> int:
-    """Scrape at t = 0, interval, 2·interval, … ≤ duration_s; returns the number of scrapes."""
+    """Scrape at t = 0, interval, 2·interval, … ≤ duration_s; returns the number of scrapes.
+
+    `events_path` also writes the KV events published up to the last scrape."""
     from kvoffload.recording import RecordingWriter  # the package's writer, shared with `record`
 
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")
-    sim = SimServer(scenario, seed=seed)
+    sim = SimServer(scenario, seed=seed, kv_events=events_path is not None)
+    events = _EventSink(events_path) if events_path is not None else None
     n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        writer = RecordingWriter(f, instance=instance, job=job)
-        try:
-            while True:
-                t = n * interval_s
-                if t > duration_s + 1e-9:
-                    break
-                sim.advance_to(t)
-                writer.write_scrape(sim.render(), timestamp=sim.epoch + t)
-                n += 1
-        finally:
-            writer.close()
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            writer = RecordingWriter(f, instance=instance, job=job)
+            try:
+                while True:
+                    t = n * interval_s
+                    if t > duration_s + 1e-9:
+                        break
+                    sim.advance_to(t)
+                    writer.write_scrape(sim.render(), timestamp=sim.epoch + t)
+                    if events is not None:
+                        events.write(sim)
+                    n += 1
+            finally:
+                writer.close()
+    finally:
+        if events is not None:
+            events.close()
     return n
+
+
+class _EventSink:
+    """Writes drained batches as the raw messages a subscriber of every DP rank received."""
+
+    def __init__(self, path: str) -> None:
+        from kvoffload.kvevents.eventfile import open_writer
+
+        self._fh, self._writer = open_writer(path)
+        self._seq: dict[int, int] = {}
+
+    def write(self, sim: SimServer) -> None:
+        from kvoffload.kvevents.eventfile import RawMessage
+
+        from .kv_events import encode_batch, is_restart_batch
+
+        for rank, ts, events in sim.drain_kv_events():
+            seq = 0 if is_restart_batch(events) else self._seq.get(rank, 0)
+            self._writer.write(RawMessage(rank, seq, ts, b"", encode_batch(ts, events, rank)))
+            self._seq[rank] = seq + 1
+
+    def close(self) -> None:
+        self._fh.close()

@@ -6,6 +6,12 @@ when nobody scrapes). When the clock runs faster than real time, /metrics stamps
 with the virtual wall time (start_epoch + now), so that a scraper (Prometheus honours target
 timestamps, so does the sidecar) sees rates per virtual second; at speed 1 the body is exactly
 vLLM's, without timestamps. `timestamps=True/False` forces either.
+
+With `kv_events_endpoint`, the app also publishes vLLM's KV cache events over ZMQ like
+`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`: every tick
+drains the simulator's batches (stamped in virtual time) and sends one message per batch on the
+publisher of its DP rank (endpoint port + rank), then answers replay requests. A restart starts
+each rank's sequence at 0 again, as a new vLLM process would.
 """
 
 from __future__ import annotations
@@ -14,21 +20,37 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from .simulator import SimServer
 
+if TYPE_CHECKING:
+    from .kv_events import ZmqEventPublisher
+
 SIM_KEY = web.AppKey("sim", SimServer)
 _TICK_S = 0.25  # background advance period (wall seconds)
 
 
 def make_app(
-    sim: SimServer, speed: float = 60.0, timestamps: bool | None = None
+    sim: SimServer,
+    speed: float = 60.0,
+    timestamps: bool | None = None,
+    kv_events_endpoint: str | None = None,
+    kv_events_replay: str | None = None,
+    kv_events_topic: str = "",
 ) -> web.Application:
+    """The HTTP app; with `kv_events_endpoint` (e.g. `tcp://127.0.0.1:5557`, bound; see
+    kv_events.should_bind) it turns the simulator's KV events on and publishes them, with an
+    optional replay ROUTER at `kv_events_replay`. Sockets open at start-up, close at cleanup."""
     if speed <= 0:
         raise ValueError("speed must be positive")
+    if kv_events_replay is not None and kv_events_endpoint is None:
+        raise ValueError("kv_events_replay needs kv_events_endpoint")
+    if kv_events_endpoint is not None:
+        sim.enable_kv_events()
     stamped = speed != 1.0 if timestamps is None else timestamps
     app = web.Application()
     app[SIM_KEY] = sim
@@ -50,19 +72,53 @@ def make_app(
         full = request.query.get("requests", "1") not in ("0", "false", "no")
         return web.json_response(sim.ground_truth(include_requests=full))
 
+    publishers: list[ZmqEventPublisher] = []
+
+    def publish_kv_events() -> None:
+        if not publishers:
+            return
+        from .kv_events import encode_batch, is_restart_batch
+
+        for rank, ts, events in sim.drain_kv_events():
+            pub = publishers[rank]
+            if is_restart_batch(events):
+                pub.reset()
+            pub.publish(encode_batch(ts, events, rank))
+        for pub in publishers:
+            pub.service_replay()
+
     async def ticker() -> None:
         while True:
             await asyncio.sleep(_TICK_S)
             advance()
+            publish_kv_events()
 
     async def start_ticker(app: web.Application) -> AsyncIterator[None]:
+        if kv_events_endpoint is not None:
+            from .kv_events import ZmqEventPublisher
+
+            try:
+                for rank in range(sim.scenario.dp):
+                    publishers.append(ZmqEventPublisher(
+                        kv_events_endpoint, kv_events_replay, topic=kv_events_topic,
+                        dp_rank=rank,
+                    ))
+            except BaseException:
+                for pub in publishers:
+                    pub.close()
+                raise
         state["t0"] = time.monotonic()
         state["base"] = sim.now
         task = asyncio.create_task(ticker())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for pub in publishers:
+                pub.close()
+            publishers.clear()
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/ground-truth", ground_truth)

@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -22,13 +22,27 @@ from .config import Scenario, Sizing, validate
 from .engine import Engine, EngineTruth, Request
 from .workload import PromptHasher, RequestSpec, generate
 
+if TYPE_CHECKING:
+    from .kv_events import KvEventLog
+
 
 class SimServer:
-    def __init__(self, scenario: Scenario, seed: int = 0) -> None:
+    """One simulated vLLM process.
+
+    `kv_events=True` also records vLLM's KV cache events of the primary model's engines (one
+    DP rank each), to be taken with drain_kv_events(); off by default, at no cost.
+    """
+
+    def __init__(self, scenario: Scenario, seed: int = 0, kv_events: bool = False) -> None:
         self.scenario = scenario
         self.seed = seed
         self.epoch = scenario.start_epoch
         self.now = 0.0
+        self._kv_log: KvEventLog | None = None
+        if kv_events:
+            from .kv_events import KvEventLog  # msgspec is needed only with events on
+
+            self._kv_log = KvEventLog(self.epoch)
         process = {
             "duration_s": scenario.duration_s,
             "vllm_version": scenario.vllm_version,
@@ -89,6 +103,9 @@ class SimServer:
             self.engines.append([
                 Engine(m, sz, e, self, self._rng(mi, e), t) for e in range(m.dp)
             ])
+        if self._kv_log is not None:
+            for eng in self.engines[0]:
+                eng.enable_kv_events(self._kv_log)
 
     def _rng(self, model_index: int, engine: int) -> random.Random:
         """Each engine's own stream (lookup jitter, block sampling), fixed by the seed."""
@@ -111,6 +128,8 @@ class SimServer:
         self.restarts.append(t)
         self._gen += 1
         self._start(t)
+        if self._kv_log is not None:
+            self._kv_log.new_process(t, range(len(self.engines[0])))
 
     # -- event queue ---------------------------------------------------------------------------
 
@@ -158,6 +177,31 @@ class SimServer:
         return True
 
     # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def kv_events(self) -> bool:
+        return self._kv_log is not None
+
+    @property
+    def kv_event_log(self) -> KvEventLog | None:
+        return self._kv_log
+
+    def enable_kv_events(self) -> None:
+        """Turn KV events on from now (a subscriber that joins late sees no earlier stores)."""
+        if self._kv_log is not None:
+            return
+        from .kv_events import KvEventLog
+
+        self._kv_log = KvEventLog(self.epoch)
+        for eng in self.engines[0]:
+            eng.enable_kv_events(self._kv_log)
+
+    def drain_kv_events(self) -> list[tuple[int, float, list[dict[str, Any]]]]:
+        """KV event batches `(dp_rank, ts_epoch, events)` since the last drain, in virtual-time
+        order; one batch per engine and virtual instant (an engine step). Events are dicts with
+        vLLM's field names and "type"; only the primary model's engines publish (one vLLM
+        process serves one model). Empty when events are off."""
+        return self._kv_log.drain() if self._kv_log is not None else []
 
     def advance_to(self, t_virtual_seconds: float) -> None:
         """Run every event up to virtual time t (seconds since the simulation started)."""
