@@ -41,6 +41,11 @@ test: deps system-deps
 lint: deps
 	$(BIN)/ruff check .
 
+## Regenerate alerts/ and dashboards/ from the signal catalog (commit the result).
+generate: deps
+	$(BIN)/kvoffload generate --out .
+	$(BIN)/python tests/rules/promtool_cases.py
+
 bench: deps
 	$(BIN)/python bench/run.py
 

@@ -135,6 +135,7 @@ def test_cpu_events_give_exact_waste_and_occupancy():
     state.ingest(batch(BlockRemoved([2, 3], "CPU")), 3, 0)
     assert state.never_loaded_blocks() == (1, 0)  # 3 evicted unread; 1 resident, was loaded
     assert state.cpu_resident_blocks() == 1
-    # Stack distances: 1,2,3 cold; then 1 at distance 2, 2 at distance 2.
+    # 1,2,3 cold, touched so that 1 is the most recent; then 1 at distance 0 and 2 at
+    # distance 1 (block 1 is more recent than it).
     hist = state.engines[0].tracker.histogram
-    assert hist.cold == 3 and hist.hits_below(2) == 0 and hist.hits_below(3) == 2
+    assert hist.cold == 3 and hist.hits_below(1) == 1 and hist.hits_below(2) == 2

@@ -39,6 +39,7 @@ class Event:
     medium: str | None = None  # "GPU", "CPU", ...; None on releases without media
     block_size: int = 0
     group_idx: int | None = None
+    parent_block_hash: int | None = None
 
 
 @dataclass
@@ -83,10 +84,12 @@ def _event(raw: Any) -> Event | None:
     medium = fields.get("medium")
     block_size = fields.get("block_size") or 0
     group = fields.get("group_idx")
+    parent = fields.get("parent_block_hash")
     return Event(kind, tuple(_hash(h) for h in hashes),
                  medium if isinstance(medium, str) else None,
                  int(block_size) if isinstance(block_size, int) else 0,
-                 group if isinstance(group, int) else None)
+                 group if isinstance(group, int) else None,
+                 _hash(parent) if parent is not None else None)
 
 
 def decode_batch(payload: bytes, default_rank: int = 0) -> Batch:

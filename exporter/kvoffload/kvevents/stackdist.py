@@ -124,24 +124,51 @@ class StackDistanceTracker:
         self._pos = 0
 
     def access(self, block: int) -> None:
+        """A lookup of `block` (its distance is recorded) that also makes it most recent."""
+        self.observe(block)
+        self.touch(block)
+
+    def _weight(self, block: int) -> float | None:
+        if not self.sampled:
+            return 1.0
+        return 1.0 / self.rate if _mix(block) < self.threshold else None
+
+    def observe(self, block: int) -> None:
+        """Record the stack distance of `block` now (a lookup), without moving it."""
+        probed = self.probe(block)
+        if probed is not None:
+            self.record(*probed)
+
+    def probe(self, block: int) -> tuple[float, float] | None:
+        """(distance in blocks, weight) of `block` now — inf when cold — or None when the
+        block is not sampled. Records nothing."""
+        weight = self._weight(block)
+        if weight is None:
+            return None
+        last = self._last.get(block)
+        if last is None:
+            return math.inf, weight
+        return (self._fw.prefix(self._pos) - self._fw.prefix(last + 1)) * weight, weight
+
+    def record(self, distance: float, weight: float) -> None:
         self.accesses += 1
-        if self.sampled:
-            mixed = _mix(block)
-            if mixed >= self.threshold:
-                return
-            weight = 1.0 / self.rate
+        if distance == math.inf:
+            self.histogram.add_cold(weight)
         else:
-            weight = 1.0
+            self.histogram.add(round(distance), weight)
+
+    def touch(self, block: int) -> None:
+        """Make `block` the most recent (a store, a load, or vLLM's touch of a request's
+        blocks), without recording anything."""
+        if self._weight(block) is None:
+            return
         if self._pos >= self._fw.n:
             self._compact()  # before reading positions: compaction renumbers them
         last = self._last.get(block)
         if last is None:
-            self.histogram.add_cold(weight)
             if self.sampled:
                 heapq.heappush(self._heap, (-_mix(block), block))
         else:
-            distinct = self._fw.prefix(self._pos) - self._fw.prefix(last + 1)
-            self.histogram.add(round(distinct * weight), weight)
             self._fw.add(last, -1.0)
         self._fw.add(self._pos, 1.0)
         self._last[block] = self._pos

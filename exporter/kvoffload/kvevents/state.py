@@ -25,6 +25,8 @@ class EngineEvents:
     block_size: int = 0
     gpu_missed_blocks: int = 0
     cpu_resident: dict[int, bool] = field(default_factory=dict)  # hash → loaded since stored
+    # GPU-resident block → its parent: bounded by the GPU cache, enough to rebuild prefixes.
+    gpu_parent: dict[int, int | None] = field(default_factory=dict)
     cpu_stored_blocks: int = 0
     cpu_evicted_never_loaded_blocks: int = 0
     cpu_evicted_blocks: int = 0
@@ -58,15 +60,14 @@ class EngineEvents:
             if ev.kind == STORED and ev.medium in GPU_MEDIA:
                 if ev.block_size:
                     self.block_size = ev.block_size
-                for h in ev.block_hashes:
-                    self.gpu_missed_blocks += 1
-                    self.tracker.access(h)
-                    if h in self.cpu_resident:
-                        self.cpu_resident[h] = True  # missed on GPU, present in CPU: loaded
+                self._gpu_stored(ev.block_hashes, ev.parent_block_hash)
             elif ev.kind == STORED and ev.medium in CPU_MEDIA:
                 for h in ev.block_hashes:
                     self.cpu_resident[h] = False
                     self.cpu_stored_blocks += 1
+            elif ev.kind == REMOVED and ev.medium in GPU_MEDIA:
+                for h in ev.block_hashes:
+                    self.gpu_parent.pop(h, None)
             elif ev.kind == REMOVED and ev.medium in CPU_MEDIA:
                 for h in ev.block_hashes:
                     loaded = self.cpu_resident.pop(h, None)
@@ -79,6 +80,43 @@ class EngineEvents:
                 self.clears += 1
                 self.tracker.reset()
                 self.cpu_resident.clear()
+                self.gpu_parent.clear()
+
+    def _gpu_stored(self, hashes: tuple[int, ...], parent: int | None) -> None:
+        """A request's blocks that missed the GPU (computed, or loaded from the CPU tier).
+
+        vLLM's offloading scheduler looks each new request up in the CPU tier and touches all
+        of its blocks — the GPU-hit prefix too — so that the first blocks are the most recent.
+        The GPU-hit prefix never shows in events, but it is the chain of the first new block's
+        ancestors, which GPU events did show (and which are GPU-resident, so still known).
+        Distances are read before the touches: presence is decided at lookup time.
+        """
+        chain: list[int] = []
+        p = parent
+        while p is not None and p in self.gpu_parent and len(chain) < 1_000_000:
+            chain.append(p)
+            p = self.gpu_parent[p]
+        chain.reverse()  # root first
+        tracker = self.tracker
+        # vLLM loads only the leading run of present blocks: block i is served by a tier of
+        # C blocks iff blocks 1..i all are, so it is recorded at the running maximum distance.
+        running = 0.0
+        for h in hashes:
+            self.gpu_missed_blocks += 1
+            probed = tracker.probe(h)
+            if probed is not None:
+                running = max(running, probed[0])
+                tracker.record(running, probed[1])
+            if h in self.cpu_resident:
+                self.cpu_resident[h] = True  # missed on GPU, present in CPU: loaded
+        for h in reversed(hashes):
+            tracker.touch(h)
+        for h in reversed(chain):
+            tracker.touch(h)
+        prev = parent
+        for h in hashes:
+            self.gpu_parent[h] = prev
+            prev = h
 
     @property
     def resident_never_loaded_blocks(self) -> int:

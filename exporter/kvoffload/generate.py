@@ -1,0 +1,110 @@
+"""`kvoffload generate`: write the rule files and dashboards for the user's labels.
+
+Everything Prometheus and Grafana users import comes from the signal catalog through one
+config (`MixinConfig`): recording and alerting rules (plain files and a PrometheusRule) and the
+dashboards (import and provisioning variants). The committed copies under alerts/ and
+dashboards/ are this function's output for the default config; a test regenerates them and
+fails on drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from kvoffload import dashboards, rules
+from kvoffload.errors import InputError
+from kvoffload.promql import MixinConfig
+
+ALERTS_DIR = "alerts"
+DASHBOARDS_DIR = "dashboards"
+
+
+def render_all(config: MixinConfig | None = None) -> dict[str, str]:
+    """Relative path → file text of everything generated."""
+    cfg = config or MixinConfig()
+    out = {f"{ALERTS_DIR}/{name}": text for name, text in rules.render(cfg).items()}
+    out |= {f"{DASHBOARDS_DIR}/{name}": text for name, text in dashboards.render(cfg).items()}
+    return out
+
+
+def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> dict[str, Any]:
+    """`KEY=VALUE` strings (the CLI's --set) → typed MixinConfig overrides.
+
+    Numbers stay numbers, tuples are comma-separated (`target_labels=job,instance,pod`), and
+    mapping fields take one entry per pair: `alert_for.KVOffloadTransferSlow=1h`.
+    """
+    base = base or MixinConfig()
+    defaults = {f.name: getattr(base, f.name) for f in fields(base)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key, raw = key.strip(), raw.strip()
+        name, _, entry = key.partition(".")
+        if not sep or name not in defaults:
+            raise InputError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(defaults))}")
+        default = defaults[name]
+        if isinstance(default, dict):
+            if not entry:
+                raise InputError(f"--set {pair!r}: use {name}.<key>=<value>")
+            out[name] = {**out.get(name, default), entry: raw}
+        elif entry:
+            raise InputError(f"--set {pair!r}: {name} is not a mapping")
+        elif isinstance(default, tuple):
+            out[name] = tuple(v.strip() for v in raw.split(",") if v.strip())
+        elif isinstance(default, bool):
+            out[name] = raw.lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, int | float):
+            try:
+                out[name] = type(default)(float(raw)) if isinstance(default, float) else int(raw)
+            except ValueError:
+                raise InputError(f"--set {pair!r}: {name} takes a number") from None
+        else:
+            out[name] = raw or None if default is None else raw
+    return out
+
+
+def make_config(config: MixinConfig | None = None, *, selector: str | None = None,
+                **overrides: Any) -> MixinConfig:
+    """The default config (or `config`) with `selector` (the vLLM matchers, e.g.
+    'job="vllm"') and any other MixinConfig field overridden by name."""
+    cfg = config or MixinConfig()
+    if selector is not None:
+        overrides["vllm_selector"] = selector
+    return cfg.with_overrides(**overrides) if overrides else cfg
+
+
+def generate(out_dir: str | Path, config: MixinConfig | None = None, *,
+             selector: str | None = None, **overrides: Any) -> list[Path]:
+    """Write every generated file under `out_dir` (alerts/…, dashboards/…); return the paths.
+
+    `overrides` are MixinConfig fields: thresholds (`low_reuse_ratio=0.1`), windows
+    (`rate_window="2m"`, `slow_window="2h"`), selectors (`sidecar_selector='job="kvo"'`),
+    `alert_for={...}`. Files are written only when their content changes.
+    """
+    cfg = make_config(config, selector=selector, **overrides)
+    root = Path(out_dir)
+    written = []
+    for rel, text in render_all(cfg).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written.append(path)
+    return written
+
+
+def check(out_dir: str | Path, config: MixinConfig | None = None, *,
+          selector: str | None = None, **overrides: Any) -> list[str]:
+    """Relative paths whose content under `out_dir` differs from what would be generated."""
+    cfg = make_config(config, selector=selector, **overrides)
+    root = Path(out_dir)
+    stale = []
+    for rel, text in render_all(cfg).items():
+        path = root / rel
+        if not path.exists() or path.read_text() != text:
+            stale.append(rel)
+    return stale

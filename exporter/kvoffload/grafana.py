@@ -1,0 +1,280 @@
+"""Grafana dashboard JSON through grafanalib — the only module that imports it.
+
+grafanalib (0.7.1, dormant since 2024) still emits the old shape: `schemaVersion` 12, string
+datasources, `rows`/`style`/`sharedCrosshair`, a dozen legacy keys per target and the string
+"null" as the base threshold. Dashboards are built with its panel classes here and the JSON is
+then normalised to what Grafana 10–12 export themselves: object datasource refs
+`{"type": "prometheus", "uid": "${datasource}"}`, schemaVersion 39, no legacy or null keys.
+Swapping grafanalib for another builder (grafana-foundation-sdk, plain dicts) only touches
+this file: dashboards.py speaks in the helpers below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grafanalib.core as G
+from grafanalib._gen import DashboardEncoder
+
+SCHEMA_VERSION = 39
+DATASOURCE_VAR = "datasource"
+DATASOURCE_REF = {"type": "prometheus", "uid": "${" + DATASOURCE_VAR + "}"}
+IMPORT_INPUT = "DS_PROMETHEUS"
+GRID_WIDTH = 24
+
+# Target keys worth keeping; the rest are Graphite/legacy leftovers of grafanalib's Target.
+_TARGET_KEYS = ("datasource", "expr", "legendFormat", "refId", "instant", "range", "format",
+                "editorMode")
+_PANEL_DROP = ("cacheTimeout", "editable", "error", "height", "hideTimeOverride", "links",
+               "maxDataPoints", "minSpan", "repeat", "repeatDirection", "maxPerRow", "span",
+               "timeFrom", "timeShift", "transparent", "interval", "targets_legacy")
+_DASHBOARD_DROP = ("rows", "sharedCrosshair", "style", "hideControls", "gnetId")
+_VARIABLE_KEYS = ("name", "label", "type", "datasource", "query", "definition", "current",
+                  "options", "hide", "includeAll", "multi", "allValue", "refresh", "regex",
+                  "sort")
+
+
+@dataclass
+class Panel:
+    """A grafanalib panel with the grid size it wants."""
+
+    body: Any
+    width: int
+    height: int
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False,
+           ref: str = "A") -> G.Target:
+    return G.Target(expr=expr, legendFormat=legend, refId=ref, instant=instant,
+                    format="table" if table else "time_series")
+
+
+def _refs(targets: Sequence[G.Target]) -> list[G.Target]:
+    """Give each target its own refId (A, B, ...), as Grafana requires."""
+    out = []
+    for i, t in enumerate(targets):
+        t.refId = chr(ord("A") + i)
+        out.append(t)
+    return out
+
+
+def _steps(lines: Sequence[tuple[float, str]]) -> list[G.Threshold]:
+    steps = [G.Threshold("transparent", 0, 0.0)]  # index 0 is the base step: value null
+    steps += [G.Threshold(color, i + 1, float(value)) for i, (value, color) in enumerate(lines)]
+    return steps
+
+
+def timeseries(title: str, description: str, unit: str, targets: Sequence[G.Target], *,
+               stack: bool = False, min_value: float | None = None,
+               max_value: float | None = None, lines: Sequence[tuple[float, str]] = (),
+               width: int = 12, height: int = 8) -> Panel:
+    """A time series; `lines` are (value, color) reference lines drawn dashed."""
+    body = G.TimeSeries(
+        title=title, description=description, dataSource=DATASOURCE_REF,
+        targets=_refs(targets), unit=unit, valueMin=min_value, valueMax=max_value,
+        fillOpacity=30 if stack else 10, showPoints="never", lineWidth=1,
+        stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none"},
+        legendDisplayMode="table", legendPlacement="bottom",
+        legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
+        thresholds=_steps(lines) if lines else [G.Threshold("green", 0, 0.0)],
+        thresholdsStyleMode="dashed" if lines else "off",
+    )
+    return Panel(body, width, height)
+
+
+def stat(title: str, description: str, unit: str, targets: Sequence[G.Target], *,
+         text_mode: str = "value", decimals: int | None = None,
+         thresholds: Sequence[tuple[float, str]] = (), width: int = 4, height: int = 5
+         ) -> Panel:
+    """A single-value panel; text_mode "name" shows the series' legend (a label value)."""
+    steps = [G.Threshold("blue", 0, 0.0)]
+    steps += [G.Threshold(c, i + 1, float(v)) for i, (v, c) in enumerate(thresholds)]
+    body = G.Stat(
+        title=title, description=description, dataSource=DATASOURCE_REF,
+        targets=_refs(targets), format=unit, textMode=text_mode, decimals=decimals,
+        graphMode="none" if text_mode == "name" else "area", reduceCalc="lastNotNull",
+        colorMode="value", thresholds=steps, noValue="–",
+    )
+    return Panel(body, width, height)
+
+
+def table(title: str, description: str, targets: Sequence[G.Target],
+          columns: Sequence[tuple[str, str, str]], *, width: int = 24, height: int = 9
+          ) -> Panel:
+    """Instant queries merged into one row per series; columns = (refId field, header, unit)."""
+    overrides = [
+        {"matcher": {"id": "byName", "options": f"Value #{ref}"},
+         "properties": [{"id": "unit", "value": unit},
+                        {"id": "displayName", "value": header}]}
+        for ref, header, unit in columns
+    ]
+    body = G.Table(
+        title=title, description=description, dataSource=DATASOURCE_REF,
+        targets=_refs(targets), unit="none", overrides=overrides,
+        thresholds=[G.Threshold("green", 0, 0.0)],
+        transformations=[
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}}},
+        ],
+    )
+    return Panel(body, width, height)
+
+
+def datasource_variable() -> G.Template:
+    return G.Template(name=DATASOURCE_VAR, label="Data source", type="datasource",
+                      query="prometheus", hide=0)
+
+
+def query_variable(name: str, query: str, *, label: str | None = None) -> G.Template:
+    """A multi-select label_values() variable whose "All" is `.+` (dashboard-linter style)."""
+    return G.Template(name=name, label=label or name.replace("_", " ").capitalize(),
+                      query=query, dataSource=DATASOURCE_REF, includeAll=True, multi=True,
+                      allValue=".+", refresh=2, sort=1, type="query")
+
+
+def dashboard(*, title: str, uid: str, description: str, tags: Sequence[str],
+              sections: Sequence[tuple[str, Sequence[Panel]]], variables: Sequence[G.Template],
+              refresh: str, time_from: str, links: Sequence[dict[str, Any]] = ()
+              ) -> dict[str, Any]:
+    """The dashboard as Grafana JSON: one row per section, panels packed on the 24-column grid."""
+    panels: list[Any] = []
+    y = 0
+    for section, members in sections:
+        panels.append(G.RowPanel(title=section, gridPos=G.GridPos(h=1, w=GRID_WIDTH, x=0, y=y)))
+        y += 1
+        x, row_height = 0, 0
+        for p in members:
+            if x + p.width > GRID_WIDTH:
+                x, y = 0, y + row_height
+                row_height = 0
+            p.body.gridPos = G.GridPos(h=p.height, w=p.width, x=x, y=y)
+            panels.append(p.body)
+            x += p.width
+            row_height = max(row_height, p.height)
+        y += row_height
+    d = G.Dashboard(
+        title=title, uid=uid, description=description, tags=list(tags), panels=panels,
+        templating=G.Templating(list=list(variables)), refresh=refresh,
+        time=G.Time(time_from, "now"), timezone="browser", graphTooltip=1,
+    ).auto_panel_ids()
+    raw = json.loads(json.dumps(d.to_json_data(), cls=DashboardEncoder))
+    raw["links"] = list(links)
+    return _normalise(raw)
+
+
+# -- normalisation -----------------------------------------------------------------------------
+def _drop_nulls(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _drop_nulls(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_drop_nulls(v) for v in obj]
+    return obj
+
+
+def _thresholds(field_config: dict[str, Any]) -> None:
+    defaults = field_config.get("defaults", {})
+    th = defaults.get("thresholds")
+    if not th:
+        return
+    steps = []
+    for step in th.get("steps", []):
+        value = step.get("value")
+        steps.append({"color": step["color"],
+                      "value": None if value in (None, "null") else value})
+    defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+
+
+def _target(t: dict[str, Any]) -> dict[str, Any]:
+    out = {k: t[k] for k in _TARGET_KEYS if k in t and t[k] is not None}
+    out["datasource"] = dict(DATASOURCE_REF)
+    out["range"] = not t.get("instant", False)
+    out["editorMode"] = "code"
+    if out.get("format") == "time_series":
+        del out["format"]
+    return out
+
+
+def _panel(p: dict[str, Any]) -> dict[str, Any]:
+    # Thresholds first: they hold the one null that matters (the base step).
+    if "fieldConfig" in p:
+        _thresholds(p["fieldConfig"])
+    thresholds = p.get("fieldConfig", {}).get("defaults", {}).get("thresholds")
+    p = _drop_nulls({k: v for k, v in p.items() if k not in _PANEL_DROP})
+    if thresholds is not None:
+        p["fieldConfig"]["defaults"]["thresholds"] = thresholds
+    if p.get("type") == "row":
+        return {k: p[k] for k in ("collapsed", "gridPos", "id", "panels", "title", "type")}
+    p["datasource"] = dict(DATASOURCE_REF)
+    p["targets"] = [_target(t) for t in p.get("targets", [])]
+    if not p.get("transformations"):
+        p.pop("transformations", None)
+    if p.get("type") == "table":
+        # grafanalib's Table still writes the pre-7 table panel's keys at the top level.
+        for legacy in ("columns", "fontSize", "mappings", "color"):
+            p.pop(legacy, None)
+    return p
+
+
+def _variable(v: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v[k] for k in _VARIABLE_KEYS if k in v}
+    out["current"] = {}
+    out["options"] = []
+    out["regex"] = v.get("regex") or ""
+    if v["type"] == "datasource":
+        for k in ("datasource", "allValue", "definition"):
+            out.pop(k, None)
+        out["refresh"] = 1
+    else:
+        out["datasource"] = dict(DATASOURCE_REF)
+        out["definition"] = v["query"]
+        out["query"] = {"query": v["query"], "refId": f"{v['name']}-variable"}
+    return out
+
+
+def _normalise(d: dict[str, Any]) -> dict[str, Any]:
+    for k in _DASHBOARD_DROP:
+        d.pop(k, None)
+    d["schemaVersion"] = SCHEMA_VERSION
+    d["panels"] = [_panel(p) for p in d["panels"]]
+    d["templating"] = {"list": [_variable(v) for v in d["templating"]["list"]]}
+    d["annotations"] = {"list": [{
+        "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+        "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+        "name": "Annotations & Alerts", "type": "dashboard",
+    }]}
+    d["timepicker"] = {}
+    d.pop("__inputs", None)
+    # Top-level nulls only: panels keep the null of their base threshold step.
+    return {k: v for k, v in d.items() if v is not None} | {"id": None}
+
+
+# -- variants ----------------------------------------------------------------------------------
+def for_import(d: dict[str, Any], panel_types: Sequence[str]) -> dict[str, Any]:
+    """The "Import dashboard" variant: Grafana asks for the Prometheus data source (input
+    DS_PROMETHEUS) and makes it the default of the `datasource` variable."""
+    out = json.loads(json.dumps(d))
+    for v in out["templating"]["list"]:
+        if v["type"] == "datasource":
+            ref = "${" + IMPORT_INPUT + "}"
+            v["current"] = {"selected": False, "text": ref, "value": ref}
+    requires = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+                {"type": "datasource", "id": "prometheus", "name": "Prometheus",
+                 "version": "1.0.0"}]
+    requires += [{"type": "panel", "id": t, "name": t.capitalize(), "version": ""}
+                 for t in sorted(set(panel_types))]
+    inputs = [{"name": IMPORT_INPUT, "label": "Prometheus", "description": "",
+               "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}]
+    return {"__inputs": inputs, "__requires": requires, **out}
+
+
+def for_provisioning(d: dict[str, Any]) -> dict[str, Any]:
+    """The file-provisioning variant: no inputs; the variable starts on the default
+    Prometheus data source of the Grafana instance."""
+    return json.loads(json.dumps(d))
+
+
+def to_json(d: dict[str, Any]) -> str:
+    return json.dumps(d, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
