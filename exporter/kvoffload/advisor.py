@@ -247,6 +247,10 @@ def refine_with_curve(
     curve_note = (f"the KV-event curve decided: achievable offload hit ratio "
                   f"{achievable:.3f}, 95% of it from {_gib(right_size_bytes)} per engine")
     if achievable < t.low_reuse_ratio or right_size_bytes is None:
+        if rec.action in ("store_threshold", "disable", "leave_off"):
+            rec.reasons.append(f"the KV-event curve agrees: achievable offload hit ratio "
+                               f"{achievable:.3f} < {t.low_reuse_ratio:g}")
+            return rec
         action = "disable" if offloading else "leave_off"
         new = Recommendation(action, reasons=[
             f"the KV-event curve shows no reuse a CPU tier could serve: achievable offload hit "

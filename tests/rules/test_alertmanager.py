@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from promtool_cases import render
-from rules_procs import AMTOOL, alertmanager, body_app, need, prometheus, serve
 
 from kvoffload import rules
 from kvoffload.promql import ALERT_NAMES, MixinConfig
 
 from helpers import H200
+from promtool_cases import render
+from rules_procs import AMTOOL, alertmanager, body_app, need, prometheus, serve
 
 CFG = MixinConfig(rate_window="10s", slow_window="10s",
                   alert_for=dict.fromkeys(ALERT_NAMES, "1s"))

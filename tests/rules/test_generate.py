@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rules_procs import PROMTOOL, need
 
 from kvoffload.errors import InputError
 from kvoffload.generate import check, generate, parse_overrides, render_all
 from kvoffload.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, figure_expr, record_name
 from kvoffload.signals import FIGURES
+
+from rules_procs import PROMTOOL, need
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rules_lint import (
     github_anchors,
     lint_alerts,

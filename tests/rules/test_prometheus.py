@@ -28,7 +28,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from rules_procs import PromAPI, body_app, prometheus, serve
 
 from kvoffload import dashboards, rules
 from kvoffload.advisor import Thresholds
@@ -40,6 +39,7 @@ from kvoffload.signals import FIGURES
 from kvoffload.sim import SimServer, scenarios
 
 from helpers import h200_scrapes
+from rules_procs import PromAPI, body_app, prometheus, serve
 
 WINDOW = 30.0
 INTERVAL = 0.1  # scrape interval of Prometheus and the sidecar: the rate figures' error bound

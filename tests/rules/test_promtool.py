@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from promtool_cases import TEST_FILE, all_cases, build
-from rules_procs import PROMTOOL, need
 
 from kvoffload.promql import ALERT_NAMES
+
+from promtool_cases import TEST_FILE, all_cases, build
+from rules_procs import PROMTOOL, need
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"

@@ -6,9 +6,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sim_helpers import names, parse, total
 
 from kvoffload.sim import SimServer, scenarios
+
+from sim_helpers import names, parse, total
 
 # The format-exact 0.33 sample, copied into the repository's fixtures.
 SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.33-offload-sample.prom"

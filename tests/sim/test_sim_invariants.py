@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sim_helpers import parse, total
 
 from kvoffload.sim import Scenario, SimServer, Sizing, Workload
 from kvoffload.sim.model import H200, QWEN3_0_6B
+
+from sim_helpers import parse, total
 
 MAX_LEN = 1024
 

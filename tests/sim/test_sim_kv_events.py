@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 import pytest
+import zmq
 from aiohttp.test_utils import TestClient, TestServer
-from sim_helpers import parse, total
 
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import (
@@ -27,7 +27,7 @@ from kvoffload.sim.kv_events import (
 )
 from kvoffload.sim.server import make_app
 
-zmq = pytest.importorskip("zmq")
+from sim_helpers import parse, total
 
 U64 = 2**64
 GPU_STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",

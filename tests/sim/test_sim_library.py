@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from sim_helpers import parse, total
 
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.config import ACTIONS
 from kvoffload.sim.oracle import sweep
 from kvoffload.sim.server import make_app
+
+from sim_helpers import parse, total
 
 EXPECTED = {
     "laptop-eviction", "laptop-eviction-nooffload", "rag-hot-set-fits", "buffer-too-small",

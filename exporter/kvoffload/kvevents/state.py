@@ -153,19 +153,28 @@ class TargetEvents:
         return max((e.block_size for e in self.engines.values()), default=0)
 
     def missed_tokens_from_events(self) -> float:
-        return sum(e.tracker.histogram.total for e in self.engines.values()) * self.block_size
+        return sum(e.gpu_missed_blocks for e in self.engines.values()) * self.block_size
+
+    @staticmethod
+    def _scale(e: EngineEvents) -> float:
+        """Sampled counts are estimates: normalise each engine's histogram to the exact number
+        of GPU-missed blocks it saw (SHARDS' adjustment), so only the shape is sampled."""
+        total = e.tracker.histogram.total
+        if not e.tracker.sampled or total <= 0:
+            return 1.0
+        return e.gpu_missed_blocks / total
 
     def hit_tokens(self, cpu_bytes_per_engine: float, bytes_per_block: float) -> float:
         """GPU-missed tokens a tier of that size (per engine) would have served."""
         if bytes_per_block <= 0:
             return 0.0
         blocks = cpu_bytes_per_engine / bytes_per_block
-        return sum(e.tracker.histogram.hits_below(blocks) for e in self.engines.values()) \
-            * self.block_size
+        return sum(e.tracker.histogram.hits_below(blocks) * self._scale(e)
+                   for e in self.engines.values()) * self.block_size
 
     def achievable_tokens(self) -> float:
         """Every non-cold miss: what an unbounded tier would serve."""
-        return sum(e.tracker.histogram.total - e.tracker.histogram.cold
+        return sum((e.tracker.histogram.total - e.tracker.histogram.cold) * self._scale(e)
                    for e in self.engines.values()) * self.block_size
 
     def cpu_resident_blocks(self) -> int:

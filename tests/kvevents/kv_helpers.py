@@ -1,0 +1,36 @@
+"""Run a simulator scenario with KV events: the window of scrapes and the event state, as the
+sidecar would have them, every batch through vLLM's wire encoding."""
+
+from __future__ import annotations
+
+from kvoffload.kvevents.decode import decode_batch
+from kvoffload.kvevents.state import TargetEvents
+from kvoffload.parse import parse_text
+from kvoffload.sim import SimServer, scenarios
+from kvoffload.sim.kv_events import encode_batch
+from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
+from kvoffload.window import Window
+
+INSTANCE = "sim:8000"
+
+
+def run_with_events(name: str, sample_rate: float = 1.0, interval: float = 60.0
+                    ) -> tuple[Window, TargetEvents, dict]:
+    sc = scenarios.get(name)
+    sim = SimServer(sc, kv_events=True)
+    state = TargetEvents(sample_rate)
+    window = Window(None)
+    seqs: dict[int, int] = {}
+    t = 0.0
+    while True:
+        sim.advance_to(t)
+        for rank, ts, events in sim.drain_kv_events():
+            seq = seqs.get(rank, 0)
+            seqs[rank] = seq + 1
+            state.ingest(decode_batch(encode_batch(ts, events, rank)), seq, rank)
+        window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
+                              sc.start_epoch + t, INSTANCE))
+        if t > sc.duration_s:
+            break
+        t += interval
+    return window, state, sim.ground_truth(include_requests=False)

@@ -1,0 +1,51 @@
+"""With KV events the advisor sizes from the curve: within ±25% of the oracle's right size."""
+
+import pytest
+
+from kvoffload.analysis import analyze_window
+from kvoffload.sim import scenarios
+from kvoffload.sim.oracle import sweep
+
+from kv_helpers import INSTANCE, run_with_events
+
+CASES = {
+    # scenario: (expected action, sizes the oracle sweeps)
+    "buffer-too-small": ("grow", [2, 4, 6, 8, 12, 16, 24]),
+    "buffer-oversized": ("shrink", [1, 1.5, 2, 3, 4, 6, 8]),
+    "pressure-without-offloading": ("enable", [2, 4, 6, 8, 12, 16, 24]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_curve_sizes_match_the_oracle(name):
+    action, sizes = CASES[name]
+    window, state, _truth = run_with_events(name)
+    (group,) = analyze_window(window, events={INSTANCE: state})
+    rec = group["recommendation"]
+    assert rec["action"] == action, rec["reasons"]
+    assert any("KV-event curve decided" in r for r in rec["reasons"])
+    right = sweep(scenarios.get(name), sizes)["right_size_gib"]
+    assert rec["kv_offloading_size_gib"] == pytest.approx(right, rel=0.25), (rec, right)
+    assert group["curve"] and group["predicted_offload_hit_ratio"] > 0.5
+    assert group["kv_events"]["lost_messages"] == 0
+
+
+def test_curve_keeps_a_tier_that_fits_and_agrees_on_no_reuse():
+    window, state, _ = run_with_events("rag-hot-set-fits")
+    (group,) = analyze_window(window, events={INSTANCE: state})
+    assert group["recommendation"]["action"] == "keep"
+    window, state, _ = run_with_events("no-reuse")
+    (group,) = analyze_window(window, events={INSTANCE: state})
+    rec = group["recommendation"]
+    assert rec["action"] == "store_threshold"
+    assert any("curve agrees" in r for r in rec["reasons"])
+
+
+def test_exact_waste_from_events_matches_the_ground_truth():
+    window, state, truth = run_with_events("no-reuse")
+    (group,) = analyze_window(window, events={INSTANCE: state})
+    ev = group["kv_events"]
+    assert ev["never_loaded_evicted_bytes"] == pytest.approx(
+        truth["never_reloaded_evicted_bytes"], rel=0.01)
+    assert ev["never_loaded_resident_bytes"] == pytest.approx(
+        truth["never_reloaded_resident_bytes"], rel=0.01)
