@@ -242,6 +242,59 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                      "short", [t(s.rule("waiting_for_capacity"), "{{instance}}")],
                      min_value=0, width=6),
     ]
+    bucket = s.sidecar("kvoffload_reuse_distance_bytes_bucket")
+    count = s.sidecar("kvoffload_reuse_distance_bytes_count")
+    events_scope = ", ".join(
+        ([cfg.sidecar_selector] if cfg.sidecar_selector else [])
+        + [f'{cfg.sidecar_target_label}=~"$instance"'])
+    exact = [
+        g.bargauge("Predicted offload hit ratio by CPU tier size",
+                   "From vLLM's KV events (kvoffload serve --kv-events): the share of "
+                   "GPU-missed prompt tokens (full blocks) a CPU tier of at most le bytes per "
+                   "engine would have served, for the traffic of the time range; the bounds "
+                   "include the current tier size and the GPU KV size "
+                   "(kvoffload_reuse_distance_bytes). Bars are labelled in bytes.",
+                   "percentunit",
+                   [t(f"sum by (le) (rate({bucket}[$__rate_interval]))\n"
+                      f"/ on() group_left()\n"
+                      f"(sum(rate({count}[$__rate_interval])) > 0)", "≤ {{le}} B")],
+                   max_value=1.0, height=10),
+        g.stat("Achievable offload hit ratio",
+               "What an unbounded CPU tier would serve, from the KV-event curve "
+               "(kvoffload_achievable_offload_hit_ratio).", "percentunit",
+               [t(f"max({s.sidecar('kvoffload_achievable_offload_hit_ratio')})")],
+               decimals=1, width=6, height=5),
+        g.stat("Predicted at the advised size",
+               "Offload hit ratio the curve predicts at the recommended size, else at the "
+               "current one (kvoffload_predicted_offload_hit_ratio).", "percentunit",
+               [t(f"max({s.sidecar('kvoffload_predicted_offload_hit_ratio')})")],
+               decimals=1, width=6, height=5),
+        g.timeseries("CPU tier occupancy",
+                     "Bytes resident in the CPU tier from CPU BlockStored/BlockRemoved events "
+                     "(kvoffload_cpu_resident_bytes) next to its size: vLLM's own gauges show "
+                     "pinned slots, not occupancy.", "bytes",
+                     [t(s.sidecar("kvoffload_cpu_resident_bytes"), "{{target}} resident"),
+                      t(s.sidecar("kvoffload_cpu_capacity_bytes"), "{{target}} size")],
+                     min_value=0, width=12),
+        g.timeseries("Stored, evicted, never loaded (exact)",
+                     "Bytes per second evicted from the CPU tier without ever being loaded "
+                     "back, from KV events (kvoffload_never_loaded_evicted_bytes_total): the "
+                     "exact waste that stored − loaded only bounds.", "Bps",
+                     [t(f"sum by ({cfg.sidecar_target_label}) (rate("
+                        f"{s.sidecar('kvoffload_never_loaded_evicted_bytes_total')}"
+                        f"[$__rate_interval]))", "{{target}}")], min_value=0, width=6),
+        g.timeseries("KV-event messages",
+                     "Messages received and lost (sequence gaps not replayed) per second "
+                     "(kvoffload_kv_events_messages_total, kvoffload_kv_events_lost_messages_"
+                     "total): lost messages make the curve optimistic.", "ops",
+                     [t(f"sum by ({cfg.sidecar_target_label}) (rate("
+                        f"kvoffload_kv_events_messages_total{{{events_scope}}}"
+                        f"[$__rate_interval]))", "{{target}} received"),
+                      t(f"sum by ({cfg.sidecar_target_label}) (rate("
+                        f"kvoffload_kv_events_lost_messages_total{{{events_scope}}}"
+                        f"[$__rate_interval]))", "{{target}} lost")],
+                     min_value=0, width=6),
+    ]
     return g.dashboard(
         title=f"{cfg.dashboard_title_prefix}Overview",
         uid=f"{cfg.dashboard_uid_prefix}-{OVERVIEW}",
@@ -250,7 +303,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         tags=cfg.dashboard_tags,
         sections=[("Advice", advice), ("Is offloading paying off?", paying),
                   ("What does it cost?", cost), ("Transfers", transfers),
-                  ("Capacity", capacity)],
+                  ("Capacity", capacity), ("Exact sizing (KV events)", exact)],
         variables=_variables(cfg, per_engine=True),
         refresh=cfg.dashboard_refresh, time_from=cfg.dashboard_time_from,
         links=_links(cfg),

@@ -101,6 +101,19 @@ def stat(title: str, description: str, unit: str, targets: Sequence[G.Target], *
     return Panel(body, width, height)
 
 
+def bargauge(title: str, description: str, unit: str, targets: Sequence[G.Target], *,
+             min_value: float = 0.0, max_value: float | None = None, width: int = 12,
+             height: int = 8) -> Panel:
+    """One bar per series (e.g. per histogram bucket), each the mean over the time range."""
+    body = G.BarGauge(
+        title=title, description=description, dataSource=DATASOURCE_REF,
+        targets=_refs(targets), format=unit, min=min_value, max=max_value,
+        calc="mean", orientation="horizontal", displayMode="gradient",
+        thresholds=[G.Threshold("blue", 0, 0.0)],
+    )
+    return Panel(body, width, height)
+
+
 def table(title: str, description: str, targets: Sequence[G.Target],
           columns: Sequence[tuple[str, str, str]], *, width: int = 24, height: int = 9
           ) -> Panel:

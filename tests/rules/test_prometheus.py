@@ -32,11 +32,14 @@ import pytest
 from kvoffload import dashboards, rules
 from kvoffload.advisor import Thresholds
 from kvoffload.analysis import Settings
+from kvoffload.kvevents.decode import Batch, decode_batch
+from kvoffload.kvevents.state import TargetEvents
 from kvoffload.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, rendering_for
 from kvoffload.server import make_app
 from kvoffload.sidecar import Sidecar, SidecarConfig
 from kvoffload.signals import FIGURES
 from kvoffload.sim import SimServer, scenarios
+from kvoffload.sim.kv_events import encode_batch
 
 from helpers import h200_scrapes
 from rules_procs import PromAPI, body_app, prometheus, serve
@@ -78,6 +81,19 @@ def escaped_legacy(body: str) -> str:
     kept = [line for line in body.splitlines()
             if not re.match(r"^(# (HELP|TYPE) )?vllm:kv_offload_(load|store)_", line)]
     return "\n".join(kept).replace("vllm:", "vllm_") + "\n"
+
+
+def event_batches(n: int) -> list[list[Batch]]:
+    """n slices of a simulator run's KV events (Qwen3-8B shapes, like the H200 target's, and
+    a reuse set far larger than its 0.65 GiB tier: the curve says grow), fed to
+    the sidecar as if subscribed, so the KV-event panels have moving counters."""
+    sim = SimServer(scenarios.get("buffer-too-small"), kv_events=True)
+    slices = []
+    for k in range(n):
+        sim.advance_to(60.0 * (k + 1))
+        slices.append([decode_batch(encode_batch(ts, evs, rank))
+                       for rank, ts, evs in sim.drain_kv_events()])
+    return slices
 
 
 def sim_bodies(n: int) -> list[str]:
@@ -150,6 +166,19 @@ async def _run(workdir: Path) -> Live:
                                         interval_seconds=INTERVAL,
                                         window_seconds=WINDOW, timeout_seconds=1.0,
                                         settings=settings))
+        # KV events for the H200 target: fed directly (the ZMQ path is tested apart).
+        events = TargetEvents()
+        sidecar.events[flat] = events
+        feed = event_batches(len(h200) + 1)
+        seq = 0
+
+        def ingest(batches: list[Batch]) -> None:
+            nonlocal seq
+            for batch in batches:
+                events.ingest(batch, seq, 0)
+                seq += 1
+
+        ingest(feed[0])
         async with serve(make_app(sidecar)) as sidecar_port:
             config = {
                 "global": {"scrape_interval": f"{INTERVAL * 1000:.0f}ms",
@@ -172,6 +201,7 @@ async def _run(workdir: Path) -> Live:
                 first_change = time.time()
                 for i in range(1, len(h200)):
                     state["i"] = i
+                    ingest(feed[i])
                     await asyncio.sleep(STEP)
                 # Both windows start 3 s before the first change and end well after the last.
                 live = Live(flat, escaped, sim, at=first_change + WINDOW - 3.0)
