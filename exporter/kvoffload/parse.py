@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from kvoffload.errors import InputError
 
@@ -56,7 +57,23 @@ def _unescape(value: str) -> str:
     return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
 
 
+# Label sets repeat scrape after scrape (same series): parse each text once. The dicts are
+# shared, so callers must not mutate them (they copy: `{**labels, ...}`).
+_LABEL_CACHE: dict[str, dict[str, str]] = {}
+_LABEL_CACHE_MAX = 100_000
+
+
 def _parse_labels(text: str, lineno: int) -> dict[str, str]:
+    labels = _LABEL_CACHE.get(text)
+    if labels is None:
+        labels = _parse_labels_uncached(text, lineno)
+        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
+            _LABEL_CACHE.clear()  # unbounded label churn: start over rather than grow
+        _LABEL_CACHE[text] = labels
+    return labels
+
+
+def _parse_labels_uncached(text: str, lineno: int) -> dict[str, str]:
     if "\\" not in text and text.endswith('"'):
         # Fast path for the common, escape-free label set: without a backslash no value can
         # hold a quote, so '",' only ever separates pairs.
@@ -198,66 +215,130 @@ def _lineno(text: str, pos: int) -> int:
 
 
 def iter_openmetrics(
-    lines: Iterable[str],
+    chunks: Iterable[str],
     wanted: Callable[[str], bool] | None = None,
     wanted_families: frozenset[str] | set[str] | None = None,
 ) -> Iterator[Exposition]:
     """Stream the scrapes of a recording (OpenMetrics, a timestamp in seconds on every sample).
 
+    `chunks` is text that ends at line boundaries (lines, or big blocks: see `read_chunks`).
     A scrape is a run of samples with the same timestamp; TYPE lines seen between two runs go
-    to the run that follows them. Memory stays at one scrape however long the file is.
+    to the run that follows them. Families nobody asked for are jumped over without looking at
+    their lines, and memory stays at one scrape however long the file is.
     """
-    current: Exposition | None = None
-    pending: dict[str, str] = {}
-    saw_eof = False
-    skip = False
-    lineno = 0
-    for lineno, raw in enumerate(lines, 1):
-        first = raw[:1]
-        if skip and first != "#":
-            continue  # a family nobody asked for: not even parsed
-        line = raw.rstrip("\r\n")
-        if not line:
+    state = _OMState(wanted, wanted_families)
+    for chunk in chunks:
+        yield from state.feed(chunk)
+    yield from state.finish()
+
+
+def read_chunks(fh: TextIO, size: int = 4 * 2**20) -> Iterator[str]:
+    """Blocks of about `size` characters, each cut after its last newline."""
+    carry = ""
+    while True:
+        block = fh.read(size)
+        if not block:
+            if carry:
+                yield carry
+            return
+        block = carry + block
+        cut = block.rfind("\n")
+        if cut == -1:
+            carry = block
             continue
-        if saw_eof:
-            raise ParseError(f"line {lineno}: content after '# EOF'")
-        if "\x00" in line:
-            raise ParseError(f"line {lineno}: not text: NUL byte")
-        if first == "#":
-            if line == "# EOF":
-                saw_eof = True
-                skip = False
-            elif line.startswith("# TYPE "):
-                parts = line.split()
-                if len(parts) != 4:
-                    raise ParseError(f"line {lineno}: malformed TYPE line: {line[:80]!r}")
-                fam = family_name(canonical_name(parts[2]), parts[3])
-                pending[fam] = parts[3]
-                skip = wanted_families is not None and fam not in wanted_families
-            continue
-        sample = _parse_sample_line(line, lineno, None)
-        assert sample is not None
-        ts = sample[3]
-        if ts is None:
-            raise ParseError(f"line {lineno}: recording sample without a timestamp")
-        if current is None or ts != current.timestamp:
-            if current is not None:
-                if ts < current.timestamp:  # type: ignore[operator]
-                    # Interleaved families of several timestamps: not a recording we wrote,
-                    # and streaming it would give wrong windows.
-                    raise ParseError(
-                        f"line {lineno}: timestamp {ts} goes back in time (after "
-                        f"{current.timestamp}); recordings must be written scrape by scrape"
-                    )
-                yield current
-            current = Exposition(timestamp=ts)
-        if pending:
-            current.families.update(pending)
-            pending = {}
-        if wanted is None or wanted(sample[0]):
+        carry = block[cut + 1 :]
+        yield block[: cut + 1]
+
+
+class _OMState:
+    """The scanner behind iter_openmetrics, fed one chunk at a time."""
+
+    def __init__(self, wanted: Callable[[str], bool] | None,
+                 wanted_families: frozenset[str] | set[str] | None) -> None:
+        self.wanted = wanted
+        self.families = wanted_families
+        self.current: Exposition | None = None
+        self.pending: dict[str, str] = {}
+        self.saw_eof = False
+        self.skip = False
+        self.lines_before = 0  # lines in the chunks already done
+
+    def _lineno(self, text: str, pos: int) -> int:
+        return self.lines_before + text.count("\n", 0, pos) + 1
+
+    def feed(self, text: str) -> Iterator[Exposition]:
+        pos = 0
+        size = len(text)
+        find = text.find
+        if self.skip and text[:1] != "#":
+            # Still inside a skipped family from the previous chunk.
+            nxt = find("\n#")
+            pos = nxt + 1 if nxt != -1 else size
+        while pos < size:
+            end = find("\n", pos)
+            if end == -1:
+                end = size
+            line = text[pos:end]
+            if line.endswith("\r"):
+                line = line[:-1]
+            if not line:
+                pos = end + 1
+                continue
+            if self.saw_eof:
+                raise ParseError(f"line {self._lineno(text, pos)}: content after '# EOF'")
+            if "\x00" in line:
+                raise ParseError(f"line {self._lineno(text, pos)}: not text: NUL byte")
+            if line[0] == "#":
+                self.skip = False
+                if line == "# EOF":
+                    self.saw_eof = True
+                elif line.startswith("# TYPE "):
+                    parts = line.split()
+                    if len(parts) != 4:
+                        raise ParseError(f"line {self._lineno(text, pos)}: malformed TYPE "
+                                         f"line: {line[:80]!r}")
+                    fam = family_name(canonical_name(parts[2]), parts[3])
+                    self.pending[fam] = parts[3]
+                    if self.families is not None and fam not in self.families:
+                        self.skip = True
+                        nxt = find("\n#", end)
+                        pos = nxt + 1 if nxt != -1 else size
+                        continue
+                pos = end + 1
+                continue
+            try:
+                sample = _parse_sample_line(line, 0, self.wanted)
+            except ParseError as exc:
+                raise ParseError(str(exc).replace(
+                    "line 0:", f"line {self._lineno(text, pos)}:", 1)) from None
+            pos = end + 1
+            if sample is None:
+                continue
+            ts = sample[3]
+            if ts is None:
+                raise ParseError(f"line {self._lineno(text, pos - 1)}: recording sample "
+                                 "without a timestamp")
+            current = self.current
+            if current is None or ts != current.timestamp:
+                if current is not None:
+                    if ts < current.timestamp:  # type: ignore[operator]
+                        # Interleaved families of several timestamps: not a recording we
+                        # wrote, and streaming it would give wrong windows.
+                        raise ParseError(
+                            f"line {self._lineno(text, pos - 1)}: timestamp {ts} goes back "
+                            f"in time (after {current.timestamp}); recordings must be "
+                            "written scrape by scrape")
+                    yield current
+                current = self.current = Exposition(timestamp=ts)
+            if self.pending:
+                current.families.update(self.pending)
+                self.pending = {}
             current.samples.append(sample)
-    if not saw_eof:
-        raise ParseError(f"truncated recording: no '# EOF' after line {lineno}")
-    if current is not None:
-        current.families.update(pending)
-        yield current
+        self.lines_before += text.count("\n")
+
+    def finish(self) -> Iterator[Exposition]:
+        if not self.saw_eof:
+            raise ParseError(f"truncated recording: no '# EOF' after line {self.lines_before}")
+        if self.current is not None:
+            self.current.families.update(self.pending)
+            yield self.current

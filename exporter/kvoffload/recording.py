@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from kvoffload.errors import InputError
-from kvoffload.parse import Exposition, ParseError, family_name, iter_openmetrics, parse_text
+from kvoffload.parse import (
+    Exposition,
+    ParseError,
+    family_name,
+    iter_openmetrics,
+    parse_text,
+    read_chunks,
+)
 
 
 def _escape(value: str) -> str:
@@ -138,7 +145,7 @@ def _read_recording(
         fh.seek(0)
         if _looks_like_openmetrics(head):
             try:
-                yield from iter_openmetrics(fh, wanted, wanted_families)
+                yield from iter_openmetrics(read_chunks(fh), wanted, wanted_families)
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
         else:
