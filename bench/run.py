@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -262,10 +263,8 @@ def _poll_peak_rss(proc: subprocess.Popen) -> float:
     would count the pages it shared with this (large) process before exec."""
     peak = 0.0
     while proc.poll() is None:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # it may exit between the checks
             peak = max(peak, rss_mb(str(proc.pid))[1])
-        except (OSError, ValueError):
-            pass
         time.sleep(0.02)
     return peak
 
