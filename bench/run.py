@@ -269,6 +269,56 @@ def _poll_peak_rss(proc: subprocess.Popen) -> float:
     return peak
 
 
+# -- 5. KV events: throughput and memory --------------------------------------------------------
+def bench_events(blocks_total: int) -> dict[str, object]:
+    """Decode + ingest throughput on the simulator's real wire format, exact vs sampled; then
+    memory after `blocks_total` GPU-missed block events (synthetic: many distinct blocks)."""
+    from kvoffload.kvevents.decode import decode_batch
+    from kvoffload.kvevents.state import TargetEvents
+    from kvoffload.sim import SimServer, scenarios
+    from kvoffload.sim.kv_events import encode_batch
+
+    sim = SimServer(scenarios.get("rag-hot-set-fits"), kv_events=True)
+    sim.advance_to(1800.0)
+    payloads = [encode_batch(ts, evs, rank) for rank, ts, evs in sim.drain_kv_events()]
+    blocks = sum(len(e.block_hashes) for p in payloads for e in decode_batch(p).events)
+    rows: dict[str, object] = {"wire_messages": len(payloads), "wire_blocks": blocks}
+    for label, rate, budget in (("exact", 1.0, None), ("sampled 1%", 0.01, None),
+                                ("budget 100k", 1.0, 100_000)):
+        runs = []
+        for _ in range(3):
+            state = TargetEvents(rate, budget)
+            start = time.perf_counter()
+            for seq, payload in enumerate(payloads):
+                state.ingest(decode_batch(payload), seq, 0)
+            runs.append(time.perf_counter() - start)
+        rows[f"{label} blocks_per_s"] = blocks / statistics.median(runs)
+
+    def memory(rate: float, budget: int | None) -> tuple[float, int]:
+        gc.collect()
+        before = rss_mb()[0]
+        state = TargetEvents(rate, budget)
+        eng = state.engine(0)
+        eng.block_size = 16
+        rng_docs = 2_000_000  # ~32M distinct blocks possible: the exact mode keeps growing
+        rng = __import__("random").Random(11)
+        done = 0
+        while done < blocks_total:
+            doc = rng.randrange(rng_docs)
+            hashes = tuple((doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1)
+                           for j in range(64))
+            eng._gpu_stored(hashes, None)
+            done += 64
+        gc.collect()
+        return rss_mb()[0] - before, eng.tracker.tracked
+
+    for label, rate, budget in (("sampled budget 100k", 1.0, 100_000), ("exact", 1.0, None)):
+        grown, tracked = memory(rate, budget)
+        rows[f"{label} rss_growth_mb"] = grown
+        rows[f"{label} tracked_blocks"] = tracked
+    return rows
+
+
 def machine() -> dict[str, object]:
     cpu = "unknown"
     try:
@@ -284,10 +334,11 @@ def machine() -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--only", choices=["parse", "scale", "memory", "analyze"], action="append")
+    ap.add_argument("--only", choices=["parse", "scale", "memory", "analyze", "events"],
+                    action="append")
     args = ap.parse_args()
     quick = args.quick
-    only = set(args.only or ["parse", "scale", "memory", "analyze"])
+    only = set(args.only or ["parse", "scale", "memory", "analyze", "events"])
     results: dict[str, object] = {"machine": machine(), "quick": quick}
     print(f"machine: {results['machine']}")
     if "parse" in only:
@@ -336,7 +387,18 @@ def main() -> None:
             print(f"{r['hours']:>5.1f} h: {r['scrapes']} scrapes, {r['file_mb']:.0f} MB, "
                   f"{r['wall_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB "
                   + ("(<10 s: met)" if r["under_10s"] else "(<10 s: MISSED)"))
+    if "events" in only:
+        ev = bench_events(1_000_000 if quick else 10_000_000)
+        results["events"] = ev
+        print("\n5. KV events (rag-hot-set-fits wire format; memory on a synthetic stream)")
+        for key, value in ev.items():
+            print(f"  {key}: {value:,.1f}" if isinstance(value, float) else f"  {key}: {value}")
     out = HERE / ("results-quick.json" if quick else "results.json")
+    if args.only and out.exists():
+        # A partial run updates its sections and keeps the others.
+        merged = json.loads(out.read_text())
+        merged.update(results)
+        results = merged
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {out.relative_to(ROOT)}")
 
