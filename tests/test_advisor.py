@@ -101,3 +101,14 @@ def test_thresholds_are_configurable():
                                           (33, 36.0)])
 def test_round_size(gib, rounded):
     assert round_size_gib(gib * GIB) == rounded
+
+
+def test_sizes_are_per_engine_and_the_memory_check_counts_every_engine():
+    # Two DP engines, 4 GiB of CPU tier each (8 GiB summed): grow is sized per engine.
+    two = {**BASE, "cpu_capacity_bytes": 8 * GIB, "gpu_capacity_bytes": 2 * GIB,
+           "allocation_failures_per_second": 0.5}
+    rec = advise(two, True, 3600, prompt_tokens=1e6, engines=2)
+    assert rec.action == "grow" and rec.kv_offloading_size_gib == 10.0
+    # 2 × 10 GiB + 20% > 16 GiB: the pod OOMs although one engine's tier would fit.
+    rec = advise(two, True, 3600, prompt_tokens=1e6, engines=2, memory_limit_bytes=16 * GIB)
+    assert rec.warnings and "2 engine(s)" in rec.warnings[0]

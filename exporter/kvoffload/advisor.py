@@ -88,7 +88,10 @@ def advise(
     t: Thresholds | None = None,
     lifetime: bool = False,
     prompt_tokens: float = 0.0,
+    engines: int = 1,
 ) -> Recommendation:
+    """`figures` are sums over the group's engines; sizes are per engine (each DP engine
+    gets its own --kv-offloading-size), so byte figures are divided by `engines` for them."""
     t = t or Thresholds()
     current = "keep" if offloading else "leave_off"
     too_short = window_seconds < t.min_window_seconds and not lifetime
@@ -102,11 +105,23 @@ def advise(
             ],
         )
     else:
-        rec = (_advise_on(figures, window_seconds, t) if offloading
-               else _advise_off(figures, t))
+        per_engine = _per_engine(figures, max(engines, 1))
+        rec = (_advise_on(per_engine, window_seconds, t) if offloading
+               else _advise_off(per_engine, t))
     rec.evidence = {k: figures.get(k) for k in EVIDENCE_KEYS}
-    _memory_check(rec, figures, offloading, memory_limit_bytes, t)
+    _memory_check(rec, figures, offloading, memory_limit_bytes, t, max(engines, 1))
     return rec
+
+
+_BYTE_TOTALS = ("gpu_capacity_bytes", "cpu_capacity_bytes")
+
+
+def _per_engine(figures: dict[str, float | None], engines: int) -> dict[str, float | None]:
+    out = dict(figures)
+    for key in _BYTE_TOTALS:
+        value = figures.get(key)
+        out[key] = value / engines if value is not None else None
+    return out
 
 
 def _floor_bytes(figures: dict[str, float | None], t: Thresholds) -> float | None:
@@ -232,6 +247,7 @@ def refine_with_curve(
     gpu_bytes: float | None,
     memory_limit_bytes: float | None,
     t: Thresholds,
+    engines: int = 1,
 ) -> Recommendation:
     """Re-decide enable/grow/shrink/keep from the exact miss-ratio curve (KV events).
 
@@ -261,10 +277,10 @@ def refine_with_curve(
     size = round_size_gib(size_bytes)
     warnings: list[str] = []
     if memory_limit_bytes:
-        ceiling = memory_limit_bytes / (1 + t.memory_headroom_ratio)
+        ceiling = memory_limit_bytes / (1 + t.memory_headroom_ratio) / max(engines, 1)
         if size * GIB > ceiling:
             size = max(0.25, math.floor(ceiling / GIB / 0.25) * 0.25)
-            warnings.append(f"capped at {size:g} GiB by the memory limit "
+            warnings.append(f"capped at {size:g} GiB per engine by the memory limit "
                             f"{memory_limit_bytes / GIB:.2f} GiB less "
                             f"{t.memory_headroom_ratio:.0%} headroom")
     predicted = predicted_at(size * GIB)
@@ -295,18 +311,21 @@ def _memory_check(
     offloading: bool,
     limit: float | None,
     t: Thresholds,
+    engines: int = 1,
 ) -> None:
+    """Every engine of the container pins its own tier: the total is what the limit sees."""
     if limit is None:
         return
     if rec.kv_offloading_size_gib:
-        size: float | None = rec.kv_offloading_size_gib * GIB
+        size: float | None = rec.kv_offloading_size_gib * GIB * engines
     else:
         size = figures.get("cpu_capacity_bytes") if offloading else None
     if size and size * (1 + t.memory_headroom_ratio) > limit:
         rec.warnings.append(
-            f"pinned CPU tier {size / GIB:.2f} GiB + {t.memory_headroom_ratio:.0%} headroom "
-            f"exceeds the memory limit {limit / GIB:.2f} GiB: risk of OOM (pinned memory "
-            "cannot swap; kv_offloading_size is the total across TP ranks, per engine)"
+            f"pinned CPU tier {size / GIB:.2f} GiB ({engines} engine(s)) + "
+            f"{t.memory_headroom_ratio:.0%} headroom exceeds the memory limit "
+            f"{limit / GIB:.2f} GiB: risk of OOM (pinned memory cannot swap; "
+            "kv_offloading_size is the total across TP ranks, per engine)"
         )
 
 

@@ -70,6 +70,7 @@ def analyze_window(
             settings.thresholds,
             lifetime=lifetime,
             prompt_tokens=ctx.inc("prompt_tokens"),
+            engines=len(static.engines),
         )
         entry: dict[str, object] = {
             "labels": labels,
@@ -95,7 +96,7 @@ def analyze_window(
                     curve.achievable_hit_ratio,
                     lambda size, c=curve, e=target_events: c.at(size, e),
                     ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
-                    settings.memory_limit_bytes, settings.thresholds)
+                    settings.memory_limit_bytes, settings.thresholds, engines)
                 entry["recommendation"] = rec.to_json()
                 size = rec.kv_offloading_size_gib
                 entry["predicted_offload_hit_ratio"] = (

@@ -87,15 +87,34 @@ def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "memory.max when readable)."),
         click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
                      default=None, help="YAML file of advisor thresholds (docs/advisor.md)."),
+        click.option("--kv-bytes-per-token", callback=_size, default=None,
+                     help="KV bytes per token (all ranks) when vLLM exposes none (offloading "
+                          "off, no --kv-cache-memory-bytes): sizes the start of `enable`."),
+        click.option("--threshold", "threshold_overrides", multiple=True,
+                     metavar="KEY=VALUE", help="One advisor threshold, e.g. min_speedup=1.5 "
+                     "(over the YAML file); repeatable."),
     ]):
         fn = option(fn)
     return fn
 
 
-def make_settings(world_size: int, memory_limit: float | None, thresholds_file: str | None
-                  ) -> Settings:
+def make_settings(world_size: int, memory_limit: float | None, thresholds_file: str | None,
+                  threshold_overrides: tuple[str, ...] = (),
+                  kv_bytes_per_token: float | None = None) -> Settings:
     limit = memory_limit if memory_limit is not None else read_cgroup_memory_limit()
-    return Settings(world_size, limit, load_thresholds(thresholds_file, {}))
+    overrides: dict[str, float] = {}
+    known = set(Thresholds.__dataclass_fields__)
+    for item in threshold_overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise InputError(f"--threshold {item!r}: use KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(known))}")
+        try:
+            overrides[key] = float(raw)
+        except ValueError:
+            raise InputError(f"--threshold {item!r}: {raw!r} is not a number") from None
+    return Settings(world_size, limit, kv_bytes_per_token,
+                    load_thresholds(thresholds_file, overrides))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -136,7 +155,8 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
           scrape_timeout: float, max_payload: float, kv_events: tuple[str, ...],
           kv_events_replay: tuple[str, ...], kv_events_dp: int, kv_events_topic: str,
           kv_events_sample_rate: float, kv_events_sample_budget: int | None, world_size: int,
-          memory_limit: float | None, thresholds_file: str | None) -> None:
+          memory_limit: float | None, kv_bytes_per_token: float | None,
+          thresholds_file: str | None, threshold_overrides: tuple[str, ...]) -> None:
     """Run the sidecar next to `vllm serve`."""
     from aiohttp import web
 
@@ -155,7 +175,8 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
     ]
     sidecar = Sidecar(SidecarConfig(
         list(targets), interval, window, scrape_timeout, int(max_payload),
-        make_settings(world_size, memory_limit, thresholds_file), sources,
+        make_settings(world_size, memory_limit, thresholds_file, threshold_overrides,
+                      kv_bytes_per_token), sources,
         kv_events_sample_rate, kv_events_sample_budget,
     ))
     click.echo(f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
@@ -232,11 +253,13 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
 @settings_options
 def analyze(file: str | None, target: str | None, duration: float, interval: float,
             window: float | None, as_json: bool, events_file: str | None, world_size: int,
-            memory_limit: float | None, thresholds_file: str | None) -> None:
+            memory_limit: float | None, kv_bytes_per_token: float | None,
+            thresholds_file: str | None, threshold_overrides: tuple[str, ...]) -> None:
     """Figures and advice from a recording, a /metrics snapshot, or a live server."""
     if (file is None) == (target is None):
         raise InputError("give either a FILE or --target URL")
-    settings = make_settings(world_size, memory_limit, thresholds_file)
+    settings = make_settings(world_size, memory_limit, thresholds_file, threshold_overrides,
+                             kv_bytes_per_token)
     if file is not None:
         expositions = read_recording(file, wanted, WANTED_FAMILIES)
         source = file
