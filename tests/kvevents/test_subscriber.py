@@ -4,13 +4,13 @@ gaps are replayed from the ROUTER when it is there, counted as lost when it is n
 import asyncio
 import contextlib
 
-from helpers import free_port
-
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber
 from kvoffload.sim.kv_events import ZmqEventPublisher, encode_batch
+
+from helpers import free_port
 
 
 def _payload(i: int) -> bytes:
@@ -82,6 +82,6 @@ def test_a_gap_is_replayed_in_order():
 
 
 def test_without_replay_the_gap_is_counted_as_lost():
-    got, sub, state = asyncio.run(_run(with_replay=False))
+    got, _sub, state = asyncio.run(_run(with_replay=False))
     assert got == [0, 2, 3]
     assert state.lost_messages() == 1
