@@ -3,10 +3,14 @@ HTTP servers that misbehave on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+from aiohttp import web
 
 from kvoffload.parse import Exposition, parse_text
 from kvoffload.recording import RecordingWriter
@@ -70,3 +74,16 @@ def restarted(expo: Exposition, base: Exposition, restart_time: float) -> Exposi
 
 def parse_all(body: str) -> Exposition:
     return parse_text(body)
+
+
+@contextlib.asynccontextmanager
+async def running(app: web.Application) -> AsyncIterator[int]:
+    """Serve an aiohttp app on a free loopback port for the duration of the block."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()

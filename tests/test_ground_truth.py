@@ -12,7 +12,6 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from kvoffload.analysis import analyze_window
 from kvoffload.parse import parse_text
@@ -23,7 +22,7 @@ from kvoffload.sim.server import make_app as make_sim_app
 from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import Window
 
-from helpers import free_port
+from helpers import running
 
 SCENARIOS = ["laptop-eviction", "rag-hot-set-fits", "buffer-too-small", "no-reuse", "dp2",
              "restart", "legacy-0.23", "recompute-wins"]
@@ -72,26 +71,16 @@ def test_wasted_proxy_is_exact_when_each_reload_reads_once():
 
 async def _live(speed: float, seconds: float):
     sim = SimServer(scenarios.get("laptop-eviction"))
-    sim_runner = web.AppRunner(make_sim_app(sim, speed=speed), access_log=None)
-    await sim_runner.setup()
-    sim_port = free_port()
-    await web.TCPSite(sim_runner, "127.0.0.1", sim_port).start()
-    sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{sim_port}/metrics"],
-                                    interval_seconds=0.25, window_seconds=3600))
-    side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
-    await side_runner.setup()
-    side_port = free_port()
-    await web.TCPSite(side_runner, "127.0.0.1", side_port).start()
-    try:
-        await asyncio.sleep(seconds)
-        async with aiohttp.ClientSession() as s:
+    async with running(make_sim_app(sim, speed=speed)) as sim_port:
+        sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{sim_port}/metrics"],
+                                        interval_seconds=0.25, window_seconds=3600))
+        async with running(make_sidecar_app(sidecar)) as side_port, \
+                aiohttp.ClientSession() as s:
+            await asyncio.sleep(seconds)
             async with s.get(f"http://127.0.0.1:{side_port}/api/v1/status") as r:
                 status = await r.json()
             async with s.get(f"http://127.0.0.1:{sim_port}/ground-truth?requests=0") as r:
                 truth = await r.json()
-    finally:
-        await side_runner.cleanup()
-        await sim_runner.cleanup()
     return status, truth
 
 

@@ -18,7 +18,6 @@ import aiohttp
 
 from kvoffload.analysis import Settings, analyze_window
 from kvoffload.errors import InputError
-from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
@@ -153,14 +152,8 @@ class Sidecar:
         self, name: str, state: TargetEvents
     ) -> Callable[[RawMessage], None]:
         def handle(msg: RawMessage) -> None:
-            try:
-                batch = decode_batch(msg.payload, msg.dp_rank)
-            except InputError as exc:
-                state.decode_errors += 1
-                state.last_error = f"rank {msg.dp_rank} seq {msg.seq}: {exc}"
-                return
-            state.ingest(batch, msg.seq, msg.dp_rank)
-            self._generation += 1
+            if state.ingest_message(msg):
+                self._generation += 1
 
         return handle
 

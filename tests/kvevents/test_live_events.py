@@ -8,7 +8,6 @@ import sys
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from kvoffload.parse import parse_text
 from kvoffload.server import make_app as make_sidecar_app
@@ -16,35 +15,25 @@ from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.server import make_app as make_sim_app
 
-from helpers import free_port
+from helpers import free_port, running
 
 
 async def _live(name: str, speed: float, seconds: float):
-    sim_port, events_port, replay_port = free_port(), free_port(), free_port()
-    events = f"tcp://127.0.0.1:{events_port}"
-    replay = f"tcp://127.0.0.1:{replay_port}"
+    events = f"tcp://127.0.0.1:{free_port()}"
+    replay = f"tcp://127.0.0.1:{free_port()}"
     sim = SimServer(scenarios.get(name), kv_events=True)
-    sim_runner = web.AppRunner(make_sim_app(sim, speed=speed, kv_events_endpoint=events,
-                                            kv_events_replay=replay), access_log=None)
-    await sim_runner.setup()
-    await web.TCPSite(sim_runner, "127.0.0.1", sim_port).start()
-    target = f"http://127.0.0.1:{sim_port}/metrics"
-    sidecar = Sidecar(SidecarConfig([target], interval_seconds=0.25, window_seconds=3600,
-                                    kv_events=[KVEventsSource(target, events, replay)]))
-    side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
-    await side_runner.setup()
-    side_port = free_port()
-    await web.TCPSite(side_runner, "127.0.0.1", side_port).start()
-    try:
-        await asyncio.sleep(seconds)
-        async with aiohttp.ClientSession() as s:
+    sim_app = make_sim_app(sim, speed=speed, kv_events_endpoint=events, kv_events_replay=replay)
+    async with running(sim_app) as sim_port:
+        target = f"http://127.0.0.1:{sim_port}/metrics"
+        sidecar = Sidecar(SidecarConfig([target], interval_seconds=0.25, window_seconds=3600,
+                                        kv_events=[KVEventsSource(target, events, replay)]))
+        async with running(make_sidecar_app(sidecar)) as side_port, \
+                aiohttp.ClientSession() as s:
+            await asyncio.sleep(seconds)
             async with s.get(f"http://127.0.0.1:{side_port}/api/v1/status") as r:
                 status = await r.json()
             async with s.get(f"http://127.0.0.1:{side_port}/metrics") as r:
                 metrics = await r.text()
-    finally:
-        await side_runner.cleanup()
-        await sim_runner.cleanup()
     return status, metrics
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvoffload.kvevents.decode import CLEARED, REMOVED, STORED, Batch
+from kvoffload.errors import InputError
+from kvoffload.kvevents.decode import CLEARED, REMOVED, STORED, Batch, decode_batch
+from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.stackdist import StackDistanceTracker
 
 GPU_MEDIA = (None, "GPU", "gpu", "cuda")
@@ -139,6 +141,18 @@ class TargetEvents:
             eng = EngineEvents(self.sample_rate, self.sample_budget)
             self.engines[rank] = eng
         return eng
+
+    def ingest_message(self, msg: RawMessage) -> bool:
+        """Decode one received message and take it in; a payload that does not decode is
+        counted and remembered (one line), never raised. Returns whether it was taken."""
+        try:
+            batch = decode_batch(msg.payload, msg.dp_rank)
+        except InputError as exc:
+            self.decode_errors += 1
+            self.last_error = f"rank {msg.dp_rank} message {msg.seq}: {exc}"
+            return False
+        self.ingest(batch, msg.seq, msg.dp_rank)
+        return True
 
     def ingest(self, batch: Batch, seq: int | None = None, publisher_rank: int | None = None
                ) -> None:
