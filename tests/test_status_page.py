@@ -7,12 +7,25 @@ import tempfile
 
 from aiohttp import web
 
+from kvoffload.kvevents.decode import decode_batch
+from kvoffload.kvevents.state import TargetEvents
 from kvoffload.server import make_app
 from kvoffload.sidecar import Sidecar, SidecarConfig
+from kvoffload.sim import SimServer, scenarios
+from kvoffload.sim.kv_events import encode_batch
 
 from helpers import FIXTURES, SAMPLE, free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def laptop_events() -> TargetEvents:
+    sim = SimServer(scenarios.get("laptop-eviction"), kv_events=True)
+    sim.advance_to(120.0)
+    state = TargetEvents()
+    for seq, (rank, ts, events) in enumerate(sim.drain_kv_events()):
+        state.ingest(decode_batch(encode_batch(ts, events, rank)), seq, rank)
+    return state
 
 
 async def _dump_dom(screenshot: str | None = None) -> str:
@@ -25,6 +38,8 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{fx_port}/{SAMPLE.name}",
                                      f"http://127.0.0.1:{free_port()}/metrics"],
                                     interval_seconds=0.2, timeout_seconds=1))
+    # KV events of the laptop scenario (the sample's shapes), as if subscribed.
+    sidecar.events[sidecar.targets[0].name] = laptop_events()
     runner = web.AppRunner(make_app(sidecar))
     await runner.setup()
     port = free_port()
@@ -59,3 +74,4 @@ def test_status_page_renders_in_chromium():
     assert 'class="action keep"' in dom
     assert "4,672 tokens" in dom  # CPU capacity, rendered by the page's script
     assert "cannot connect" in dom  # the dead target is shown with its error
+    assert 'id="curve"' in dom and "current" in dom  # the KV-event curve, current size marked
