@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -302,12 +303,17 @@ def bench_events(blocks_total: int) -> dict[str, object]:
         eng.block_size = 16
         rng_docs = 2_000_000  # ~32M distinct blocks possible: the exact mode keeps growing
         rng = __import__("random").Random(11)
+        gpu: deque[tuple[int, ...]] = deque()  # a 16k-block GPU cache, evicting as vLLM does
         done = 0
         while done < blocks_total:
             doc = rng.randrange(rng_docs)
             hashes = tuple((doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1)
                            for j in range(64))
             eng._gpu_stored(hashes, None)
+            gpu.append(hashes)
+            if len(gpu) > 256:
+                for h in gpu.popleft():
+                    eng.gpu_parent.pop(h, None)  # what a GPU BlockRemoved does
             done += 64
         gc.collect()
         return rss_mb()[0] - before, eng.tracker.tracked

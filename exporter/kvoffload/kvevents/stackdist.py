@@ -54,25 +54,35 @@ class _Fenwick:
 
 
 class DistanceHistogram:
-    """Weighted counts of stack distances (in blocks), with cold misses apart."""
+    """Weighted counts of stack distances (in blocks), with cold misses apart.
+
+    Exact below 2^16 blocks (a Fenwick tree over every distance), then 64 log-spaced bins per
+    doubling (≈1.1% of the size apart) up to 2^48: memory is fixed however long it runs.
+    Sizes inside a coarse bin are interpolated linearly.
+    """
+
+    EXACT = 1 << 16
+    BINS_PER_DOUBLING = 64
 
     def __init__(self) -> None:
-        self._fw = _Fenwick(1024)
+        self._fw = _Fenwick(self.EXACT)
+        self._coarse = [0.0] * (32 * self.BINS_PER_DOUBLING)
         self.cold = 0.0  # first access of a block: a miss at every size
         self.total = 0.0
         self.finite_sum = 0.0  # Σ distance × weight over non-cold accesses (histogram _sum)
 
+    def _bin(self, distance: float) -> int:
+        index = int(math.log2(distance / self.EXACT) * self.BINS_PER_DOUBLING)
+        return min(index, len(self._coarse) - 1)
+
+    def _bin_low(self, index: int) -> float:
+        return self.EXACT * 2 ** (index / self.BINS_PER_DOUBLING)
+
     def add(self, distance: int, weight: float) -> None:
-        if distance >= self._fw.n:
-            size = self._fw.n
-            while size <= distance:
-                size *= 2
-            old = [self._fw.prefix(i + 1) - self._fw.prefix(i) for i in range(self._fw.n)]
-            self._fw = _Fenwick(size)
-            for i, v in enumerate(old):
-                if v:
-                    self._fw.add(i, v)
-        self._fw.add(distance, weight)
+        if distance < self.EXACT:
+            self._fw.add(distance, weight)
+        else:
+            self._coarse[self._bin(distance)] += weight
         self.total += weight
         self.finite_sum += distance * weight
 
@@ -85,7 +95,13 @@ class DistanceHistogram:
         c = math.floor(blocks)
         if c <= 0:
             return 0.0
-        return self._fw.prefix(min(c, self._fw.n))
+        if c <= self.EXACT:
+            return self._fw.prefix(c)
+        hits = self._fw.prefix(self.EXACT)
+        top = self._bin(c)
+        hits += sum(self._coarse[:top])
+        low, high = self._bin_low(top), self._bin_low(top + 1)
+        return hits + self._coarse[top] * min(1.0, (c - low) / (high - low))
 
 
 class StackDistanceTracker:
