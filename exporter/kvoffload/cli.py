@@ -148,7 +148,8 @@ def cli(log_level: str) -> None:
 @click.option("--kv-events-topic", default="", help="Topic vLLM publishes on.")
 @click.option("--kv-events-sample-rate", type=click.FloatRange(0, 1, min_open=True),
               default=1.0, show_default=True, help="Share of blocks tracked (SHARDS); 1 = exact.")
-@click.option("--kv-events-sample-budget", type=click.IntRange(1000), default=None,
+@click.option("--kv-events-sample-budget", type=click.IntRange(1000), default=1_000_000,
+              show_default=True,
               help="At most this many blocks tracked per engine (lowers the rate as needed).")
 @settings_options
 def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
