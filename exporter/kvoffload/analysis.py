@@ -82,6 +82,8 @@ def analyze_window(
             "engines": sorted(static.engines),
         }
         target_events = (events or {}).get(instance)
+        if target_events is not None and not _events_belong_to(window, group, offloading):
+            target_events = None
         if target_events is not None and target_events.messages():
             missed = _missed_tokens(window, group, ctx, event_baselines)
             ev = event_evidence(target_events, static, figures, missed)
@@ -104,6 +106,16 @@ def analyze_window(
                     else ev.json.get("predicted_offload_hit_ratio_current"))
         groups.append(entry)
     return groups
+
+
+def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:
+    """KV events name no model: they belong to the instance's only model, or, when one process
+    serves several, to its only model with offloading on."""
+    siblings = [g for g in window.groups() if g[0] == group[0] and g[1]]
+    if len(siblings) <= 1:
+        return True
+    with_offload = [g for g in siblings if window.static(g).offload_families]
+    return offloading and len(with_offload) == 1
 
 
 def _missed_tokens(window: Window, group: GroupKey, ctx: Context,
