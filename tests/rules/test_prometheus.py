@@ -55,6 +55,11 @@ SIM_WARMUP = 300.0  # virtual seconds before the first body: caches warm, all se
 SIM_STEP = 30.0  # virtual seconds per body
 CFG = MixinConfig(rate_window="30s", slow_window="30s")
 TOLERANCE = 0.02
+# Means of gauges over the window: each side averages the samples its own scraper took, at
+# its own moments, of a value the replay changes every STEP — they agree on the formula, not
+# on the sampling instants. (On the H200 target these gauges are constant and match exactly.)
+GAUGE_MEANS = {"gpu_kv_usage_ratio", "waiting_for_capacity"}
+GAUGE_MEAN_TOLERANCE = 0.10
 
 
 FAILURES = """# HELP vllm:kv_offload_allocation_failure_total Number of failed CPU allocations.
@@ -220,10 +225,10 @@ def _by_instance(samples: list[dict[str, Any]], instance: str) -> list[dict[str,
     return [s for s in samples if s["metric"].get("instance") == instance]
 
 
-def _close(a: float, b: float) -> bool:
+def _close(a: float, b: float, tolerance: float = TOLERANCE) -> bool:
     if math.isclose(a, 0.0, abs_tol=1e-12) or math.isclose(b, 0.0, abs_tol=1e-12):
         return math.isclose(a, b, abs_tol=1e-9)
-    return math.isclose(a, b, rel_tol=TOLERANCE)
+    return math.isclose(a, b, rel_tol=tolerance)
 
 
 def test_prometheus_loads_every_rule_and_evaluates_it_without_error(live: Live) -> None:
@@ -271,7 +276,8 @@ def test_every_recording_rule_equals_the_sidecar_figure(live: Live) -> None:
                 if want is None:
                     continue
                 assert len(got) == 1, (where, got)
-                assert _close(got[0], want), f"{where} = {got[0]!r}, sidecar {want!r}"
+                tolerance = GAUGE_MEAN_TOLERANCE if fig.key in GAUGE_MEANS else TOLERANCE
+                assert _close(got[0], want, tolerance), f"{where} = {got[0]!r}, sidecar {want!r}"
                 compared.add((target, fig.key))
     # Every figure the catalog has is either compared on both sources or not PromQL-able.
     for target, _model in groups:
