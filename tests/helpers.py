@@ -79,7 +79,7 @@ def parse_all(body: str) -> Exposition:
 @contextlib.asynccontextmanager
 async def running(app: web.Application) -> AsyncIterator[int]:
     """Serve an aiohttp app on a free loopback port for the duration of the block."""
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from helpers import free_port
+from helpers import free_port, running
 
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
@@ -111,17 +111,8 @@ async def alertmanager(workdir: Path, config: dict[str, Any]) -> AsyncIterator[s
         _stop(proc)
 
 
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[int]:
-    """An aiohttp app on a free loopback port, cleaned up on exit."""
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
+# An aiohttp app on a free loopback port, cleaned up on exit (shared with the other tests).
+serve = running
 
 
 def body_app(body: Callable[[], str]) -> web.Application:
