@@ -13,7 +13,7 @@ from kvoffload.kvevents.state import TargetEvents
 from kvoffload.parse import Exposition
 from kvoffload.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.vllm import extract
-from kvoffload.window import GroupKey, Window
+from kvoffload.window import GroupKey, GroupStatic, Window
 
 
 @dataclass(frozen=True)
@@ -42,70 +42,75 @@ def analyze_window(
     settings = settings or Settings()
     groups: list[dict[str, object]] = []
     for group in window.groups():
-        instance, model = group
-        if not model:
+        if not group[1]:
             continue  # instance-level series only (cache_config_info); no model to judge
-        static = window.static(group)
-        delta = window.delta(group)
-        labels = {"model_name": model, "instance": instance}
-        offloading = static.offload_families
-        if delta is None:
-            groups.append({
-                "labels": labels, "offloading": offloading, "window_seconds": 0.0,
-                "figures": dict.fromkeys(_figure_keys()),
-                "recommendation": Recommendation(
-                    "keep" if offloading else "leave_off",
-                    reasons=["waiting for a second scrape to compute rates"],
-                ).to_json(),
-                "naming": static.naming, "engines": sorted(static.engines),
-            })
-            continue
-        ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
-        figures = compute_figures(ctx)
-        rec = advise(
-            figures,
-            offloading,
-            delta.seconds,
-            settings.memory_limit_bytes,
-            settings.thresholds,
-            lifetime=lifetime,
-            prompt_tokens=ctx.inc("prompt_tokens"),
-            engines=len(static.engines),
-        )
-        entry: dict[str, object] = {
-            "labels": labels,
-            "offloading": offloading,
-            "window_seconds": delta.seconds,
-            "figures": figures,
-            "recommendation": rec.to_json(),
-            "naming": static.naming,
-            "engines": sorted(static.engines),
-        }
-        target_events = (events or {}).get(instance)
-        if target_events is not None and not _events_belong_to(window, group, offloading):
-            target_events = None
-        if target_events is not None and target_events.messages():
+        entry, ctx, rec = _group_entry(window, group, settings, lifetime)
+        target_events = (events or {}).get(group[0])
+        if (ctx is not None and rec is not None and target_events is not None
+                and target_events.messages()
+                and _events_belong_to(window, group, bool(entry["offloading"]))):
             missed = _missed_tokens(window, group, ctx, event_baselines)
-            ev = event_evidence(target_events, static, figures, missed)
-            entry["kv_events"] = ev.json
-            if ev.curve is not None:
-                curve = ev.curve
-                entry["curve"] = [p.to_json() for p in curve.points]
-                gpu = figures.get("gpu_capacity_bytes")
-                engines = max(len(static.engines), 1)
-                rec = refine_with_curve(
-                    rec, figures, offloading, curve.right_size_bytes,
-                    curve.achievable_hit_ratio,
-                    lambda size, c=curve, e=target_events: c.at(size, e),
-                    ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
-                    settings.memory_limit_bytes, settings.thresholds, engines)
-                entry["recommendation"] = rec.to_json()
-                size = rec.kv_offloading_size_gib
-                entry["predicted_offload_hit_ratio"] = (
-                    curve.at(size * GIB, target_events) if size is not None
-                    else ev.json.get("predicted_offload_hit_ratio_current"))
+            _add_event_evidence(entry, rec, window.static(group), target_events, missed,
+                                settings)
         groups.append(entry)
     return groups
+
+
+def _group_entry(
+    window: Window, group: GroupKey, settings: Settings, lifetime: bool
+) -> tuple[dict[str, object], Context | None, Recommendation | None]:
+    """The figures and the counter-based advice of one group."""
+    instance, model = group
+    static = window.static(group)
+    delta = window.delta(group)
+    offloading = static.offload_families
+    entry: dict[str, object] = {
+        "labels": {"model_name": model, "instance": instance},
+        "offloading": offloading,
+        "window_seconds": delta.seconds if delta else 0.0,
+        "naming": static.naming,
+        "engines": sorted(static.engines),
+    }
+    if delta is None:
+        entry["figures"] = dict.fromkeys(FIGURE_KEYS)
+        entry["recommendation"] = Recommendation(
+            "keep" if offloading else "leave_off",
+            reasons=["waiting for a second scrape to compute rates"]).to_json()
+        return entry, None, None
+    ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
+    figures = compute_figures(ctx)
+    rec = advise(figures, offloading, delta.seconds, settings.memory_limit_bytes,
+                 settings.thresholds, lifetime=lifetime,
+                 prompt_tokens=ctx.inc("prompt_tokens"), engines=len(static.engines))
+    entry["figures"] = figures
+    entry["recommendation"] = rec.to_json()
+    return entry, ctx, rec
+
+
+def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: GroupStatic,
+                        events: TargetEvents, missed: float | None, settings: Settings) -> None:
+    """The curve and the exact figures join the entry; the advice is re-decided from the
+    curve (the advisor's preferred evidence)."""
+    figures = entry["figures"]
+    assert isinstance(figures, dict)
+    ev = event_evidence(events, static, figures, missed)
+    entry["kv_events"] = ev.json
+    curve = ev.curve
+    if curve is None:
+        return
+    entry["curve"] = [p.to_json() for p in curve.points]
+    engines = max(len(static.engines), 1)
+    gpu = figures.get("gpu_capacity_bytes")
+    rec = refine_with_curve(
+        rec, figures, bool(entry["offloading"]), curve.right_size_bytes,
+        curve.achievable_hit_ratio, lambda size: curve.at(size, events),
+        ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
+        settings.memory_limit_bytes, settings.thresholds, engines)
+    entry["recommendation"] = rec.to_json()
+    size = rec.kv_offloading_size_gib
+    entry["predicted_offload_hit_ratio"] = (
+        curve.at(size * GIB, events) if size is not None
+        else ev.json.get("predicted_offload_hit_ratio_current"))
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:
@@ -137,10 +142,6 @@ def _missed_tokens(window: Window, group: GroupKey, ctx: Context,
         return external
     missed = inc("prefix_queries") - inc("prefix_hits")
     return missed if missed > 0 else None
-
-
-def _figure_keys() -> tuple[str, ...]:
-    return FIGURE_KEYS
 
 
 def window_from_expositions(
