@@ -424,14 +424,17 @@ def sim(scenario: str, listen: str, speed: float, record_path: str | None,
 @click.option("--port", type=int, default=None, help="Sidecar port (default: a free one).")
 @click.option("--every", callback=_duration, default="3s", show_default=True,
               help="How often to print the summary.")
+@click.option("--kv-events/--no-kv-events", default=True, show_default=True,
+              help="Also publish and subscribe to KV events (the exact miss-ratio curve).")
 def demo(scenario: str, speed: float, duration: float | None, host: str, port: int | None,
-         every: float) -> None:
+         every: float, kv_events: bool) -> None:
     """The simulator and the sidecar together, with a live summary (the quick start)."""
     from kvoffload.demo import run_demo
 
     _scenario(scenario)
     try:
-        asyncio.run(run_demo(scenario, speed, duration, host, port, every, click.echo))
+        asyncio.run(run_demo(scenario, speed, duration, host, port, every, click.echo,
+                             kv_events))
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from kvoffload.analysis import Settings
 from kvoffload.report import format_value
 from kvoffload.server import make_app as make_sidecar_app
-from kvoffload.sidecar import Sidecar, SidecarConfig
+from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -37,6 +37,8 @@ def summary_line(group: dict[str, object]) -> str:
         f" | wasted {format_value(f.get('wasted_bytes'), 'bytes')}"
         f" | speedup {format_value(f.get('speedup'), 'x')}"
         f" | advice: {action}"
+        + (f" (curve: {group['predicted_offload_hit_ratio']:.2f} predicted)"
+           if group.get("predicted_offload_hit_ratio") is not None else "")
     )
 
 
@@ -48,6 +50,7 @@ async def run_demo(
     sidecar_port: int | None,
     every: float,
     echo: Callable[[str], None],
+    kv_events: bool = True,
 ) -> None:
     from kvoffload.sim import SimServer, scenarios
     from kvoffload.sim.server import make_app as make_sim_app
@@ -59,18 +62,24 @@ async def run_demo(
     scenario = replace(scenario, duration_s=max(scenario.duration_s, speed * wall))
     sim_port = free_port(listen_host)
     side_port = sidecar_port or free_port(listen_host)
-    sim_runner = web.AppRunner(make_sim_app(SimServer(scenario), speed=speed), access_log=None)
+    events_endpoint = f"tcp://{listen_host}:{free_port(listen_host)}" if kv_events else None
+    sim_app = make_sim_app(SimServer(scenario, kv_events=kv_events), speed=speed,
+                           kv_events_endpoint=events_endpoint)
+    sim_runner = web.AppRunner(sim_app, access_log=None)
     await sim_runner.setup()
     await web.TCPSite(sim_runner, listen_host, sim_port).start()
     target = f"http://{listen_host}:{sim_port}/metrics"
+    sources = [KVEventsSource(target, events_endpoint)] if events_endpoint else []
     # The simulator stamps samples with virtual time, so a 5-minute window is 5 virtual
     # minutes whatever the speed; scrape often enough to have points inside it.
     sidecar = Sidecar(SidecarConfig([target], interval_seconds=max(0.2, min(5.0, 30 / speed)),
-                                    window_seconds=300.0, settings=Settings()))
+                                    window_seconds=300.0, settings=Settings(),
+                                    kv_events=sources))
     side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
     await side_runner.setup()
     await web.TCPSite(side_runner, listen_host, side_port).start()
-    echo(f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}")
+    echo(f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}"
+         + (f", KV events {events_endpoint}" if events_endpoint else ""))
     echo(f"sidecar:   http://{listen_host}:{side_port}/  (status page)")
     echo(f"           http://{listen_host}:{side_port}/metrics  "
          f"http://{listen_host}:{side_port}/api/v1/status")
