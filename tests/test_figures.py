@@ -131,3 +131,50 @@ def test_window_keeps_only_the_last_part():
     last = figures_of(_h200_expositions(), window=2.0)
     assert last["window_seconds"] < full["window_seconds"]
     assert 1.5 <= last["window_seconds"] <= 2.5
+
+
+def test_nan_and_inf_samples_are_absent_not_poison():
+    import json
+
+    from kvoffload.vllm import extract
+    from kvoffload.window import Window
+
+    win = Window(30.0)
+    for t in range(0, 120, 10):
+        usage = "NaN" if t == 20 else "+Inf" if t == 30 else "0.5"
+        tokens = "NaN" if t == 40 else t
+        body = (f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
+                f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {tokens}\n')
+        win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), 1000.0 + t, "i"))
+    (group,) = analyze_window(win)
+    assert group["figures"]["gpu_kv_usage_ratio"] == 0.5
+    assert group["figures"]["prompt_tokens_per_second"] == pytest.approx(1.0)
+    json.dumps(group, allow_nan=False)
+
+
+def test_tiering_secondary_tier_series_do_not_hide_the_cpu_tier():
+    text = SAMPLE.read_text().replace(
+        'vllm:kv_offload_config_info{cpu_blocks_per_chunk="1"',
+        'vllm:kv_offload_config_info{cpu_blocks_per_chunk="",cpu_kv_cache_size_bytes="",'
+        'cpu_kv_cache_size_tokens="",cpu_num_chunks="",engine="0",'
+        'model_name="Qwen/Qwen3-Reranker-0.6B",tier="1:fs"} 1.0\n'
+        'vllm:kv_offload_config_info{cpu_blocks_per_chunk="1",tier="0:primary"')
+    f = figures_of([parse_text(text, wanted, WANTED_FAMILIES)])["figures"]
+    assert f["cpu_capacity_tokens"] == 4_672 and f["cpu_capacity_bytes"] == 535_822_336
+
+
+def test_request_gauges_are_summed_over_engines_ratios_averaged():
+    from kvoffload.vllm import extract
+    from kvoffload.window import Window
+
+    win = Window(None)
+    for t in (0, 60):
+        body = "".join(
+            f'vllm:num_requests_waiting_by_reason{{engine="{e}",model_name="m",'
+            f'reason="capacity"}} 4\nvllm:kv_cache_usage_perc{{engine="{e}",model_name="m"}} '
+            f'{0.2 * (e + 1)}\nvllm:prompt_tokens_total{{engine="{e}",model_name="m"}} {t}\n'
+            for e in (0, 1))
+        win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), 1000.0 + t, "i"))
+    (group,) = analyze_window(win)
+    assert group["figures"]["waiting_for_capacity"] == 8
+    assert group["figures"]["gpu_kv_usage_ratio"] == pytest.approx(0.3)

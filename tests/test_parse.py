@@ -84,3 +84,8 @@ def test_openmetrics_time_going_back_is_rejected():
 def test_label_sets_fast_and_slow_paths_agree(label_text, expected):
     (_, labels, value, _), = parse_text(f"m{{{label_text}}} 2\n").samples
     assert labels == expected and value == 2
+
+
+def test_blank_crlf_lines_are_blank():
+    body = 'vllm:x{engine="0"} 1\r\n\r\nvllm:y 2\r\n'
+    assert [s[0] for s in parse_text(body).samples] == ["vllm:x", "vllm:y"]

@@ -163,10 +163,9 @@ class SidecarCollector(Collector):
             if isinstance(bpb, float | int) and bpb > 0 and state.block_size:
                 bounds = sorted({p["cpu_gib"] * 2**30 for p in g.get("curve", [])})  # type: ignore[union-attr]
                 buckets = [(_le(b), state.hit_tokens(b, bpb)) for b in bounds]
-                total = sum(e.tracker.histogram.total for e in state.engines.values())
-                finite = sum(e.tracker.histogram.finite_sum for e in state.engines.values())
-                buckets.append(("+Inf", total * state.block_size))
-                hist.add_metric(key, buckets, finite * bpb * state.block_size)
+                total, finite = state.histogram_totals()
+                buckets.append(("+Inf", total))
+                hist.add_metric(key, buckets, finite * bpb)
             for family, field_name in ((resident, "cpu_resident_bytes"),
                                        (never_evicted, "never_loaded_evicted_bytes"),
                                        (never_resident, "never_loaded_resident_bytes"),

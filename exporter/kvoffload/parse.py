@@ -177,6 +177,8 @@ def parse_text(
         if end == -1:
             end = size
         line = text[pos:end]
+        if line.endswith("\r"):
+            line = line[:-1]
         if not line:
             pos = end + 1
             continue
@@ -195,8 +197,6 @@ def parse_text(
                     continue
             pos = end + 1
             continue
-        if line[-1] == "\r":
-            line = line[:-1]
         try:
             sample = _parse_sample_line(line, 0, wanted)
         except ParseError as exc:

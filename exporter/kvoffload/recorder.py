@@ -47,6 +47,10 @@ async def record_targets(
                     except InputError as exc:
                         failures += 1
                         warn(str(exc))
+                    except ValueError:
+                        # The wall clock stepped back (NTP): a recording's timestamps must not.
+                        failures += 1
+                        warn(f"{url}: the clock went back; scrape skipped")
                 if started + interval > deadline:
                     break
                 await asyncio.sleep(max(0.0, started + interval - time.monotonic()))

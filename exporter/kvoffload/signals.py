@@ -7,6 +7,7 @@ data) is None: absent from /metrics, null in JSON — never 0 or NaN.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -327,7 +328,7 @@ def compute_figures(ctx: Context) -> dict[str, float | None]:
             value = fig.compute(ctx)
         except ZeroDivisionError:
             value = None
-        if value is not None and value != value:  # NaN is never published
+        if value is not None and not math.isfinite(value):  # NaN/Inf are never published
             value = None
         out[fig.key] = value
     return out

@@ -9,6 +9,7 @@ so the two are never added together.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kvoffload.parse import Exposition
@@ -84,9 +85,13 @@ GAUGES: dict[str, _CounterSource] = {
     "cpu_pinned_usage": ("vllm:kv_offload_cpu_cache_usage_perc", None, None),
 }
 
+# Gauges that count requests are summed over engines; ratios are averaged.
+SUMMED_GAUGES = frozenset({"requests_running", "requests_waiting", "waiting_capacity"})
+
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
-OFFLOAD_FAMILY_PREFIX = "vllm:kv_offload_"
+# The native OffloadingConnector, and SimpleCPUOffloadConnector (no bytes/time metrics).
+OFFLOAD_FAMILY_PREFIXES = ("vllm:kv_offload_", "vllm:simple_kv_offload_")
 
 COUNTER_KEYS: tuple[str, ...] = (*CORE_COUNTERS, *OFFLOAD_COUNTERS)
 GAUGE_KEYS: tuple[str, ...] = tuple(GAUGES)
@@ -177,7 +182,7 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
     """
     out = Extract(timestamp=timestamp)
     families = expo.families
-    has_offload = any(f.startswith(OFFLOAD_FAMILY_PREFIX) for f in families)
+    has_offload = any(f.startswith(OFFLOAD_FAMILY_PREFIXES) for f in families)
     use_flat = {d: fam in families for d, fam in FLAT_FAMILY.items()}
     instances: set[str] = set()
     for name, labels, value, _ts in expo.samples:
@@ -195,8 +200,14 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
             model = labels.get("model_name", "")
             engine = labels.get("engine", "0")
             if kind == "offload_config":
-                out.offload_config[(instance, model, engine)] = labels
+                # Under TieringOffloadingSpec each secondary tier has its own series with the
+                # CPU keys empty: only the CPU (primary) tier's facts size the CPU tier.
+                if labels.get("tier", "0:primary") == "0:primary" or \
+                        labels.get("cpu_kv_cache_size_bytes"):
+                    out.offload_config[(instance, model, engine)] = labels
                 continue
+            if not math.isfinite(value):
+                continue  # NaN/Inf would poison every sum it enters: absent this scrape
             if kind.endswith("flat") and not use_flat[direction]:  # type: ignore[index]
                 continue
             if kind.endswith("legacy") and use_flat[direction]:  # type: ignore[index]

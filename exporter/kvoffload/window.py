@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvoffload.vllm import GAUGE_KEYS, OFFLOAD_COUNTERS, Extract
+from kvoffload.vllm import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 
@@ -36,7 +36,7 @@ class Point:
     t: float
     counters: dict[str, float]
     gauge_sums: dict[str, float]
-    gauge_n: float
+    gauge_n: dict[str, float]
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Window:
         self._points: dict[GroupKey, deque[Point]] = {}
         self._first: dict[GroupKey, Point] = {}
         self._static: dict[GroupKey, GroupStatic] = {}
-        self._gauge_running: dict[GroupKey, tuple[dict[str, float], float]] = {}
+        self._gauge_running: dict[GroupKey, tuple[dict[str, float], dict[str, float]]] = {}
         self._scrapes: dict[str, int] = {}
 
     # -- ingest ---------------------------------------------------------------------------
@@ -160,16 +160,17 @@ class Window:
             static.offload_config = offload_cfg or static.offload_config
             static.engines |= {e for (_k, i, m, e) in ex.counters if i == instance and m == model}
 
-            gauges = {k: sum(v) / len(v) for k, v in gauge_now.get(g, {}).items()}
+            gauges = {k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
+                      for k, v in gauge_now.get(g, {}).items()}
             static.last_gauges = gauges
-            sums, n = self._gauge_running.get(g, ({}, 0.0))
-            sums = dict(sums)
+            sums, counts = self._gauge_running.get(g, ({}, {}))
+            sums, counts = dict(sums), dict(counts)
             for k in GAUGE_KEYS:
-                if k in gauges:
+                if k in gauges:  # a gauge absent from a scrape does not pull the mean down
                     sums[k] = sums.get(k, 0.0) + gauges[k]
-            n += 1
-            self._gauge_running[g] = (sums, n)
-            point = Point(ex.timestamp, dict(totals), sums, n)
+                    counts[k] = counts.get(k, 0.0) + 1
+            self._gauge_running[g] = (sums, counts)
+            point = Point(ex.timestamp, dict(totals), sums, counts)
 
             points = self._points.get(g)
             if points is None:
@@ -178,7 +179,7 @@ class Window:
                 if self.origin_zero:
                     # Without a clock (timestamp 0) the span is unknown: zero, not a guess.
                     start = earliest_created.get(g, ex.timestamp) if ex.timestamp else 0.0
-                    self._first[g] = Point(min(start, ex.timestamp), {}, {}, 0.0)
+                    self._first[g] = Point(min(start, ex.timestamp), {}, {}, {})
                 else:
                     self._first[g] = point
             points.append(point)
@@ -222,13 +223,12 @@ class Window:
             key: max(last.counters.get(key, 0.0) - first.counters.get(key, 0.0), 0.0)
             for key in last.counters
         }
-        n = last.gauge_n - first.gauge_n
-        gauge_avg = (
-            {k: (v - first.gauge_sums.get(k, 0.0)) / n for k, v in last.gauge_sums.items()}
-            if n > 0
-            else {}
-        )
-        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, int(n))
+        gauge_avg = {}
+        for k, v in last.gauge_sums.items():
+            n = last.gauge_n.get(k, 0.0) - first.gauge_n.get(k, 0.0)
+            if n > 0:
+                gauge_avg[k] = (v - first.gauge_sums.get(k, 0.0)) / n
+        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points))
 
     def forget_instance(self, instance: str) -> None:
         """Drop everything about a target (it was removed from the configuration)."""

@@ -139,3 +139,51 @@ def test_cpu_events_give_exact_waste_and_occupancy():
     # distance 1 (block 1 is more recent than it).
     hist = state.engines[0].tracker.histogram
     assert hist.cold == 3 and hist.hits_below(1) == 1 and hist.hits_below(2) == 2
+
+
+@pytest.mark.parametrize("payload", [
+    ENC.encode([1.0, [{"type": ["BlockStored"], "block_hashes": [1]}]]),
+    ENC.encode([1.0, [[["x"], 1]]]),
+    b"\x91" * 5000 + b"\xc0",  # arrays nested 5,000 deep
+])
+def test_hostile_payloads_are_counted_not_raised(payload):
+    state = TargetEvents()
+    msg = __import__("kvoffload.kvevents.eventfile", fromlist=["RawMessage"]).RawMessage(
+        0, 0, 0.0, b"", payload)
+    state.ingest_message(msg)  # must not raise
+    assert state.decode_errors + state.messages() >= 1
+
+
+def test_a_new_publisher_means_a_restart_and_empties_the_state():
+    state = TargetEvents()
+
+    def stored(*hashes, medium="GPU"):
+        return decode_batch(ENC.encode(ArrayBatch(1.0, [
+            BlockStored(list(hashes), None, [], 16, None, medium, None)])))
+
+    state.ingest(stored(1, 2), 10, 0)
+    state.ingest(stored(1, 2, medium="CPU"), 11, 0)
+    state.ingest(stored(3), 0, 0)  # sequence numbers start over: vLLM restarted
+    assert state.cpu_resident_blocks() == 0 and state.lost_messages() == 0
+    assert state.engines[0].tracker.histogram.cold == 3  # 1 and 2 would be cold again too
+
+
+def test_a_parent_loop_does_not_hang():
+    import time
+
+    state = TargetEvents()
+    event = BlockStored([5, 5, 6], 6, [], 16, None, "GPU", None)  # repeats and self-parents
+    start = time.monotonic()
+    for seq in range(200):
+        state.ingest(decode_batch(ENC.encode(ArrayBatch(1.0, [event]))), seq, 0)
+    assert time.monotonic() - start < 2.0
+
+
+def test_histogram_stays_cumulative_when_sampled():
+    from kvoffload.kvevents.decode import Batch, Event
+
+    state = TargetEvents(sample_rate=0.05)
+    for i in range(3000):
+        state.ingest(Batch(float(i), 0, [Event(STORED, (i % 40 + 1,), "GPU", 16)]), i, 0)
+    total, _finite = state.histogram_totals()
+    assert all(state.hit_tokens(le, 1.0) <= total for le in (16.0, 64.0, 1e6))

@@ -74,7 +74,7 @@ def _event(raw: Any) -> Event | None:
         fields = dict(zip(names, raw[1:], strict=False))
     else:
         raise DecodeError("event is neither a map nor a tagged array")
-    if kind not in _ARRAY_FIELDS:
+    if not isinstance(kind, str) or kind not in _ARRAY_FIELDS:
         return None
     if kind == CLEARED:
         return Event(CLEARED)
@@ -93,6 +93,17 @@ def _event(raw: Any) -> Event | None:
 
 
 def decode_batch(payload: bytes, default_rank: int = 0) -> Batch:
+    """One message's payload; anything that is not a KV-event batch is a DecodeError."""
+    try:
+        return _decode_batch(payload, default_rank)
+    except DecodeError:
+        raise
+    except (msgspec.DecodeError, RecursionError, TypeError, ValueError, OverflowError) as exc:
+        # Garbage can nest deeply or carry values of any type: never let it escape.
+        raise DecodeError(f"not a KV-event batch: {type(exc).__name__}") from None
+
+
+def _decode_batch(payload: bytes, default_rank: int) -> Batch:
     try:
         raw = _decoder.decode(payload)
     except msgspec.DecodeError as exc:

@@ -76,11 +76,14 @@ def read_event_file(path: str) -> Iterator[RawMessage]:
                 raise InputError(f"{path}: truncated after {n} messages")
             try:
                 dp_rank, seq, received_at, topic, payload = dec.decode(record)
-            except (msgspec.DecodeError, ValueError, TypeError):
+                if not (isinstance(dp_rank, int) and isinstance(seq, int)
+                        and isinstance(received_at, int | float)
+                        and isinstance(topic, bytes) and isinstance(payload, bytes)):
+                    raise TypeError("field types")
+            except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
                 raise InputError(f"{path}: record {n + 1} is not a valid event record") from None
             n += 1
-            yield RawMessage(int(dp_rank), int(seq), float(received_at), bytes(topic),
-                             bytes(payload))
+            yield RawMessage(dp_rank, seq, float(received_at), topic, payload)
 
 
 def open_writer(path: str) -> tuple[BinaryIO, EventFileWriter]:

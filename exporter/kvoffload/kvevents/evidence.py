@@ -21,8 +21,16 @@ class EventEvidence:
 
 def bytes_per_block(static: GroupStatic, figures: dict[str, float | None],
                     events: TargetEvents) -> float | None:
-    """The CPU tier's slot size per block: from kv_offload_config_info (page-aligned, as the
-    tier allocates it), else KV bytes per token × block size."""
+    """The CPU tier's slot size per block, fixed once known (see TargetEvents)."""
+    if events.bytes_per_block is None:
+        events.bytes_per_block = _bytes_per_block(static, figures, events)
+    return events.bytes_per_block
+
+
+def _bytes_per_block(static: GroupStatic, figures: dict[str, float | None],
+                     events: TargetEvents) -> float | None:
+    """From kv_offload_config_info (page-aligned, as the tier allocates it), else KV bytes
+    per token × block size."""
     for labels in static.offload_config:
         size = label_number(labels, "cpu_kv_cache_size_bytes")
         chunks = label_number(labels, "cpu_num_chunks")

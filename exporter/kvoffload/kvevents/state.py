@@ -49,6 +49,10 @@ class EngineEvents:
         A number at or below the last one means the publisher restarted (a vLLM restart
         numbers from 0 again), not a loss."""
         lost = seq - self.last_seq - 1 if self.last_seq is not None and seq > self.last_seq else 0
+        if self.last_seq is not None and seq <= self.last_seq:
+            # A new publisher: vLLM restarted (it sends no AllBlocksCleared for that), so the
+            # GPU cache and the CPU tier are empty again.
+            self.clear()
         self.last_seq = seq
         self.lost_messages += lost
         self.messages += 1
@@ -78,11 +82,14 @@ class EngineEvents:
                         if not loaded:
                             self.cpu_evicted_never_loaded_blocks += 1
             elif ev.kind == CLEARED:
-                # The prefix cache was reset (a restart): the GPU and the CPU tier are empty.
-                self.clears += 1
-                self.tracker.reset()
-                self.cpu_resident.clear()
-                self.gpu_parent.clear()
+                self.clear()
+
+    def clear(self) -> None:
+        """The prefix cache was reset (AllBlocksCleared, a restart): both tiers are empty."""
+        self.clears += 1
+        self.tracker.reset()
+        self.cpu_resident.clear()
+        self.gpu_parent.clear()
 
     def _gpu_stored(self, hashes: tuple[int, ...], parent: int | None) -> None:
         """A request's blocks that missed the GPU (computed, or loaded from the CPU tier).
@@ -94,9 +101,11 @@ class EngineEvents:
         Distances are read before the touches: presence is decided at lookup time.
         """
         chain: list[int] = []
+        seen: set[int] = set()
         p = parent
-        while p is not None and p in self.gpu_parent and len(chain) < 1_000_000:
+        while p is not None and p in self.gpu_parent and p not in seen:  # a loop ends the walk
             chain.append(p)
+            seen.add(p)
             p = self.gpu_parent[p]
         chain.reverse()  # root first
         tracker = self.tracker
@@ -117,7 +126,8 @@ class EngineEvents:
             tracker.touch(h)
         prev = parent
         for h in hashes:
-            self.gpu_parent[h] = prev
+            if h != prev:  # a block is never its own parent
+                self.gpu_parent[h] = prev
             prev = h
 
     @property
@@ -134,6 +144,9 @@ class TargetEvents:
         self.engines: dict[int, EngineEvents] = {}
         self.decode_errors = 0
         self.last_error: str | None = None
+        # Fixed at the first value known, so byte counters derived from block counts never
+        # go down when a windowed bytes-per-token estimate moves.
+        self.bytes_per_block: float | None = None
 
     def engine(self, rank: int) -> EngineEvents:
         eng = self.engines.get(rank)
@@ -185,6 +198,14 @@ class TargetEvents:
         blocks = cpu_bytes_per_engine / bytes_per_block
         return sum(e.tracker.histogram.hits_below(blocks) * self._scale(e)
                    for e in self.engines.values()) * self.block_size
+
+    def histogram_totals(self) -> tuple[float, float]:
+        """(all GPU-missed full-block tokens, Σ finite distance × tokens in blocks), with the
+        same per-engine normalisation as hit_tokens, so the histogram stays cumulative."""
+        total = sum(e.gpu_missed_blocks for e in self.engines.values()) * self.block_size
+        finite = sum(e.tracker.histogram.finite_sum * self._scale(e)
+                     for e in self.engines.values()) * self.block_size
+        return total, finite
 
     def achievable_tokens(self) -> float:
         """Every non-cold miss: what an unbounded tier would serve."""
