@@ -334,6 +334,12 @@ def _avg_gauge(name: str, *matchers: str) -> Callable[[MixinConfig, str], str]:
                            f"(avg_over_time({vllm(cfg, name, *matchers)}[{w}]))")
 
 
+def _sum_gauge(name: str, *matchers: str) -> Callable[[MixinConfig, str], str]:
+    # Request counts add up over engines (the sidecar sums engines at each scrape).
+    return lambda cfg, w: (f"sum by ({by_labels(cfg)}) "
+                           f"(avg_over_time({vllm(cfg, name, *matchers)}[{w}]))")
+
+
 def _counter_rate(name: str) -> Callable[[MixinConfig, str], str]:
     return lambda cfg, w: sum_rate(cfg, name, w)
 
@@ -457,7 +463,7 @@ RENDERINGS: tuple[Rendering, ...] = (
               ("fast",), _avg_gauge("kv_cache_usage_perc")),
     Rendering(("waiting_for_capacity",), "vllm_num_requests_waiting_for_capacity",
               "avg_over_time", ("fast",),
-              _avg_gauge("num_requests_waiting_by_reason", 'reason="capacity"')),
+              _sum_gauge("num_requests_waiting_by_reason", 'reason="capacity"')),
     Rendering(("preemptions_per_second",), "vllm_num_preemptions", "rate", ("fast",),
               _counter_rate("num_preemptions_total")),
     Rendering(("allocation_failures_per_second",), "vllm_kv_offload_allocation_failure",
