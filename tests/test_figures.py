@@ -178,3 +178,16 @@ def test_request_gauges_are_summed_over_engines_ratios_averaged():
     (group,) = analyze_window(win)
     assert group["figures"]["waiting_for_capacity"] == 8
     assert group["figures"]["gpu_kv_usage_ratio"] == pytest.approx(0.3)
+
+
+def test_engines_are_those_of_the_latest_scrape():
+    from kvoffload.vllm import extract
+    from kvoffload.window import Window
+
+    win = Window(None)
+    for t, engines in ((0, (0, 1)), (60, (0, 1)), (120, (0,))):  # DP 2 → 1
+        body = "".join(f'vllm:prompt_tokens_total{{engine="{e}",model_name="m"}} {t}\n'
+                       for e in engines)
+        win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), 1000.0 + t, "i"))
+    (group,) = analyze_window(win)
+    assert group["engines"] == ["0"]

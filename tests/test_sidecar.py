@@ -4,7 +4,9 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import generate_latest
 
+from kvoffload.exposition import build_registry
 from kvoffload.parse import parse_text
 from kvoffload.server import make_app
 from kvoffload.sidecar import Sidecar, SidecarConfig
@@ -132,3 +134,34 @@ def test_metrics_reference_is_generated_and_current():
 
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
     assert doc == metrics_markdown(), "regenerate: python -m kvoffload.reference"
+
+
+async def _target_goes_down():
+    from helpers import SAMPLE, running
+
+    body = SAMPLE.read_bytes()
+    app = web.Application()
+
+    async def metrics(_r: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="text/plain")
+
+    app.router.add_get("/metrics", metrics)
+    async with running(app) as vllm_port:
+        sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{vllm_port}/metrics"],
+                                        interval_seconds=0.1, timeout_seconds=0.5))
+        await sidecar.start()
+        await asyncio.sleep(0.5)
+        before = generate_latest(build_registry(sidecar)).decode()
+    # The vLLM server is gone now.
+    await asyncio.sleep(0.5)
+    after = generate_latest(build_registry(sidecar)).decode()
+    status = sidecar.status()
+    await sidecar.stop()
+    return before, after, status
+
+
+def test_a_target_that_goes_down_stops_publishing_figures():
+    before, after, status = asyncio.run(_target_goes_down())
+    assert "kvoffload_cpu_capacity_tokens{" in before
+    assert "kvoffload_cpu_capacity_tokens{" not in after
+    assert "kvoffload_up{" in after and status["groups"][0]["stale"] is True

@@ -79,6 +79,8 @@ class SidecarCollector(Collector):
                                  "Recommended --kv-offloading-size, in bytes.",
                                  labels=GROUP_LABELS)
         for g in groups:
+            if g.get("stale"):
+                continue  # its target is down: kvoffload_up says so, old figures would lie
             labels = g["labels"]
             assert isinstance(labels, dict)
             key = [labels["instance"], labels["model_name"]]
@@ -152,6 +154,8 @@ class SidecarCollector(Collector):
             "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
             labels=GROUP_LABELS)
         for g in groups:
+            if g.get("stale"):
+                continue
             info = g.get("kv_events")
             labels = g["labels"]
             assert isinstance(labels, dict)

@@ -232,6 +232,13 @@ class Sidecar:
             self._cache = (self._generation, analyze_window(
                 self.window, self.config.settings, events=self.events,
                 event_baselines=self.event_baselines))
+        down = {t.name for t in self.targets if not t.up}
+        for group in self._cache[1]:
+            labels = group["labels"]
+            assert isinstance(labels, dict)
+            # Figures of a target we cannot read any more describe the past: /metrics drops
+            # them (Prometheus sees them go stale); the JSON keeps them, flagged.
+            group["stale"] = labels["instance"] in down
         return self._cache[1]
 
     @property

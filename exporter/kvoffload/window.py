@@ -158,7 +158,8 @@ class Window:
                 if inst == instance and mdl == model
             ]
             static.offload_config = offload_cfg or static.offload_config
-            static.engines |= {e for (_k, i, m, e) in ex.counters if i == instance and m == model}
+            # The engines of the latest scrape: after a DP shrink, sizes divide by the new count.
+            static.engines = {e for (_k, i, m, e) in ex.counters if i == instance and m == model}
 
             gauges = {k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
                       for k, v in gauge_now.get(g, {}).items()}
