@@ -184,16 +184,10 @@ def parse_text(
             continue
         if line[0] == "#":
             if line.startswith("# TYPE "):
-                parts = line.split()
-                if len(parts) != 4:
-                    raise ParseError(f"line {_lineno(text, pos)}: malformed TYPE line: "
-                                     f"{line[:80]!r}")
-                fam = family_name(canonical_name(parts[2]), parts[3])
-                families[fam] = parts[3]
+                fam, mtype = _type_line(line, lambda p=pos: _lineno(text, p))
+                families[fam] = mtype
                 if wanted_families is not None and fam not in wanted_families:
-                    # Skip the family's samples: jump to the next comment line.
-                    nxt = find("\n#", end)
-                    pos = nxt + 1 if nxt != -1 else size
+                    pos = _next_comment(text, end)  # skip the family's samples
                     continue
             pos = end + 1
             continue
@@ -212,6 +206,20 @@ def parse_text(
 
 def _lineno(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
+
+
+def _type_line(line: str, lineno: Callable[[], int]) -> tuple[str, str]:
+    """`# TYPE name type` → (normalised family name, type); lineno is computed on error only."""
+    parts = line.split()
+    if len(parts) != 4:
+        raise ParseError(f"line {lineno()}: malformed TYPE line: {line[:80]!r}")
+    return family_name(canonical_name(parts[2]), parts[3]), parts[3]
+
+
+def _next_comment(text: str, start: int) -> int:
+    """Where the next comment line begins (the next family), or the end of the text."""
+    nxt = text.find("\n#", start)
+    return nxt + 1 if nxt != -1 else len(text)
 
 
 def iter_openmetrics(
@@ -271,9 +279,7 @@ class _OMState:
         size = len(text)
         find = text.find
         if self.skip and text[:1] != "#":
-            # Still inside a skipped family from the previous chunk.
-            nxt = find("\n#")
-            pos = nxt + 1 if nxt != -1 else size
+            pos = _next_comment(text, 0)  # still inside a family skipped in the last chunk
         while pos < size:
             end = find("\n", pos)
             if end == -1:
@@ -293,16 +299,11 @@ class _OMState:
                 if line == "# EOF":
                     self.saw_eof = True
                 elif line.startswith("# TYPE "):
-                    parts = line.split()
-                    if len(parts) != 4:
-                        raise ParseError(f"line {self._lineno(text, pos)}: malformed TYPE "
-                                         f"line: {line[:80]!r}")
-                    fam = family_name(canonical_name(parts[2]), parts[3])
-                    self.pending[fam] = parts[3]
+                    fam, mtype = _type_line(line, lambda p=pos: self._lineno(text, p))
+                    self.pending[fam] = mtype
                     if self.families is not None and fam not in self.families:
                         self.skip = True
-                        nxt = find("\n#", end)
-                        pos = nxt + 1 if nxt != -1 else size
+                        pos = _next_comment(text, end)
                         continue
                 pos = end + 1
                 continue
