@@ -62,22 +62,15 @@ async def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path,
 
 
 @contextlib.asynccontextmanager
-async def prometheus(workdir: Path, config: dict[str, Any], rule_files: dict[str, str]
-                     ) -> AsyncIterator[str]:
-    """Start Prometheus with `config` (rule_files filled in); yield its base URL."""
-    need(PROMETHEUS)
-    workdir.mkdir(parents=True, exist_ok=True)
-    for name, text in rule_files.items():
-        (workdir / name).write_text(text)
-    config = {**config, "rule_files": [str(workdir / n) for n in rule_files]}
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+async def _daemon(binary: str, workdir: Path, name: str, flags: list[str]
+                  ) -> AsyncIterator[str]:
+    """Run a Prometheus-family server on a free loopback port until /-/ready; yield its URL,
+    stop it on exit. Its output goes to `<name>.log` in workdir, shown when it fails."""
     port = free_port()
-    log = workdir / "prometheus.log"
+    log = workdir / f"{name}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            [binary, *flags, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
         )
     try:
@@ -89,26 +82,31 @@ async def prometheus(workdir: Path, config: dict[str, Any], rule_files: dict[str
 
 
 @contextlib.asynccontextmanager
+async def prometheus(workdir: Path, config: dict[str, Any], rule_files: dict[str, str]
+                     ) -> AsyncIterator[str]:
+    """Start Prometheus with `config` (rule_files filled in); yield its base URL."""
+    need(PROMETHEUS)
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name, text in rule_files.items():
+        (workdir / name).write_text(text)
+    config = {**config, "rule_files": [str(workdir / n) for n in rule_files]}
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    async with _daemon(PROMETHEUS, workdir, "prometheus",
+                       [f"--config.file={workdir / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={workdir / 'data'}"]) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
 async def alertmanager(workdir: Path, config: dict[str, Any]) -> AsyncIterator[str]:
     need(ALERTMANAGER)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    log = workdir / "alertmanager.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={workdir / 'alertmanager.yml'}",
-             f"--storage.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}",
-             "--cluster.listen-address=", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        await _wait_ready(f"{url}/-/ready", proc, log)
+    async with _daemon(ALERTMANAGER, workdir, "alertmanager",
+                       [f"--config.file={workdir / 'alertmanager.yml'}",
+                        f"--storage.path={workdir / 'data'}",
+                        "--cluster.listen-address="]) as url:
         yield url
-    finally:
-        _stop(proc)
 
 
 # An aiohttp app on a free loopback port, cleaned up on exit (shared with the other tests).
