@@ -3,10 +3,13 @@ sidecar would have them, every batch through vLLM's wire encoding."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
+from kvoffload.sim.config import Scenario
 from kvoffload.sim.kv_events import encode_batch
 from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import Window
@@ -14,11 +17,14 @@ from kvoffload.window import Window
 INSTANCE = "sim:8000"
 
 
-def run_with_events(name: str, sample_rate: float = 1.0, interval: float = 60.0
-                    ) -> tuple[Window, TargetEvents, dict]:
-    sc = scenarios.get(name)
+def run_with_event_states(scenario: str | Scenario, sample_rates: Sequence[float],
+                          interval: float = 60.0
+                          ) -> tuple[Window, list[TargetEvents], dict]:
+    """One run, its decoded events fed to one TargetEvents per sample rate (so exact and
+    sampled modes see the very same stream)."""
+    sc = scenarios.get(scenario) if isinstance(scenario, str) else scenario
     sim = SimServer(sc, kv_events=True)
-    state = TargetEvents(sample_rate)
+    states = [TargetEvents(rate) for rate in sample_rates]
     window = Window(None)
     seqs: dict[int, int] = {}
     t = 0.0
@@ -27,10 +33,18 @@ def run_with_events(name: str, sample_rate: float = 1.0, interval: float = 60.0
         for rank, ts, events in sim.drain_kv_events():
             seq = seqs.get(rank, 0)
             seqs[rank] = seq + 1
-            state.ingest(decode_batch(encode_batch(ts, events, rank)), seq, rank)
+            batch = decode_batch(encode_batch(ts, events, rank))
+            for state in states:
+                state.ingest(batch, seq, rank)
         window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
                               sc.start_epoch + t, INSTANCE))
         if t > sc.duration_s:
             break
         t += interval
-    return window, state, sim.ground_truth(include_requests=False)
+    return window, states, sim.ground_truth(include_requests=False)
+
+
+def run_with_events(scenario: str | Scenario, sample_rate: float = 1.0, interval: float = 60.0
+                    ) -> tuple[Window, TargetEvents, dict]:
+    window, (state,), truth = run_with_event_states(scenario, [sample_rate], interval)
+    return window, state, truth

@@ -14,6 +14,8 @@ CASES = {
     "buffer-oversized": ("shrink", [1, 1.5, 2, 3, 4, 6, 8]),
     "pressure-without-offloading": ("enable", [2, 4, 6, 8, 12, 16, 24]),
     "laptop-eviction-nooffload": ("enable", [0.25, 0.5, 1]),
+    # counters alone say keep here (scenarios.py): only the curve sees the lost reuse
+    "agent-sessions": ("grow", [16, 24, 32, 48, 64, 96, 128]),
 }
 
 

@@ -6,6 +6,7 @@ must predict the hit ratio the oracle measures by re-running the scenario at eac
 
 import random
 from collections import OrderedDict
+from dataclasses import replace
 
 import pytest
 
@@ -14,12 +15,16 @@ from kvoffload.kvevents.curve import build_curve
 from kvoffload.kvevents.stackdist import StackDistanceTracker
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.sim import scenarios
-from kvoffload.sim.config import Sizing
+from kvoffload.sim.config import Scenario, Sizing
 from kvoffload.sim.oracle import sweep
 
-from kv_helpers import run_with_events
+from kv_helpers import run_with_event_states, run_with_events
 
 SIZES = [1.0, 2.0, 4.0, 8.0, 12.0, 16.0]
+EXACT_SIZES = {
+    "laptop-eviction": [0.25, 0.5, 1.0],
+    "buffer-oversized": [1.0, 1.5, 2.0, 3.0, 4.0, 8.0],
+}
 
 
 def events_of(name: str, sample_rate: float = 1.0) -> tuple[TargetEvents, dict]:
@@ -27,8 +32,7 @@ def events_of(name: str, sample_rate: float = 1.0) -> tuple[TargetEvents, dict]:
     return state, truth
 
 
-def bytes_per_block(name: str) -> float:
-    sc = scenarios.get(name)
+def bytes_per_block(sc: Scenario) -> float:
     return Sizing.of(sc).aligned_chunk_bytes / sc.blocks_per_chunk
 
 
@@ -39,30 +43,70 @@ def oracles() -> dict[str, dict]:
 
 def oracle(cache: dict, name: str, sizes=tuple(SIZES)) -> dict:
     if name not in cache:
-        cache[name] = sweep(scenarios.get(name), list(sizes))
+        # A restarted run is judged against runs restarted at the same instant: its events
+        # start from empty caches at the restart, and so does the truth.
+        sc = scenarios.get(name)
+        cache[name] = sweep(sc, list(sizes), keep_restart=sc.restart_at_s is not None)
     return cache[name]
 
 
-@pytest.mark.parametrize("name", ["buffer-too-small", "pressure-without-offloading",
-                                  "restart", "dp2", "laptop-eviction"])
+def worst_error(curve, state: TargetEvents, measured: dict) -> tuple[float, float]:
+    """(largest |predicted − measured| over the sweep, the size where it is)."""
+    errors = [(abs(curve.at(p["cpu_gib"] * GIB, state) - p["hit_ratio"]), p["cpu_gib"])
+              for p in measured["points"]]
+    return max(errors)
+
+
+@pytest.mark.parametrize("name", ["buffer-too-small", "buffer-oversized",
+                                  "pressure-without-offloading", "restart", "dp2",
+                                  "laptop-eviction"])
 def test_exact_curve_matches_the_oracle_within_003(name, oracles):
     state, truth = events_of(name)
-    curve = build_curve(state, bytes_per_block(name), truth["gpu_missed_tokens"])
+    curve = build_curve(state, bytes_per_block(scenarios.get(name)), truth["gpu_missed_tokens"])
     assert curve is not None
-    sizes = [0.25, 0.5, 1.0] if name == "laptop-eviction" else SIZES
-    measured = oracle(oracles, name, tuple(sizes))
-    for point in measured["points"]:
-        predicted = curve.at(point["cpu_gib"] * GIB, state)
-        assert predicted == pytest.approx(point["hit_ratio"], abs=0.03), point["cpu_gib"]
+    measured = oracle(oracles, name, tuple(EXACT_SIZES.get(name, SIZES)))
+    error, at = worst_error(curve, state, measured)
+    assert error <= 0.03, (error, at)
 
 
 def test_sampled_curve_at_10_percent_matches_the_oracle_within_005(oracles):
     name = "buffer-too-small"
     state, truth = events_of(name, sample_rate=0.1)
-    curve = build_curve(state, bytes_per_block(name), truth["gpu_missed_tokens"])
-    for point in oracle(oracles, name)["points"]:
-        predicted = curve.at(point["cpu_gib"] * GIB, state)
-        assert predicted == pytest.approx(point["hit_ratio"], abs=0.05), point["cpu_gib"]
+    curve = build_curve(state, bytes_per_block(scenarios.get(name)), truth["gpu_missed_tokens"])
+    error, at = worst_error(curve, state, oracle(oracles, name))
+    assert error <= 0.05, (error, at)
+
+
+AGENTS = scenarios.get("agent-sessions")
+AGENT_VARIANTS = {
+    "agent-sessions": AGENTS,
+    "agent-sessions/restart": replace(AGENTS, restart_at_s=600.0),
+    "agent-sessions/dp2": replace(AGENTS, dp=2),  # the same 4 requests/s over two engines
+}
+
+
+@pytest.mark.parametrize("variant", list(AGENT_VARIANTS))
+def test_exact_and_1_percent_sampled_curves_match_the_oracle(variant):
+    # SHARDS needs many distinct blocks; agent-sessions has ~330k (4 requests/s of new
+    # 2k-6k-token contexts, each re-sent a few times), so a 1% sample tracks ~3k of them.
+    sc = AGENT_VARIANTS[variant]
+    _window, (exact, sampled), truth = run_with_event_states(sc, [1.0, 0.01])
+    bpb = bytes_per_block(sc)
+    measured = sweep(sc, [8.0, 16.0, 32.0, 64.0], keep_restart=sc.restart_at_s is not None)
+    exact_curve = build_curve(exact, bpb, truth["gpu_missed_tokens"])
+    sampled_curve = build_curve(sampled, bpb, truth["gpu_missed_tokens"])
+    assert exact_curve is not None and sampled_curve is not None
+    tracked = sum(e.tracker.tracked for e in sampled.engines.values())
+    assert 0.005 < tracked / sum(e.tracker.tracked for e in exact.engines.values()) < 0.02
+    if sc.restart_at_s is not None:
+        assert all(e.clears == 1 for e in exact.engines.values())
+    assert len(exact.engines) == sc.dp
+    # the oracle's hit ratios span the steep part of the curve, where errors would show
+    assert measured["points"][0]["hit_ratio"] < 0.15 < 0.4 < measured["points"][-1]["hit_ratio"]
+    error, at = worst_error(exact_curve, exact, measured)
+    assert error <= 0.03, ("exact", error, at)
+    error, at = worst_error(sampled_curve, sampled, measured)
+    assert error <= 0.05, ("sampled 1%", error, at)
 
 
 def test_exact_stack_distances_equal_an_lru_simulation():

@@ -187,3 +187,20 @@ def test_histogram_stays_cumulative_when_sampled():
         state.ingest(Batch(float(i), 0, [Event(STORED, (i % 40 + 1,), "GPU", 16)]), i, 0)
     total, _finite = state.histogram_totals()
     assert all(state.hit_tokens(le, 1.0) <= total for le in (16.0, 64.0, 1e6))
+
+
+def test_the_fast_path_and_the_general_path_agree(monkeypatch):
+    import kvoffload.kvevents.decode as decode
+
+    known = [e for e in EVENTS if not isinstance(e, FutureEvent)]
+    payloads = [ENC.encode(ArrayBatch(3.0, known, 1)),  # vLLM 0.33's shape: the fast path
+                ENC.encode(ArrayBatch(3.0, EVENTS, 1)),  # an unknown event type: general
+                ENC.encode([3.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01\x02"],
+                                   "medium": "GPU"}], 1])]  # bytes hashes: general
+    assert decode._fast_decode(payloads[0], 0) is not None
+    assert all(decode._fast_decode(p, 0) is None for p in payloads[1:])
+    fast = [decode_batch(p) for p in payloads]
+    monkeypatch.setattr(decode, "_fast_decode", lambda payload, rank: None)
+    general = [decode_batch(p) for p in payloads]
+    assert fast == general
+    assert fast[2].events[0].block_hashes == (0x0102,)

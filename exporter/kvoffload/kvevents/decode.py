@@ -11,7 +11,7 @@ so a newer vLLM still decodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -32,8 +32,9 @@ class DecodeError(InputError):
     """A payload that is not a vLLM KV-event batch."""
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: vLLM sends one BlockRemoved per evicted GPU block,
+    # so this is built hundreds of thousands of times a minute under load.
     kind: str  # BlockStored | BlockRemoved | AllBlocksCleared
     block_hashes: tuple[int, ...] = ()
     medium: str | None = None  # "GPU", "CPU", ...; None on releases without media
@@ -51,6 +52,7 @@ class Batch:
 
 
 _decoder = msgspec.msgpack.Decoder()
+_INT_ONLY = {int}
 
 
 def _hash(value: Any) -> int:
@@ -85,7 +87,11 @@ def _event(raw: Any) -> Event | None:
     block_size = fields.get("block_size") or 0
     group = fields.get("group_idx")
     parent = fields.get("parent_block_hash")
-    return Event(kind, tuple(_hash(h) for h in hashes),
+    if set(map(type, hashes)) <= _INT_ONLY:  # the usual case, checked at C speed
+        block_hashes = tuple(hashes)
+    else:
+        block_hashes = tuple(_hash(h) for h in hashes)
+    return Event(kind, block_hashes,
                  medium if isinstance(medium, str) else None,
                  int(block_size) if isinstance(block_size, int) else 0,
                  group if isinstance(group, int) else None,
@@ -103,7 +109,60 @@ def decode_batch(payload: bytes, default_rank: int = 0) -> Batch:
         raise DecodeError(f"not a KV-event batch: {type(exc).__name__}") from None
 
 
+# The fast path: vLLM 0.33's exact shape (array-like batch, "type"-tagged event maps with int
+# hashes) decoded by msgspec into typed structs in C, unknown fields skipped. Anything else (a
+# map batch, array-like events, bytes hashes, an event type this version does not know) fails
+# validation and takes the general path below, which handles every shape.
+class _Stored(msgspec.Struct, tag="BlockStored", gc=False):
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None = None
+    block_size: int = 0
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _Removed(msgspec.Struct, tag="BlockRemoved", gc=False):
+    block_hashes: tuple[int, ...]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _Cleared(msgspec.Struct, tag="AllBlocksCleared", gc=False):
+    pass
+
+
+class _FastBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_Stored | _Removed | _Cleared]
+    data_parallel_rank: int | None = None
+
+
+_fast_decoder = msgspec.msgpack.Decoder(_FastBatch)
+
+
+def _fast_decode(payload: bytes, default_rank: int) -> Batch | None:
+    try:
+        raw = _fast_decoder.decode(payload)
+    except msgspec.DecodeError:  # ValidationError included: another shape
+        return None
+    rank = raw.data_parallel_rank
+    batch = Batch(raw.ts, rank if rank is not None else default_rank)
+    append = batch.events.append
+    for ev in raw.events:
+        if type(ev) is _Removed:
+            append(Event(REMOVED, ev.block_hashes, ev.medium, 0, ev.group_idx))
+        elif type(ev) is _Stored:
+            append(Event(STORED, ev.block_hashes, ev.medium, ev.block_size, ev.group_idx,
+                         ev.parent_block_hash))
+        else:
+            append(Event(CLEARED))
+    return batch
+
+
 def _decode_batch(payload: bytes, default_rank: int) -> Batch:
+    fast = _fast_decode(payload, default_rank)
+    if fast is not None:
+        return fast
     try:
         raw = _decoder.decode(payload)
     except msgspec.DecodeError as exc:

@@ -22,6 +22,9 @@ class Scenario:
     description: str = ""
     advice: str = ""  # the action a correct advisor takes (one of ACTIONS)
     advice_why: str = ""
+    # What an advisor reading only /metrics concludes, where KV events let it see further
+    # (counters cannot measure reuse distances); None = the same as `advice`.
+    advice_without_events: str | None = None
     duration_s: float = 1800.0  # natural length of the workload (virtual seconds)
     vllm_version: str = "0.33"  # "0.33" or "0.23"
     start_epoch: float = 1_795_000_000.0  # virtual wall clock at t=0 (`_created`, timestamps)

@@ -7,6 +7,8 @@ of the last GPU block of the chunk. As in vLLM's CPU manager:
 * `prepare_store` skips chunks already present, applies `store_threshold` (a chunk is stored
   only on its Nth offer, counted in an LRU table of `max_tracker_size` keys), then needs
   free + evictable slots for all new chunks or fails as a whole (one allocation failure);
+  the request's own chunks are never evicted to make room (vLLM's `protected` set), and the
+  new chunks go in first-to-last (so the last is the most recent until the caller's touch);
 * chunks with an in-flight store or load are pinned: not evictable, and they are what the
   `kv_offload_cpu_cache_*usage_perc` gauges report (not occupancy).
 Also keeps the ground truth that /metrics cannot show: bytes stored and never loaded back.
@@ -200,13 +202,20 @@ class CpuTier:
         n = len(candidates)
         if n == 0:
             return StoreDecision([], 0, skipped, False)
+        protected = set(keys)
+
+        def unevictable(key: int) -> bool:
+            return key in protected or self._is_pinned(key)
+
         free = self.num_chunks - len(self._chunks)
-        evictable = len(self._chunks) - self.num_pinned
+        own_idle = sum(1 for k in protected if k in self._chunks and not self._is_pinned(k))
+        evictable = len(self._chunks) - self.num_pinned - own_idle
         if n > free + evictable:
             return StoreDecision([], n, skipped, True)
         evicted: list[int] = []
+
         for _ in range(n - free):
-            victim = self._policy.evict_one(self._is_pinned)
+            victim = self._policy.evict_one(unevictable)
             if victim is None:  # cannot happen after the check above; keep the tier consistent
                 return StoreDecision([], n, skipped, True, evicted)
             evicted.append(victim)

@@ -345,7 +345,12 @@ class Engine:
         assert self.cpu is not None
         w = self._wall(t)
         m, lab = self.m, self.labels
-        d = self.cpu.prepare_store(self._chunk_keys(r.hashes), t)
+        keys = self._chunk_keys(r.hashes)
+        d = self.cpu.prepare_store(keys, t)
+        if d.keys:
+            # vLLM's _get_reqs_to_store touches all of the request's chunks after a store, so
+            # the new chunks end up in prefix order too (first most recent), not insert order.
+            self.cpu.touch(keys)
         if d.skipped:
             m.inc(mf.STORES_SKIPPED.name, lab, d.skipped, w)
             self.truth.stores_skipped += d.skipped

@@ -15,9 +15,13 @@ from .simulator import SimServer
 TARGET_SHARE = 0.95  # "right size" = smallest size reaching 95% of the achievable hit ratio
 
 
-def run_point(scenario: Scenario, cpu_gib: float, seed: int = 0) -> dict[str, Any]:
-    """One full run at a CPU tier of `cpu_gib` GiB per engine (0 = offloading off)."""
-    s = replace(scenario, cpu_gib=cpu_gib if cpu_gib > 0 else None, restart_at_s=None)
+def run_point(scenario: Scenario, cpu_gib: float, seed: int = 0, keep_restart: bool = False
+              ) -> dict[str, Any]:
+    """One full run at a CPU tier of `cpu_gib` GiB per engine (0 = offloading off); the
+    scenario's restart is dropped unless keep_restart (then both halves count, as a
+    prediction made from the restarted run's own events should be judged)."""
+    s = replace(scenario, cpu_gib=cpu_gib if cpu_gib > 0 else None,
+                restart_at_s=scenario.restart_at_s if keep_restart else None)
     sim = SimServer(s, seed=seed)
     sim.run()
     gt = sim.ground_truth(include_requests=False)
@@ -31,16 +35,17 @@ def run_point(scenario: Scenario, cpu_gib: float, seed: int = 0) -> dict[str, An
     }
 
 
-def sweep(scenario: Scenario, sizes_gib: list[float], seed: int = 0) -> dict[str, Any]:
+def sweep(scenario: Scenario, sizes_gib: list[float], seed: int = 0, keep_restart: bool = False
+          ) -> dict[str, Any]:
     """Hit ratio and mean TTFT at each size, and the smallest size worth having.
 
     `right_size_gib` is the smallest swept size whose hit ratio reaches 95% of the best hit
     ratio of the sweep; None when no size gets any hit (nothing to size for: offloading only
     costs). `best_ttft_gib` is the size with the lowest mean TTFT (a size of 0 = offloading off
-    can win: the recompute-wins case). The restart option is ignored (sizes are compared on the
-    same uninterrupted run).
+    can win: the recompute-wins case). The restart is dropped unless keep_restart (sizes are
+    then compared on the same interrupted run).
     """
-    points = [run_point(scenario, size, seed) for size in sorted(sizes_gib)]
+    points = [run_point(scenario, size, seed, keep_restart) for size in sorted(sizes_gib)]
     best = max((p["hit_ratio"] for p in points), default=0.0)
     right: float | None = None
     if best > 0:
