@@ -6,7 +6,14 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvoffload.advisor import GIB, Recommendation, Thresholds, advise, refine_with_curve
+from kvoffload.advisor import (
+    GIB,
+    Recommendation,
+    Thresholds,
+    advise,
+    prefill_saving_seconds,
+    refine_with_curve,
+)
 from kvoffload.errors import InputError
 from kvoffload.kvevents.evidence import event_evidence
 from kvoffload.kvevents.state import TargetEvents
@@ -51,7 +58,7 @@ def analyze_window(
                 and _events_belong_to(window, group, bool(entry["offloading"]))):
             missed = _missed_tokens(window, group, ctx, event_baselines)
             _add_event_evidence(entry, rec, window.static(group), target_events, missed,
-                                settings)
+                                settings, _missed_per_request(window, group, ctx))
         groups.append(entry)
     return groups
 
@@ -88,7 +95,8 @@ def _group_entry(
 
 
 def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: GroupStatic,
-                        events: TargetEvents, missed: float | None, settings: Settings) -> None:
+                        events: TargetEvents, missed: float | None, settings: Settings,
+                        missed_per_request: float | None = None) -> None:
     """The curve and the exact figures join the entry; the advice is re-decided from the
     curve (the advisor's preferred evidence)."""
     figures = entry["figures"]
@@ -99,18 +107,33 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
     if curve is None:
         return
     entry["curve"] = [p.to_json() for p in curve.points]
+
+    def saving_at(hit_ratio: float) -> float | None:
+        return prefill_saving_seconds(hit_ratio, missed_per_request, figures,
+                                      settings.thresholds)
+
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
     rec = refine_with_curve(
         rec, figures, bool(entry["offloading"]), curve.right_size_bytes,
         curve.achievable_hit_ratio, lambda size: curve.at(size, events),
         ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
-        settings.memory_limit_bytes, settings.thresholds, engines)
+        settings.memory_limit_bytes, settings.thresholds, engines, saving_at)
     entry["recommendation"] = rec.to_json()
     size = rec.kv_offloading_size_gib
-    entry["predicted_offload_hit_ratio"] = (
-        curve.at(size * GIB, events) if size is not None
-        else ev.json.get("predicted_offload_hit_ratio_current"))
+    predicted = (curve.at(size * GIB, events) if size is not None
+                 else ev.json.get("predicted_offload_hit_ratio_current"))
+    entry["predicted_offload_hit_ratio"] = predicted
+    # Mean prefill seconds per request the tier saves at that size, against recomputing.
+    entry["predicted_prefill_saving_seconds"] = (
+        saving_at(predicted) if isinstance(predicted, float) else None)
+
+
+def _missed_per_request(window: Window, group: GroupKey, ctx: Context) -> float | None:
+    """GPU-missed prompt tokens per request over the window (one prefill observation each)."""
+    requests = ctx.inc("prefill_time_count")
+    missed = _missed_tokens(window, group, ctx, None)
+    return missed / requests if missed and requests > 0 else None
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:
