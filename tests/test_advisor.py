@@ -113,3 +113,18 @@ def test_sizes_are_per_engine_and_the_memory_check_counts_every_engine():
     # 2 × 10 GiB + 20% > 16 GiB: the pod OOMs although one engine's tier would fit.
     rec = advise(two, True, 3600, prompt_tokens=1e6, engines=2, memory_limit_bytes=16 * GIB)
     assert rec.warnings and "2 engine(s)" in rec.warnings[0]
+
+
+def test_prefill_saving_uses_the_measured_or_the_assumed_load_rate():
+    from kvoffload.advisor import prefill_saving_seconds
+
+    figures = {"recompute_tokens_per_second": 20_000.0, "load_tokens_per_second": 100_000.0,
+               "kv_bytes_per_token": 100_000.0, "offload_hit_ratio": 0.3}
+    # half of 2,000 missed tokens loaded: 1,000 × (1/20k − 1/100k) = 40 ms
+    assert prefill_saving_seconds(0.5, 2000, figures, Thresholds()) == pytest.approx(0.04)
+    off = {**figures, "load_tokens_per_second": None, "offload_hit_ratio": None}
+    # 10 GB/s ÷ 100 kB/token = 100k tokens/s assumed: the same 40 ms
+    assert prefill_saving_seconds(0.5, 2000, off, Thresholds()) == pytest.approx(0.04)
+    assert prefill_saving_seconds(0.5, 2000, {**figures, "offload_hit_ratio": 0.9},
+                                  Thresholds()) is None  # prefills left are overhead-bound
+    assert prefill_saving_seconds(0.5, None, figures, Thresholds()) is None
