@@ -19,6 +19,47 @@ from kvoffload.signals import FIGURES
 
 GROUP_LABELS = ["target", "model_name"]
 
+# The KV-event metrics (only with --kv-events): name → (type, labels, help). One table for the
+# exposition and for docs/metrics.md.
+KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
+    "kvoffload_kv_events_messages": (
+        "counter", ["target"], "KV-event messages received from vLLM."),
+    "kvoffload_kv_events_lost_messages": (
+        "counter", ["target"], "KV-event messages lost (sequence gaps not replayed)."),
+    "kvoffload_kv_events_decode_errors": (
+        "counter", ["target"], "KV-event payloads that did not decode."),
+    "kvoffload_kv_events_sample_ratio": (
+        "gauge", ["target"], "Share of blocks tracked for reuse distances (1 = exact)."),
+    "kvoffload_reuse_distance_bytes": (
+        "histogram", GROUP_LABELS,
+        "GPU-missed prompt tokens by LRU reuse distance in bytes (KV events): the bucket at "
+        "le=C counts the tokens a CPU tier of C bytes per engine would have served."),
+    "kvoffload_cpu_resident_bytes": (
+        "gauge", GROUP_LABELS, "Bytes resident in the CPU tier (KV events)."),
+    "kvoffload_never_loaded_evicted_bytes": (
+        "counter", GROUP_LABELS,
+        "Bytes stored into the CPU tier and evicted without ever being loaded (KV events)."),
+    "kvoffload_never_loaded_resident_bytes": (
+        "gauge", GROUP_LABELS,
+        "Bytes in the CPU tier not loaded since they were stored (KV events)."),
+    "kvoffload_achievable_offload_hit_ratio": (
+        "gauge", GROUP_LABELS, "Offload hit ratio an unbounded CPU tier would reach (KV events)."),
+    "kvoffload_predicted_offload_hit_ratio": (
+        "gauge", GROUP_LABELS,
+        "Predicted offload hit ratio at the recommended (else the current) CPU tier size."),
+    "kvoffload_predicted_prefill_saving_seconds": (
+        "gauge", GROUP_LABELS,
+        "Mean prefill time per request the CPU tier would save at the recommended (else the "
+        "current) size, against recomputing (KV events; prefill compute only)."),
+}
+_FAMILY_CLASSES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
+                   "histogram": HistogramMetricFamily}
+
+
+def _event_family(name: str) -> Metric:
+    mtype, labels, help_text = KV_EVENT_METRICS[name]
+    return _FAMILY_CLASSES[mtype](name, help_text, labels=labels)
+
 
 class SidecarCollector(Collector):
     def __init__(self, sidecar: Sidecar) -> None:
@@ -112,16 +153,10 @@ class SidecarCollector(Collector):
         sc = self.sidecar
         if not sc.events:
             return
-        messages = CounterMetricFamily("kvoffload_kv_events_messages",
-                                       "KV-event messages received from vLLM.", labels=["target"])
-        lost = CounterMetricFamily("kvoffload_kv_events_lost_messages",
-                                   "KV-event messages lost (sequence gaps not replayed).",
-                                   labels=["target"])
-        errors = CounterMetricFamily("kvoffload_kv_events_decode_errors",
-                                     "KV-event payloads that did not decode.", labels=["target"])
-        rate = GaugeMetricFamily("kvoffload_kv_events_sample_ratio",
-                                 "Share of blocks tracked for reuse distances (1 = exact).",
-                                 labels=["target"])
+        messages = _event_family("kvoffload_kv_events_messages")
+        lost = _event_family("kvoffload_kv_events_lost_messages")
+        errors = _event_family("kvoffload_kv_events_decode_errors")
+        rate = _event_family("kvoffload_kv_events_sample_ratio")
         for name, state in sc.events.items():
             messages.add_metric([name], state.messages())
             lost.add_metric([name], state.lost_messages())
@@ -129,30 +164,13 @@ class SidecarCollector(Collector):
             rate.add_metric([name], state.sample_rate_now())
         yield from (messages, lost, errors, rate)
 
-        hist = HistogramMetricFamily(
-            "kvoffload_reuse_distance_bytes",
-            "GPU-missed prompt tokens by LRU reuse distance in bytes (KV events): the bucket "
-            "at le=C counts the tokens a CPU tier of C bytes per engine would have served.",
-            labels=GROUP_LABELS)
-        resident = GaugeMetricFamily("kvoffload_cpu_resident_bytes",
-                                     "Bytes resident in the CPU tier (KV events).",
-                                     labels=GROUP_LABELS)
-        never_evicted = CounterMetricFamily(
-            "kvoffload_never_loaded_evicted_bytes",
-            "Bytes stored into the CPU tier and evicted without ever being loaded (KV events).",
-            labels=GROUP_LABELS)
-        never_resident = GaugeMetricFamily(
-            "kvoffload_never_loaded_resident_bytes",
-            "Bytes in the CPU tier not loaded since they were stored (KV events).",
-            labels=GROUP_LABELS)
-        achievable = GaugeMetricFamily(
-            "kvoffload_achievable_offload_hit_ratio",
-            "Offload hit ratio an unbounded CPU tier would reach (KV events).",
-            labels=GROUP_LABELS)
-        predicted = GaugeMetricFamily(
-            "kvoffload_predicted_offload_hit_ratio",
-            "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
-            labels=GROUP_LABELS)
+        hist = _event_family("kvoffload_reuse_distance_bytes")
+        resident = _event_family("kvoffload_cpu_resident_bytes")
+        never_evicted = _event_family("kvoffload_never_loaded_evicted_bytes")
+        never_resident = _event_family("kvoffload_never_loaded_resident_bytes")
+        achievable = _event_family("kvoffload_achievable_offload_hit_ratio")
+        predicted = _event_family("kvoffload_predicted_offload_hit_ratio")
+        saving = _event_family("kvoffload_predicted_prefill_saving_seconds")
         for g in groups:
             if g.get("stale"):
                 continue
@@ -177,10 +195,12 @@ class SidecarCollector(Collector):
                 value = info.get(field_name)
                 if isinstance(value, float | int):
                     family.add_metric(key, float(value))
-            value = g.get("predicted_offload_hit_ratio")
-            if isinstance(value, float | int):
-                predicted.add_metric(key, float(value))
-        yield from (hist, resident, never_evicted, never_resident, achievable, predicted)
+            for family, field_name in ((predicted, "predicted_offload_hit_ratio"),
+                                       (saving, "predicted_prefill_saving_seconds")):
+                value = g.get(field_name)
+                if isinstance(value, float | int):
+                    family.add_metric(key, float(value))
+        yield from (hist, resident, never_evicted, never_resident, achievable, predicted, saving)
 
 
 def _le(value: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvoffload.exposition import KV_EVENT_METRICS
 from kvoffload.signals import FIGURES
 
 _TARGET_ROWS = [
@@ -51,7 +52,15 @@ def metrics_markdown() -> str:
     for name, mtype, help_text in _ADVICE_ROWS:
         lines.append(f"| `{name}` | {mtype} | | {help_text} |")
     lines += ["", "JSON (`/api/v1/status`, `kvoffload analyze --json`) uses the figure keys; "
-              "undefined figures are `null`."]
+              "undefined figures are `null`.", "",
+              "## With `--kv-events`", "",
+              "Exact sizing from vLLM's KV events (docs/sizing.md). Per engine sizes; the JSON "
+              "adds `kv_events`, `curve`, `predicted_offload_hit_ratio` and "
+              "`predicted_prefill_saving_seconds` to each group.", "",
+              "| metric | type | help |", "|---|---|---|"]
+    for name, (mtype, labels, help_text) in KV_EVENT_METRICS.items():
+        shown = f"{name}_total" if mtype == "counter" else name
+        lines.append(f"| `{shown}{{{','.join(labels)}}}` | {mtype} | {help_text} |")
     return "\n".join(lines) + "\n"
 
 

@@ -54,7 +54,8 @@ def test_sidecar_subscribes_and_publishes_the_curve():
     assert values == sorted(values)  # cumulative
     names = {n for n, *_ in samples}
     assert {"kvoffload_cpu_resident_bytes", "kvoffload_kv_events_messages_total",
-            "kvoffload_achievable_offload_hit_ratio"} <= names
+            "kvoffload_achievable_offload_hit_ratio",
+            "kvoffload_predicted_prefill_saving_seconds"} <= names
 
 
 @pytest.fixture
