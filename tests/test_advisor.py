@@ -128,3 +128,9 @@ def test_prefill_saving_uses_the_measured_or_the_assumed_load_rate():
     assert prefill_saving_seconds(0.5, 2000, {**figures, "offload_hit_ratio": 0.9},
                                   Thresholds()) is None  # prefills left are overhead-bound
     assert prefill_saving_seconds(0.5, None, figures, Thresholds()) is None
+    # TP=4: each rank copies its quarter of a token's bytes over its own link
+    assert prefill_saving_seconds(0.5, 2000, {**off, "recompute_tokens_per_second": 200_000.0},
+                                  Thresholds(), world_size=4) == pytest.approx(
+        1000 * (1 / 200_000 - 1 / 400_000))
+    slow = {**figures, "load_tokens_per_second": 10_000.0}
+    assert prefill_saving_seconds(0.5, 2000, slow, Thresholds()) < 0  # a cost, said as such

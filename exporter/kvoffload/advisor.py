@@ -249,13 +249,16 @@ def prefill_saving_seconds(
     missed_tokens_per_request: float | None,
     figures: dict[str, float | None],
     t: Thresholds,
+    world_size: int = 1,
 ) -> float | None:
     """Mean prefill time a request saves when `hit_ratio` of its GPU-missed tokens are loaded
     from the CPU tier instead of recomputed: tokens × (1/recompute rate − 1/load rate).
+    Negative: reloads are slower than recomputing (a cost).
 
     The load rate is the measured one, or the assumed host link while nothing was loaded
-    yet. Prefill compute only: queueing in front of a busy engine multiplies it. None when the
-    tier already serves most misses: the prefills left are short and overhead-bound, so their
+    yet — one link per worker (TP×PP ranks each copy their share of a token's bytes).
+    Prefill compute only: queueing in front of a busy engine multiplies it. None when the tier
+    already serves most misses: the prefills left are short and overhead-bound, so their
     tokens/s says nothing about recomputing a whole prefix."""
     if (figures.get("offload_hit_ratio") or 0.0) > 1.0 - _MIN_RECOMPUTED_SHARE:
         return None
@@ -263,7 +266,8 @@ def prefill_saving_seconds(
     load = figures.get("load_tokens_per_second")
     if not load:
         per_token = figures.get("kv_bytes_per_token")
-        load = t.assumed_load_bytes_per_second / per_token if per_token else None
+        load = (t.assumed_load_bytes_per_second * max(world_size, 1) / per_token
+                if per_token else None)
     if not (recompute and load and missed_tokens_per_request):
         return None
     return hit_ratio * missed_tokens_per_request * (1.0 / recompute - 1.0 / load)
@@ -275,6 +279,9 @@ def _saving_note(saving: float | None, figures: dict[str, float | None], t: Thre
     measured = figures.get("load_tokens_per_second")
     basis = ("measured load rate" if measured else
              f"assuming a {t.assumed_load_bytes_per_second / 1e9:g} GB/s host link")
+    if saving < 0:
+        return (f", ~{-saving * 1000:.0f} ms more prefill per request: reloads are slower "
+                f"than recomputing ({basis})")
     return f", ~{saving * 1000:.0f} ms less prefill per request ({basis})"
 
 
@@ -347,7 +354,9 @@ def refine_with_curve(
         curve_note += f"; the current {_gib(current_bytes)} gives {at_current:.3f}"
         saving_now = saving_at(at_current) if saving_at else None
         if saving_now is not None:
-            curve_note += f" (~{saving_now * 1000:.0f} ms less prefill per request)"
+            curve_note += (f" (~{saving_now * 1000:.0f} ms less prefill per request)"
+                           if saving_now >= 0 else
+                           f" (~{-saving_now * 1000:.0f} ms more prefill per request)")
     new = Recommendation(action, None if action == "keep" else size,
                          [curve_note, sized] if action != "keep" else [curve_note],
                          warnings, rec.evidence)

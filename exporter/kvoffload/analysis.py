@@ -110,7 +110,7 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
 
     def saving_at(hit_ratio: float) -> float | None:
         return prefill_saving_seconds(hit_ratio, missed_per_request, figures,
-                                      settings.thresholds)
+                                      settings.thresholds, settings.world_size)
 
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")

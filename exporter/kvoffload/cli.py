@@ -53,6 +53,18 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _threshold_number(path: str, key: str, value: object) -> float:
+    # YAML 1.1 reads `10e9` (no dot) as a string: accept what float() accepts, nothing else.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise InputError(f"{path}: threshold {key!r} must be a number")
+
+
 def load_thresholds(path: str | None, overrides: dict[str, float]) -> Thresholds:
     values: dict[str, float] = {}
     if path:
@@ -70,9 +82,7 @@ def load_thresholds(path: str | None, overrides: dict[str, float]) -> Thresholds
             if key not in known:
                 raise InputError(f"{path}: unknown threshold {key!r} (known: "
                                  f"{', '.join(sorted(known))})")
-            if not isinstance(value, int | float):
-                raise InputError(f"{path}: threshold {key!r} must be a number")
-            values[key] = float(value)
+            values[key] = _threshold_number(path, key, value)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return Thresholds(**values)
 

@@ -193,14 +193,23 @@ def test_the_fast_path_and_the_general_path_agree(monkeypatch):
     import kvoffload.kvevents.decode as decode
 
     known = [e for e in EVENTS if not isinstance(e, FutureEvent)]
+    known.append(BlockStored([2**64 - 1], 5, [], 16, None, "GPU", None, group_idx=2))
     payloads = [ENC.encode(ArrayBatch(3.0, known, 1)),  # vLLM 0.33's shape: the fast path
+                ENC.encode([3, known]),  # an integer ts, no rank: still the fast path
                 ENC.encode(ArrayBatch(3.0, EVENTS, 1)),  # an unknown event type: general
                 ENC.encode([3.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01\x02"],
                                    "medium": "GPU"}], 1])]  # bytes hashes: general
-    assert decode._fast_decode(payloads[0], 0) is not None
-    assert all(decode._fast_decode(p, 0) is None for p in payloads[1:])
-    fast = [decode_batch(p) for p in payloads]
+    assert all(decode._fast_decode(p, 0) is not None for p in payloads[:2])
+    assert all(decode._fast_decode(p, 0) is None for p in payloads[2:])
+    fast = [decode_batch(p, default_rank=4) for p in payloads]
     monkeypatch.setattr(decode, "_fast_decode", lambda payload, rank: None)
-    general = [decode_batch(p) for p in payloads]
-    assert fast == general
-    assert fast[2].events[0].block_hashes == (0x0102,)
+    general = [decode_batch(p, default_rank=4) for p in payloads]
+
+    def typed(batch):  # == alone would let 3 == 3.0 and True == 1 through
+        return (type(batch.ts), batch.ts, batch.dp_rank, batch.unknown,
+                [tuple((type(v), v) for v in ev) for ev in batch.events])
+
+    assert [typed(b) for b in fast] == [typed(b) for b in general]
+    assert fast[1].ts == 3.0 and fast[1].dp_rank == 4
+    assert fast[0].events[-1].parent_block_hash == 5 and fast[0].events[-1].group_idx == 2
+    assert fast[3].events[0].block_hashes == (0x0102,)

@@ -93,6 +93,31 @@ def test_cpu_lru_touch_order_protects_prefix_heads() -> None:
     assert cpu.lookup([1]) == 0 and cpu.lookup([2]) == 0
 
 
+def test_cpu_store_never_evicts_the_requests_own_chunks() -> None:
+    cpu = CpuTier(3, 1, "lru")
+    cpu.complete_store(cpu.prepare_store([1, 2, 3], 0.0).keys)
+    # 1 is the least recent, but it is part of the request being stored: 2 and 3 go instead
+    d = cpu.prepare_store([1, 4, 5], 1.0)
+    assert d.keys == [4, 5] and sorted(d.evicted) == [2, 3] and cpu.lookup([1]) == 1
+    # when only the request's own idle chunk could make room, the store fails, nothing evicted
+    fail = CpuTier(1, 1, "lru")
+    fail.complete_store(fail.prepare_store([1], 0.0).keys)
+    d = fail.prepare_store([1, 2], 1.0)
+    assert d.failed and d.evicted == [] and fail.lookup([1]) == 1
+
+
+def test_arc_touch_after_a_store_does_not_promote_chunks_still_being_written() -> None:
+    cpu = CpuTier(8, 1, "arc")
+    keys = [1, 2, 3, 4]
+    d = cpu.prepare_store(keys, 0.0)
+    cpu.touch(keys)  # vLLM's touch right after prepare_store
+    arc = cpu._policy
+    assert list(arc.t1) == [4, 3, 2, 1] and not arc.t2  # in T1, first chunk most recent
+    cpu.complete_store(d.keys)
+    cpu.touch(keys)  # a real second access promotes
+    assert not arc.t1 and list(arc.t2) == [4, 3, 2, 1]
+
+
 def test_cpu_allocation_failure_when_pinned() -> None:
     cpu = CpuTier(3, 1, "lru")
     d = cpu.prepare_store([1, 2], 0.0)  # pinned while writing
@@ -122,3 +147,22 @@ def test_arc_prefers_keeping_reused_chunks() -> None:
     for k in range(10, 16):  # a scan of one-off chunks
         cpu.complete_store(cpu.prepare_store([k], 1.0).keys)
     assert cpu.lookup([1, 2]) == 2
+
+
+def test_arc_beats_lru_on_a_tier_too_small_for_the_rag_traffic() -> None:
+    # Through the engine (lookups, stores, the touch after each store): ARC keeps the documents
+    # asked about again in T2 while one-off chunks churn through T1, where LRU mirrors the GPU.
+    from dataclasses import replace
+
+    from kvoffload.sim import SimServer, scenarios
+
+    hits = {}
+    for policy in ("lru", "arc"):
+        sc = replace(scenarios.get("buffer-too-small"), eviction_policy=policy, duration_s=600.0)
+        sim = SimServer(sc)
+        sim.run()
+        hits[policy] = sim.ground_truth(include_requests=False)["true_offload_hit_ratio"]
+        if policy == "arc":
+            arc = sim.engines[0][0].cpu._policy
+            assert arc.t1 and arc.t2
+    assert hits["lru"] < 0.01 and hits["arc"] > 0.05, hits

@@ -84,9 +84,11 @@ def _event(raw: Any) -> Event | None:
     if not isinstance(hashes, list):
         raise DecodeError("block_hashes is not a list")
     medium = fields.get("medium")
-    block_size = fields.get("block_size") or 0
     group = fields.get("group_idx")
-    parent = fields.get("parent_block_hash")
+    # block_size and the parent belong to BlockStored: ignored elsewhere, like unknown fields
+    stored = kind == STORED
+    block_size = (fields.get("block_size") or 0) if stored else 0
+    parent = fields.get("parent_block_hash") if stored else None
     if set(map(type, hashes)) <= _INT_ONLY:  # the usual case, checked at C speed
         block_hashes = tuple(hashes)
     else:

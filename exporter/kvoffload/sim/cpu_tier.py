@@ -33,7 +33,7 @@ class _Lru:
     def __init__(self) -> None:
         self.order: OrderedDict[int, None] = OrderedDict()
 
-    def touch(self, keys: Sequence[int]) -> None:
+    def touch(self, keys: Sequence[int], writing: Callable[[int], bool]) -> None:
         order = self.order
         for k in reversed(keys):  # reversed: a prefix's first chunks end up most recent
             if k in order:
@@ -65,11 +65,16 @@ class _Arc:
         self.b1: OrderedDict[int, None] = OrderedDict()
         self.b2: OrderedDict[int, None] = OrderedDict()
 
-    def touch(self, keys: Sequence[int]) -> None:
+    def touch(self, keys: Sequence[int], writing: Callable[[int], bool]) -> None:
         for k in reversed(keys):
             if k in self.t1:
                 del self.t1[k]
-                self.t2[k] = None
+                if writing(k):
+                    # just prepared to be stored, not touched twice (vLLM's ARC): stays in T1,
+                    # most recent
+                    self.t1[k] = None
+                else:
+                    self.t2[k] = None
             elif k in self.t2:
                 self.t2.move_to_end(k)
 
@@ -169,7 +174,11 @@ class CpuTier:
     # -- lookups -------------------------------------------------------------------------------
 
     def touch(self, keys: Sequence[int]) -> None:
-        self._policy.touch(keys)
+        self._policy.touch(keys, self._is_writing)
+
+    def _is_writing(self, key: int) -> bool:
+        c = self._chunks.get(key)
+        return c is not None and c.writing
 
     def lookup(self, keys: Sequence[int]) -> int:
         """Number of leading keys present with a completed store."""

@@ -346,7 +346,9 @@ class Engine:
         w = self._wall(t)
         m, lab = self.m, self.labels
         keys = self._chunk_keys(r.hashes)
-        d = self.cpu.prepare_store(keys, t)
+        # vLLM offers the chunks after a load's last one (_next_stored_block_idx), else all
+        start = (r.gpu_hit_blocks + r.ext_blocks) // self.bpc if r.ext_blocks else 0
+        d = self.cpu.prepare_store(keys[start:], t)
         if d.keys:
             # vLLM's _get_reqs_to_store touches all of the request's chunks after a store, so
             # the new chunks end up in prefix order too (first most recent), not insert order.
