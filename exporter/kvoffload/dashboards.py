@@ -263,12 +263,19 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                "What an unbounded CPU tier would serve, from the KV-event curve "
                "(kvoffload_achievable_offload_hit_ratio).", "percentunit",
                [t(f"max({s.sidecar('kvoffload_achievable_offload_hit_ratio')})")],
-               decimals=1, width=6, height=5),
+               decimals=1, width=4, height=5),
         g.stat("Predicted at the advised size",
                "Offload hit ratio the curve predicts at the recommended size, else at the "
                "current one (kvoffload_predicted_offload_hit_ratio).", "percentunit",
                [t(f"max({s.sidecar('kvoffload_predicted_offload_hit_ratio')})")],
-               decimals=1, width=6, height=5),
+               decimals=1, width=4, height=5),
+        g.stat("Prefill saved per request",
+               "Mean prefill time a request saves at that size against recomputing: hit "
+               "ratio × GPU-missed tokens per request × (1/recompute − 1/load tokens/s); "
+               "prefill compute only, queueing not included; negative = reloads are slower "
+               "(kvoffload_predicted_prefill_saving_seconds).", "s",
+               [t(f"max({s.sidecar('kvoffload_predicted_prefill_saving_seconds')})")],
+               decimals=3, width=4, height=5),
         g.timeseries("CPU tier occupancy",
                      "Bytes resident in the CPU tier from CPU BlockStored/BlockRemoved events "
                      "(kvoffload_cpu_resident_bytes) next to its size: vLLM's own gauges show "
