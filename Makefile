@@ -33,10 +33,11 @@ system-deps:
 demo: deps
 	$(BIN)/kvoffload demo
 
-## The whole test suite, with the real tools it needs.
+## The whole test suite, with the real tools it needs: one pytest worker per core, each test
+## module on one worker (its simulator runs and fixtures are shared).
 test: deps system-deps
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile
 
 lint: deps
 	$(BIN)/ruff check .
