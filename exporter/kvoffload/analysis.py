@@ -94,6 +94,10 @@ def _group_entry(
     return entry, ctx, rec
 
 
+# Below this many sampled blocks per engine the sampled curve is coarse (docs/sizing.md).
+MIN_SAMPLED_BLOCKS = 1000
+
+
 def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: GroupStatic,
                         events: TargetEvents, missed: float | None, settings: Settings,
                         missed_per_request: float | None = None) -> None:
@@ -119,6 +123,13 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
         curve.achievable_hit_ratio, lambda size: curve.at(size, events),
         ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
         settings.memory_limit_bytes, settings.thresholds, engines, saving_at)
+    tracked = events.tracked_blocks()
+    if events.sample_rate_now() < 1.0 and tracked < MIN_SAMPLED_BLOCKS:
+        rec.warnings.append(
+            f"the curve comes from a sample of {tracked:,} blocks per engine (rate "
+            f"{events.sample_rate_now():.3g}): on the simulator, samples of a few dozen blocks "
+            "erred by up to 0.13 in hit ratio, a few thousand by 0.01; raise "
+            "--kv-events-sample-rate or --kv-events-sample-budget")
     entry["recommendation"] = rec.to_json()
     size = rec.kv_offloading_size_gib
     predicted = (curve.at(size * GIB, events) if size is not None

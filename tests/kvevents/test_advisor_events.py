@@ -6,7 +6,7 @@ from kvoffload.analysis import analyze_window
 from kvoffload.sim import scenarios
 from kvoffload.sim.oracle import run_point, sweep
 
-from kv_helpers import INSTANCE, run_with_events
+from kv_helpers import INSTANCE, run_with_event_states, run_with_events
 
 CASES = {
     # scenario: (expected action, sizes the oracle sweeps)
@@ -82,3 +82,13 @@ def test_exact_waste_from_events_matches_the_ground_truth():
         truth["never_reloaded_evicted_bytes"], rel=0.01)
     assert ev["never_loaded_resident_bytes"] == pytest.approx(
         truth["never_reloaded_resident_bytes"], rel=0.01)
+
+
+def test_a_thin_sample_is_flagged_and_an_exact_curve_is_not():
+    window, (exact, sampled), _ = run_with_event_states("laptop-eviction-nooffload", [1.0, 0.002])
+    (on_exact,) = analyze_window(window, events={INSTANCE: exact})
+    (on_sample,) = analyze_window(window, events={INSTANCE: sampled})
+    assert on_exact["kv_events"]["tracked_blocks"] > 1000 >= sampled.tracked_blocks()
+    assert not any("sample of" in w for w in on_exact["recommendation"]["warnings"])
+    (warning,) = [w for w in on_sample["recommendation"]["warnings"] if "sample of" in w]
+    assert f"a sample of {sampled.tracked_blocks():,} blocks per engine" in warning

@@ -226,5 +226,9 @@ class TargetEvents:
     def messages(self) -> int:
         return sum(e.messages for e in self.engines.values())
 
+    def tracked_blocks(self) -> int:
+        """Blocks the reuse-distance trackers hold, on the engine that holds the fewest."""
+        return min((e.tracker.tracked for e in self.engines.values()), default=0)
+
     def sample_rate_now(self) -> float:
         return min((e.tracker.rate for e in self.engines.values()), default=self.sample_rate)
