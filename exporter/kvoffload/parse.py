@@ -63,6 +63,11 @@ _LABEL_CACHE: dict[str, dict[str, str]] = {}
 _LABEL_CACHE_MAX = 100_000
 
 
+# The same series come back in every scrape: `name{labels}` → (canonical name, labels), so a
+# kept line costs a dict lookup and its numbers.
+_HEAD_CACHE: dict[str, tuple[str, dict[str, str]]] = {}
+
+
 def _parse_labels(text: str, lineno: int) -> dict[str, str]:
     labels = _LABEL_CACHE.get(text)
     if labels is None:
@@ -116,14 +121,22 @@ def _parse_sample_line(
     brace = line.find("{")
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space):
-        name = line[:brace]
         close = line.rfind("}")
         if close < brace:
             raise ParseError(f"line {lineno}: unterminated label set: {line[:80]!r}")
-        name = canonical_name(name)
-        if wanted is not None and not wanted(name):
+        head = line[: close + 1]
+        known = _HEAD_CACHE.get(head)
+        if known is None:
+            name = canonical_name(line[:brace])
+            if wanted is not None and not wanted(name):
+                return None
+            known = name, _parse_labels(line[brace + 1 : close], lineno)
+            if len(_HEAD_CACHE) >= _LABEL_CACHE_MAX:
+                _HEAD_CACHE.clear()
+            _HEAD_CACHE[head] = known
+        elif wanted is not None and not wanted(known[0]):
             return None
-        labels = _parse_labels(line[brace + 1 : close], lineno)
+        name, labels = known
         rest = line[close + 1 :].split()
     else:
         if space == -1:
@@ -196,11 +209,13 @@ def parse_text(
         except ParseError as exc:
             raise ParseError(str(exc).replace("line 0:", f"line {_lineno(text, pos)}:", 1)) \
                 from None
-        if sample is not None:
-            if sample[3] is not None:
-                sample = (sample[0], sample[1], sample[2], sample[3] / 1000.0)
-            samples.append(sample)
         pos = end + 1
+        if sample is None:
+            pos = _skip_same_name(text, pos, line)
+            continue
+        if sample[3] is not None:
+            sample = (sample[0], sample[1], sample[2], sample[3] / 1000.0)
+        samples.append(sample)
     return expo
 
 
@@ -214,6 +229,21 @@ def _type_line(line: str, lineno: Callable[[], int]) -> tuple[str, str]:
     if len(parts) != 4:
         raise ParseError(f"line {lineno()}: malformed TYPE line: {line[:80]!r}")
     return family_name(canonical_name(parts[2]), parts[3]), parts[3]
+
+
+def _skip_same_name(text: str, pos: int, line: str) -> int:
+    """Past the run of lines at `pos` with the same sample name as `line` (one not kept): the
+    buckets of a histogram come together, and like a skipped family they are not looked at."""
+    brace, space = line.find("{"), line.find(" ")
+    cut = brace if brace != -1 and (space == -1 or brace < space) else space
+    if cut <= 0:
+        return pos
+    with_labels, bare = line[: cut + 1] if brace == cut else line[:cut] + "{", line[:cut] + " "
+    startswith, find, size = text.startswith, text.find, len(text)
+    while pos < size and (startswith(with_labels, pos) or startswith(bare, pos)):
+        nl = find("\n", pos)
+        pos = size if nl == -1 else nl + 1
+    return pos
 
 
 def _next_comment(text: str, start: int) -> int:
@@ -278,6 +308,9 @@ class _OMState:
         pos = 0
         size = len(text)
         find = text.find
+        nul = text.find("\x00")
+        if nul != -1:  # one scan of the chunk instead of one per line
+            raise ParseError(f"line {self._lineno(text, nul)}: not text: NUL byte")
         if self.skip and text[:1] != "#":
             pos = _next_comment(text, 0)  # still inside a family skipped in the last chunk
         while pos < size:
@@ -292,8 +325,6 @@ class _OMState:
                 continue
             if self.saw_eof:
                 raise ParseError(f"line {self._lineno(text, pos)}: content after '# EOF'")
-            if "\x00" in line:
-                raise ParseError(f"line {self._lineno(text, pos)}: not text: NUL byte")
             if line[0] == "#":
                 self.skip = False
                 if line == "# EOF":
@@ -314,6 +345,7 @@ class _OMState:
                     "line 0:", f"line {self._lineno(text, pos)}:", 1)) from None
             pos = end + 1
             if sample is None:
+                pos = _skip_same_name(text, pos, line)
                 continue
             ts = sample[3]
             if ts is None:
