@@ -63,9 +63,10 @@ _LABEL_CACHE: dict[str, dict[str, str]] = {}
 _LABEL_CACHE_MAX = 100_000
 
 
-# The same series come back in every scrape: `name{labels}` → (canonical name, labels), so a
-# kept line costs a dict lookup and its numbers.
-_HEAD_CACHE: dict[str, tuple[str, dict[str, str]]] = {}
+# The same series come back in every scrape: `name{labels}` → (canonical name, labels), or
+# _UNWANTED, per filter, so a line costs a dict lookup and its numbers.
+_UNWANTED = ("", {})
+_HEAD_CACHES: dict[Callable[[str], bool] | None, dict[str, tuple[str, dict[str, str]]]] = {}
 
 
 def _parse_labels(text: str, lineno: int) -> dict[str, str]:
@@ -125,16 +126,20 @@ def _parse_sample_line(
         if close < brace:
             raise ParseError(f"line {lineno}: unterminated label set: {line[:80]!r}")
         head = line[: close + 1]
-        known = _HEAD_CACHE.get(head)
+        cache = _HEAD_CACHES.get(wanted)
+        if cache is None:
+            cache = _HEAD_CACHES[wanted] = {}
+        known = cache.get(head)
         if known is None:
             name = canonical_name(line[:brace])
             if wanted is not None and not wanted(name):
-                return None
-            known = name, _parse_labels(line[brace + 1 : close], lineno)
-            if len(_HEAD_CACHE) >= _LABEL_CACHE_MAX:
-                _HEAD_CACHE.clear()
-            _HEAD_CACHE[head] = known
-        elif wanted is not None and not wanted(known[0]):
+                known = _UNWANTED
+            else:
+                known = name, _parse_labels(line[brace + 1 : close], lineno)
+            if len(cache) >= _LABEL_CACHE_MAX:
+                cache.clear()
+            cache[head] = known
+        if known is _UNWANTED:
             return None
         name, labels = known
         rest = line[close + 1 :].split()
@@ -146,11 +151,16 @@ def _parse_sample_line(
             return None
         labels = {}
         rest = line[space + 1 :].split()
-    if not rest or len(rest) > 2:
+    if len(rest) == 2:
+        try:
+            return name, labels, float(rest[0]), float(rest[1])
+        except ValueError:
+            pass  # say which number below
+    elif len(rest) == 1:
+        return name, labels, _parse_float(rest[0], lineno), None
+    else:
         raise ParseError(f"line {lineno}: expected 'value [timestamp]': {line[:80]!r}")
-    value = _parse_float(rest[0], lineno)
-    ts = _parse_float(rest[1], lineno) if len(rest) == 2 else None
-    return name, labels, value, ts
+    return name, labels, _parse_float(rest[0], lineno), _parse_float(rest[1], lineno)
 
 
 def _decode(body: bytes | str) -> str:
@@ -313,6 +323,7 @@ class _OMState:
             raise ParseError(f"line {self._lineno(text, nul)}: not text: NUL byte")
         if self.skip and text[:1] != "#":
             pos = _next_comment(text, 0)  # still inside a family skipped in the last chunk
+        wanted, parse_line, saw_eof = self.wanted, _parse_sample_line, self.saw_eof
         while pos < size:
             end = find("\n", pos)
             if end == -1:
@@ -323,12 +334,12 @@ class _OMState:
             if not line:
                 pos = end + 1
                 continue
-            if self.saw_eof:
+            if saw_eof:
                 raise ParseError(f"line {self._lineno(text, pos)}: content after '# EOF'")
             if line[0] == "#":
                 self.skip = False
                 if line == "# EOF":
-                    self.saw_eof = True
+                    self.saw_eof = saw_eof = True
                 elif line.startswith("# TYPE "):
                     fam, mtype = _type_line(line, lambda p=pos: self._lineno(text, p))
                     self.pending[fam] = mtype
@@ -339,7 +350,7 @@ class _OMState:
                 pos = end + 1
                 continue
             try:
-                sample = _parse_sample_line(line, 0, self.wanted)
+                sample = parse_line(line, 0, wanted)
             except ParseError as exc:
                 raise ParseError(str(exc).replace(
                     "line 0:", f"line {self._lineno(text, pos)}:", 1)) from None
