@@ -116,3 +116,15 @@ def test_filtered_streaming_keeps_exactly_what_a_full_parse_keeps(chunk_size):
     body = h200_scrapes()[3][1]
     full = [s for s in parse_text(body).samples if wanted(s[0])]
     assert parse_text(body, wanted, WANTED_FAMILIES).samples == full
+
+
+def test_a_filter_decides_for_itself_whatever_another_filter_cached():
+    body = 'a_total{x="1"} 1\nb_total{x="1"} 2\n'
+    assert [s[0] for s in parse_text(body).samples] == ["a_total", "b_total"]
+    only_b = parse_text(body, lambda name: name == "b_total").samples
+    assert [s[0] for s in only_b] == ["b_total"]
+    assert [s[0] for s in parse_text(body).samples] == ["a_total", "b_total"]
+    for i in range(20):  # fresh filters every call: the per-filter caches stay bounded
+        parse_text(body, lambda name, i=i: name == "a_total")
+    from kvoffload import parse
+    assert len(parse._HEAD_CACHES) <= 8

@@ -128,6 +128,8 @@ def _parse_sample_line(
         head = line[: close + 1]
         cache = _HEAD_CACHES.get(wanted)
         if cache is None:
+            if len(_HEAD_CACHES) >= 8:  # a caller passing a new filter each time: start over
+                _HEAD_CACHES.clear()
             cache = _HEAD_CACHES[wanted] = {}
         known = cache.get(head)
         if known is None:
