@@ -273,16 +273,20 @@ def prefill_saving_seconds(
     return hit_ratio * missed_tokens_per_request * (1.0 / recompute - 1.0 / load)
 
 
+def _saving_phrase(saving: float) -> str:
+    """A saving in words: a negative one is a cost."""
+    more_or_less = "less" if saving >= 0 else "more"
+    return f"~{abs(saving) * 1000:.0f} ms {more_or_less} prefill per request"
+
+
 def _saving_note(saving: float | None, figures: dict[str, float | None], t: Thresholds) -> str:
     if saving is None:
         return ""
     measured = figures.get("load_tokens_per_second")
     basis = ("measured load rate" if measured else
              f"assuming a {t.assumed_load_bytes_per_second / 1e9:g} GB/s host link")
-    if saving < 0:
-        return (f", ~{-saving * 1000:.0f} ms more prefill per request: reloads are slower "
-                f"than recomputing ({basis})")
-    return f", ~{saving * 1000:.0f} ms less prefill per request ({basis})"
+    slower = ": reloads are slower than recomputing" if saving < 0 else ""
+    return f", {_saving_phrase(saving)}{slower} ({basis})"
 
 
 def refine_with_curve(
@@ -354,9 +358,7 @@ def refine_with_curve(
         curve_note += f"; the current {_gib(current_bytes)} gives {at_current:.3f}"
         saving_now = saving_at(at_current) if saving_at else None
         if saving_now is not None:
-            curve_note += (f" (~{saving_now * 1000:.0f} ms less prefill per request)"
-                           if saving_now >= 0 else
-                           f" (~{-saving_now * 1000:.0f} ms more prefill per request)")
+            curve_note += f" ({_saving_phrase(saving_now)})"
     new = Recommendation(action, None if action == "keep" else size,
                          [curve_note, sized] if action != "keep" else [curve_note],
                          warnings, rec.evidence)
