@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvoffload.signals import GIB
+from kvoffload.ttft import Effect
 
 ACTIONS = ("enable", "leave_off", "keep", "grow", "shrink", "store_threshold", "disable")
 
@@ -29,7 +30,10 @@ ACTIONS = ("enable", "leave_off", "keep", "grow", "shrink", "store_threshold", "
 class Thresholds:
     """Defaults documented in docs/advisor.md; each is a key of the --thresholds YAML file."""
 
-    min_window_seconds: float = 60.0
+    # Enough data is counted in requests and tokens, not seconds: 400 requests in 15 s at 1 s
+    # scrapes can be judged; the window only needs a few scrape intervals.
+    min_window_seconds: float = 5.0
+    min_requests: float = 100.0
     min_prompt_tokens: float = 20_000.0
     pressure_gpu_kv_usage: float = 0.8
     low_gpu_prefix_hit_ratio: float = 0.5
@@ -44,6 +48,13 @@ class Thresholds:
     # Host-link rate assumed for a TTFT estimate before any load was measured (offloading
     # off): below what a PCIe Gen4 x16 link moves in practice, so savings are not oversold.
     assumed_load_bytes_per_second: float = 10e9
+    # The TTFT verdict (kvoffload.ttft): a tier must save at least this much mean TTFT per
+    # request, beyond its uncertainty, to be enabled, kept or grown.
+    min_ttft_saving_seconds: float = 0.005
+    min_ttft_saving_ratio: float = 0.05
+    # Bytes copied out per second of critical-path time on an overhead-bound engine
+    # (calibrated on real vLLM 0.26.0, H200: docs/advisor.md).
+    store_critical_bytes_per_second: float = 2.5e9
 
 
 @dataclass
@@ -53,6 +64,13 @@ class Recommendation:
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     evidence: dict[str, float | None] = field(default_factory=dict)
+    # Predicted mean TTFT change per request if applied, relative to now (negative = faster);
+    # None for keep / leave_off. Basis: measured | predicted | fleet.
+    ttft_change_seconds: float | None = None
+    ttft_change_basis: str | None = None
+    ttft_change_range_seconds: list[float] | None = None
+    # Set when the advice could not be judged (too little data): the verdict leaves it alone.
+    insufficient_data: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -92,20 +110,24 @@ def advise(
     lifetime: bool = False,
     prompt_tokens: float = 0.0,
     engines: int = 1,
+    requests: float | None = None,
 ) -> Recommendation:
     """`figures` are sums over the group's engines; sizes are per engine (each DP engine
     gets its own --kv-offloading-size), so byte figures are divided by `engines` for them."""
     t = t or Thresholds()
     current = "keep" if offloading else "leave_off"
     too_short = window_seconds < t.min_window_seconds and not lifetime
-    if too_short or prompt_tokens < t.min_prompt_tokens:
+    few = requests is not None and requests < t.min_requests
+    if too_short or few or prompt_tokens < t.min_prompt_tokens:
+        seen = f"{requests:.0f} requests, " if requests is not None else ""
         rec = Recommendation(
             current,
             reasons=[
-                f"too little data to judge: {window_seconds:.0f} s and {prompt_tokens:.0f} "
-                f"prompt tokens in the window (need ≥ {t.min_window_seconds:.0f} s and "
-                f"≥ {t.min_prompt_tokens:.0f} tokens)"
+                f"too little data to judge: {seen}{prompt_tokens:.0f} prompt tokens over "
+                f"{window_seconds:.0f} s in the window (need ≥ {t.min_requests:.0f} requests, "
+                f"≥ {t.min_prompt_tokens:.0f} tokens and ≥ {t.min_window_seconds:g} s)"
             ],
+            insufficient_data=True,
         )
     else:
         per_engine = _per_engine(figures, max(engines, 1))
@@ -197,11 +219,6 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
     filled = figures.get("cpu_fill_ratio_since_start")
     low_reuse = reuse is not None and reuse < t.low_reuse_ratio
 
-    if speed is not None and speed < t.min_speedup:
-        return Recommendation("disable", reasons=[
-            f"reloads are barely faster than recompute: speedup {_fmt(speed)}x < "
-            f"{t.min_speedup:g}x (load {_fmt(figures.get('load_tokens_per_second'), '', 0)} "
-            f"vs recompute {_fmt(figures.get('recompute_tokens_per_second'), '', 0)} tokens/s)"])
     if low_reuse and turnover is not None and turnover > t.reuse_horizon_seconds:
         return Recommendation("disable", reasons=[
             f"the GPU KV cache holds the working set: prefixes survive {turnover:.0f} s on the "
@@ -310,10 +327,7 @@ def refine_with_curve(
     Sizes are per engine (each DP engine has its own tier): the smallest tier reaching 95% of
     the achievable hit ratio, never below the GPU floor, capped by the memory limit. Decisions
     the curve cannot judge (thin data, reloads slower than recompute) stand."""
-    if rec.reasons and rec.reasons[0].startswith("too little data"):
-        return rec
-    if rec.action == "disable" and (figures.get("speedup") or 0) < t.min_speedup \
-            and figures.get("speedup") is not None:
+    if rec.insufficient_data:
         return rec
     floor = gpu_bytes * t.gpu_floor_ratio if gpu_bytes else 0.0
     curve_note = (f"the KV-event curve decided: achievable offload hit ratio "
@@ -402,3 +416,119 @@ def read_cgroup_memory_limit(path: str = "/sys/fs/cgroup/memory.max") -> float |
         return float(raw)
     except ValueError:
         return None
+
+
+def _ms(seconds: float) -> str:
+    return f"{abs(seconds) * 1000:.0f} ms"
+
+
+def _effect_words(effect: Effect) -> str:
+    parts = effect.parts
+    wait = _ms(parts["reload_wait_seconds"])
+    return (f"a reloaded request waits for the asynchronous load (~{wait}"
+            f" per request), the offload path costs ~{_ms(parts['store_seconds'])}, and "
+            f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per "
+            f"request would cost ~{_ms(parts['recompute_saved_seconds'])}")
+
+
+def _range(effect: Effect, sign: float = 1.0) -> list[float]:
+    low, high = sorted((sign * effect.low, sign * effect.high))
+    return [low, high]
+
+
+def judge_ttft(
+    rec: Recommendation,
+    offloading: bool,
+    mean_ttft: float | None,
+    now: Effect | None,
+    effect_at: Callable[[float], Effect | None] | None,
+    t: Thresholds,
+    hit_ratio_now: float | None = None,
+    best_case_only: bool = False,
+    current_bytes: float | None = None,
+) -> Recommendation:
+    """Re-decide by the TTFT the tier saves or costs (kvoffload.ttft), not by its hit ratio.
+
+    now: the tier's effect on this server (offloading on). effect_at(size in bytes): the
+    effect of a tier of that size against none, predicted. enable / keep / grow stand only
+    when the saving exceeds its uncertainty and max(min_ttft_saving_seconds,
+    min_ttft_saving_ratio × mean TTFT); a tier that costs TTFT is disabled (or left off).
+    best_case_only: effect_at is the bound where every GPU-missed token reloads (no KV
+    events: the hit ratio at a size is unknown); it can rule a tier out, not size its gain."""
+    if rec.insufficient_data or mean_ttft is None:
+        return rec
+    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
+
+    def pays(effect: Effect) -> bool:
+        return effect.high < 0 and -effect.seconds >= floor
+
+    def verdict_note(effect: Effect) -> str:
+        return (f"mean TTFT {_ms(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
+                f" than recomputing (range {effect.low * 1000:+.0f} … "
+                f"{effect.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)")
+
+    if not offloading:
+        size = rec.kv_offloading_size_gib
+        if rec.action != "enable" or size is None or effect_at is None:
+            return rec
+        effect = effect_at(size * GIB)
+        if effect is None:
+            return rec
+        if best_case_only and pays(effect):
+            rec.reasons.append(
+                f"even at best (every GPU-missed token reloaded) the tier would make "
+                f"{verdict_note(effect)}; the hit ratio at {size:g} GiB is unknown without KV "
+                "events, so the saving is not predicted")
+            return rec
+        if best_case_only:
+            return Recommendation("leave_off", reasons=[
+                f"even if every GPU-missed token reloaded from CPU, {_effect_words(effect)}: "
+                f"{verdict_note(effect)}"], warnings=rec.warnings, evidence=rec.evidence)
+        if pays(effect):
+            rec.ttft_change_seconds = effect.seconds
+            rec.ttft_change_basis = "predicted"
+            rec.ttft_change_range_seconds = _range(effect)
+            rec.reasons.append(f"a {size:g} GiB tier is predicted to make {verdict_note(effect)}:"
+                               f" {_effect_words(effect)}")
+            return rec
+        new = Recommendation("leave_off", reasons=[
+            f"a {size:g} GiB tier would hit, but {_effect_words(effect)}: predicted "
+            f"{verdict_note(effect)}"], warnings=rec.warnings, evidence=rec.evidence)
+        return new
+
+    if now is None:
+        return rec
+    hit = f"{hit_ratio_now:.0%} of GPU-missed tokens reload from CPU, but " \
+        if hit_ratio_now is not None else ""
+    if not pays(now):
+        why = ("costs TTFT" if now.seconds > 0 else "saves too little to show")
+        return Recommendation(
+            "disable",
+            reasons=[f"the CPU tier {why}: {hit}{_effect_words(now)}: {verdict_note(now)}"],
+            warnings=rec.warnings, evidence=rec.evidence,
+            ttft_change_seconds=-now.seconds, ttft_change_basis="measured",
+            ttft_change_range_seconds=_range(now, -1.0))
+    rec.reasons.append(f"the CPU tier pays: {verdict_note(now)}: {_effect_words(now)}")
+    if rec.action == "disable":
+        rec.action, rec.kv_offloading_size_gib = "keep", None
+        return rec
+    size = rec.kv_offloading_size_gib
+    if rec.action in ("grow", "shrink") and size is not None and effect_at is not None:
+        at_size = effect_at(size * GIB)
+        # Both sizes through the same model, so that its bias cancels in the difference.
+        base = effect_at(current_bytes) if current_bytes else None
+        if at_size is None or base is None:
+            return rec
+        change = Effect(at_size.seconds - base.seconds, at_size.low - base.low,
+                        at_size.high - base.high, at_size.parts)
+        if rec.action == "grow" and not (change.high < 0 and -change.seconds >= floor):
+            rec.reasons.append(
+                f"growing to {size:g} GiB would change mean TTFT by only "
+                f"{change.seconds * 1000:+.0f} ms (range {change.low * 1000:+.0f} … "
+                f"{change.high * 1000:+.0f}): keep the current size")
+            rec.action, rec.kv_offloading_size_gib = "keep", None
+            return rec
+        rec.ttft_change_seconds = change.seconds
+        rec.ttft_change_basis = "predicted"
+        rec.ttft_change_range_seconds = [change.low, change.high]
+    return rec

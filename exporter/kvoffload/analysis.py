@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kvoffload import ttft
 from kvoffload.advisor import (
     GIB,
     Recommendation,
     Thresholds,
     advise,
+    judge_ttft,
     prefill_saving_seconds,
     refine_with_curve,
 )
@@ -53,12 +55,16 @@ def analyze_window(
             continue  # instance-level series only (cache_config_info); no model to judge
         entry, ctx, rec = _group_entry(window, group, settings, lifetime)
         target_events = (events or {}).get(group[0])
+        hit_at: Callable[[float], float] | None = None
         if (ctx is not None and rec is not None and target_events is not None
                 and target_events.messages()
                 and _events_belong_to(window, group, bool(entry["offloading"]))):
             missed = _missed_tokens(window, group, ctx, event_baselines)
-            _add_event_evidence(entry, rec, window.static(group), target_events, missed,
-                                settings, _missed_per_request(window, group, ctx))
+            rec, hit_at = _add_event_evidence(
+                entry, rec, window.static(group), target_events, missed, settings,
+                _missed_per_request(window, group, ctx))
+        if ctx is not None and rec is not None:
+            _add_ttft_verdict(entry, ctx, rec, settings, hit_at)
         groups.append(entry)
     return groups
 
@@ -88,7 +94,8 @@ def _group_entry(
     figures = compute_figures(ctx)
     rec = advise(figures, offloading, delta.seconds, settings.memory_limit_bytes,
                  settings.thresholds, lifetime=lifetime,
-                 prompt_tokens=ctx.inc("prompt_tokens"), engines=len(static.engines))
+                 prompt_tokens=ctx.inc("prompt_tokens"), engines=len(static.engines),
+                 requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None)
     entry["figures"] = figures
     entry["recommendation"] = rec.to_json()
     return entry, ctx, rec
@@ -98,18 +105,64 @@ def _group_entry(
 MIN_SAMPLED_BLOCKS = 1000
 
 
+def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendation,
+                      settings: Settings, hit_at: Callable[[float], float] | None) -> None:
+    """The TTFT effect (kvoffload.ttft) joins the figures, and the advice is re-judged by it."""
+    figures = entry["figures"]
+    assert isinstance(figures, dict)
+    offloading = bool(entry["offloading"])
+    obs = ttft.observe(ctx, figures.get("kv_bytes_per_token"))
+    figures["offload_ttft_effect_seconds"] = None
+    if obs is None:
+        return
+    t = settings.thresholds
+    rate = t.store_critical_bytes_per_second
+    recompute = figures.get("recompute_tokens_per_second")
+    now = ttft.effect_now(obs, rate, recompute) if offloading else None
+
+    def effect_at(size_bytes: float) -> ttft.Effect | None:
+        hit = hit_at(size_bytes) if hit_at is not None else 1.0
+        return ttft.predict(obs, hit * obs.missed_tokens, rate, recompute)
+
+    if now is not None:
+        figures["offload_ttft_effect_seconds"] = now.seconds
+    proposed = rec.kv_offloading_size_gib
+    capacity = figures.get("cpu_capacity_bytes")
+    engines = max(len(ctx.static.engines), 1)
+    rec = judge_ttft(rec, offloading, obs.mean_ttft, now, effect_at, t,
+                     figures.get("offload_hit_ratio"), best_case_only=hit_at is None,
+                     current_bytes=capacity / engines if capacity else None)
+    predicted = None
+    if hit_at is not None and proposed is not None:
+        at_size = effect_at(proposed * GIB)
+        if at_size is not None:
+            predicted = {"kv_offloading_size_gib": proposed, **at_size.to_json()}
+    entry["ttft"] = {
+        "mean_ttft_seconds": obs.mean_ttft,
+        "mean_queue_seconds": obs.mean_queue,
+        "mean_prefill_seconds": obs.mean_prefill,
+        "requests": obs.requests,
+        "marginal_recompute_cost": obs.cost.to_json() if obs.cost else None,
+        "now": now.to_json() if now else None,
+        "predicted": predicted,
+    }
+    entry["recommendation"] = rec.to_json()
+
+
 def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: GroupStatic,
                         events: TargetEvents, missed: float | None, settings: Settings,
-                        missed_per_request: float | None = None) -> None:
+                        missed_per_request: float | None = None
+                        ) -> tuple[Recommendation, Callable[[float], float] | None]:
     """The curve and the exact figures join the entry; the advice is re-decided from the
-    curve (the advisor's preferred evidence)."""
+    curve (the advisor's preferred evidence). Returns the advice and the curve's hit ratio
+    at a size (bytes per engine), when there is a curve."""
     figures = entry["figures"]
     assert isinstance(figures, dict)
     ev = event_evidence(events, static, figures, missed)
     entry["kv_events"] = ev.json
     curve = ev.curve
     if curve is None:
-        return
+        return rec, None
     entry["curve"] = [p.to_json() for p in curve.points]
 
     def saving_at(hit_ratio: float) -> float | None:
@@ -138,6 +191,7 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
     # Mean prefill seconds per request the tier saves at that size, against recomputing.
     entry["predicted_prefill_saving_seconds"] = (
         saving_at(predicted) if isinstance(predicted, float) else None)
+    return rec, lambda size: curve.at(size, events)
 
 
 def _missed_per_request(window: Window, group: GroupKey, ctx: Context) -> float | None:

@@ -119,6 +119,7 @@ class SidecarCollector(Collector):
         size = GaugeMetricFamily("kvoffload_recommended_size_bytes",
                                  "Recommended --kv-offloading-size, in bytes.",
                                  labels=GROUP_LABELS)
+        verdict = _TtftFamilies()
         for g in groups:
             if g.get("stale"):
                 continue  # its target is down: kvoffload_up says so, old figures would lie
@@ -142,11 +143,13 @@ class SidecarCollector(Collector):
             size_gib = recommendation.get("kv_offloading_size_gib")
             if size_gib is not None:
                 size.add_metric(key, float(size_gib) * GIB)
+            verdict.add(key, g)
         yield offloading
         yield window
         yield from families.values()
         yield rec
         yield size
+        yield from verdict.families()
         yield from self._kv_events(groups)
 
     def _kv_events(self, groups: list[dict[str, object]]) -> Iterator[Metric]:
@@ -211,3 +214,50 @@ def build_registry(sidecar: Sidecar) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(sidecar))
     return registry
+
+
+class _TtftFamilies:
+    """The TTFT verdict (kvoffload.ttft) of every group, as gauges."""
+
+    def __init__(self) -> None:
+        self.effect = GaugeMetricFamily(
+            "kvoffload_offload_ttft_effect_seconds",
+            "Mean TTFT change per request that the CPU tier causes now versus no offloading "
+            "(negative = faster), measured on this server.", labels=GROUP_LABELS)
+        self.change = GaugeMetricFamily(
+            "kvoffload_recommended_ttft_change_seconds",
+            "Predicted mean TTFT change per request if the recommendation is applied, relative "
+            "to now (negative = faster); bound=estimate|low|high.",
+            labels=[*GROUP_LABELS, "basis", "bound"])
+        self.predicted = GaugeMetricFamily(
+            "kvoffload_predicted_offload_ttft_effect_seconds",
+            "Predicted mean TTFT change per request of a CPU tier at the recommended size "
+            "versus none (negative = faster), from the KV-event curve.", labels=GROUP_LABELS)
+        self.marginal = GaugeMetricFamily(
+            "kvoffload_marginal_recompute_ttft_seconds",
+            "Mean TTFT (summed over requests) that one more recomputed prompt token costs, "
+            "fitted over scrape intervals.", labels=GROUP_LABELS)
+
+    def add(self, key: list[str], group: dict[str, object]) -> None:
+        figures = group.get("figures")
+        if isinstance(figures, dict) and figures.get("offload_ttft_effect_seconds") is not None:
+            self.effect.add_metric(key, float(figures["offload_ttft_effect_seconds"]))
+        rec = group.get("recommendation")
+        if isinstance(rec, dict) and rec.get("ttft_change_seconds") is not None:
+            low, high = rec.get("ttft_change_range_seconds") or (None, None)
+            for bound, value in (("estimate", rec["ttft_change_seconds"]), ("low", low),
+                                 ("high", high)):
+                if value is not None:
+                    self.change.add_metric([*key, str(rec["ttft_change_basis"]), bound],
+                                           float(value))
+        verdict = group.get("ttft")
+        if isinstance(verdict, dict):
+            predicted = verdict.get("predicted")
+            if isinstance(predicted, dict):
+                self.predicted.add_metric(key, float(predicted["seconds"]))
+            cost = verdict.get("marginal_recompute_cost")
+            if isinstance(cost, dict):
+                self.marginal.add_metric(key, float(cost["seconds_per_token"]))
+
+    def families(self) -> Iterator[Metric]:
+        yield from (self.effect, self.change, self.predicted, self.marginal)

@@ -61,6 +61,7 @@ def render_report(groups: list[dict[str, object]], source: str, note: str = "") 
         width = max(len(f.key) for f in FIGURES)
         for fig in FIGURES:
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
+        lines.extend(_ttft_lines(g, figures, rec))
         size = rec.get("kv_offloading_size_gib")
         size_text = f" (--kv-offloading-size {size:g})" if size is not None else ""
         lines.append(f"  recommendation: {str(rec['action']).upper()}{size_text}")
@@ -69,3 +70,36 @@ def render_report(groups: list[dict[str, object]], source: str, note: str = "") 
         for warning in rec.get("warnings", []):  # type: ignore[union-attr]
             lines.append(f"    ! {warning}")
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: object) -> str:
+    return f"{float(value) * 1000:+.1f} ms"  # type: ignore[arg-type]
+
+
+def _ttft_lines(g: dict[str, object], figures: dict[str, object], rec: dict[str, object]
+                ) -> list[str]:
+    """The TTFT verdict: mean TTFT, the tier's effect now, the change the advice predicts."""
+    verdict = g.get("ttft")
+    if not isinstance(verdict, dict):
+        return []
+    lines = [f"  mean TTFT {float(verdict['mean_ttft_seconds']) * 1000:.1f} ms over "
+             f"{float(verdict['requests']):.0f} requests (queue "
+             f"{float(verdict['mean_queue_seconds']) * 1000:.1f} ms, prefill "
+             f"{float(verdict['mean_prefill_seconds']) * 1000:.1f} ms)"]
+    effect = figures.get("offload_ttft_effect_seconds")
+    if effect is not None:
+        low, high = verdict["now"]["range_seconds"]  # type: ignore[index]
+        lines.append(f"  TTFT effect of the CPU tier now: {_ms(effect)} per request "
+                     f"(range {_ms(low)} … {_ms(high)}; negative = faster)")
+    predicted = verdict.get("predicted")
+    if isinstance(predicted, dict) and effect is None:
+        low, high = predicted["range_seconds"]
+        lines.append(f"  predicted TTFT effect of a {predicted['kv_offloading_size_gib']:g} GiB "
+                     f"tier: {_ms(predicted['seconds'])} per request "
+                     f"(range {_ms(low)} … {_ms(high)})")
+    change = rec.get("ttft_change_seconds")
+    if change is not None:
+        low, high = rec["ttft_change_range_seconds"]  # type: ignore[misc]
+        lines.append(f"  if applied: mean TTFT {_ms(change)} per request "
+                     f"({rec['ttft_change_basis']}, range {_ms(low)} … {_ms(high)})")
+    return lines

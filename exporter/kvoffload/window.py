@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvoffload.intervals import FIT_SIZE, add_interval
 from kvoffload.vllm import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
@@ -37,6 +38,9 @@ class Point:
     counters: dict[str, float]
     gauge_sums: dict[str, float]
     gauge_n: dict[str, float]
+    # Running sums over scrape intervals (kvoffload.intervals): a window's share is a
+    # subtraction, like the counters'.
+    fit: tuple[float, ...] = (0.0,) * FIT_SIZE
 
 
 @dataclass
@@ -61,6 +65,8 @@ class Delta:
     inc: dict[str, float]
     gauge_avg: dict[str, float]
     points: int
+    # Sums over the window's scrape intervals (kvoffload.intervals), for marginal costs.
+    fit: tuple[float, ...] = (0.0,) * FIT_SIZE
 
 
 class Window:
@@ -171,9 +177,11 @@ class Window:
                     sums[k] = sums.get(k, 0.0) + gauges[k]
                     counts[k] = counts.get(k, 0.0) + 1
             self._gauge_running[g] = (sums, counts)
-            point = Point(ex.timestamp, dict(totals), sums, counts)
-
             points = self._points.get(g)
+            previous = points[-1] if points else None
+            fit = (add_interval(previous.fit, previous.counters, totals) if previous
+                   else (0.0,) * FIT_SIZE)
+            point = Point(ex.timestamp, dict(totals), sums, counts, fit)
             if points is None:
                 points = deque()
                 self._points[g] = points
@@ -229,7 +237,8 @@ class Window:
             n = last.gauge_n.get(k, 0.0) - first.gauge_n.get(k, 0.0)
             if n > 0:
                 gauge_avg[k] = (v - first.gauge_sums.get(k, 0.0)) / n
-        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points))
+        fit = tuple(a - b for a, b in zip(last.fit, first.fit, strict=True))
+        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points), fit)
 
     def forget_instance(self, instance: str) -> None:
         """Drop everything about a target (it was removed from the configuration)."""
