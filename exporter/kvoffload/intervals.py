@@ -56,12 +56,14 @@ class MarginalCost:
     standard_error: float
     intervals: int
 
-    def shrunk(self) -> float:
-        """The estimate pulled towards zero as much as its noise warrants (a cost of zero is
-        the conservative prior: it never promises a saving the data does not show)."""
+    def shrunk(self, z: float = 3.0) -> float:
+        """The estimate pulled towards zero as much as its noise warrants: β · t²/(t² + z²),
+        t = β ÷ its standard error (a cost of zero is the conservative prior: it never
+        promises a saving the data does not show; 7 intervals at t = 1.1 keep 12% of β,
+        23 intervals at t = 4.8 keep 72%)."""
         beta = max(self.seconds_per_token, 0.0)
         se2 = self.standard_error**2
-        return beta * beta * beta / (beta * beta + 4 * se2) if beta > 0 else 0.0
+        return beta * beta * beta / (beta * beta + z * z * se2) if beta > 0 else 0.0
 
     def bounds(self, z: float = 2.0) -> tuple[float, float]:
         beta = self.seconds_per_token

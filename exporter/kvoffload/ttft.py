@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 from kvoffload.intervals import MarginalCost, marginal_recompute_cost
 from kvoffload.signals import Context, loaded_tokens
 
+# β is fitted on local variation (one interval recomputes more than the next); a tier changes
+# every request at once, and the engine's queueing feeds that back: on real vLLM the TTFT
+# moved 1.0–1.8× as much per token between servers as within one (docs/advisor.md).
+_GLOBAL_FACTOR = 1.5
+_GLOBAL_RANGE = (1.0, 2.0)
 # Ranges on the assumed parts of the model (docs/advisor.md).
 _STORE_SPREAD = 0.5
 _WAIT_SPREAD = 0.3
@@ -99,7 +104,8 @@ def _beta(obs: Observed, fallback_rate: float | None) -> tuple[float, float, flo
     request's own recompute at the window's token rate, with a range of 0 to twice it."""
     if obs.cost is not None:
         low, high = obs.cost.bounds()
-        return obs.cost.shrunk(), low, high
+        return (obs.cost.shrunk() * _GLOBAL_FACTOR, low * _GLOBAL_RANGE[0],
+                high * _GLOBAL_RANGE[1])
     if fallback_rate:
         per_token = 1.0 / fallback_rate
         return per_token, 0.0, 2 * per_token
