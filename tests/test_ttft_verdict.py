@@ -1,8 +1,8 @@
 """The TTFT verdict on real vLLM 0.26.0 (H200): four sets of servers that got the same requests
 with and without a CPU tier (tests/fixtures/vllm-0.26-h200-ttft: three built from
-reference/vllm-0.26-h200-ttft by its build.py, and `long`, run by bench/real/). Each recording is judged alone, at its 1 s
-scrapes, as `kvoffload analyze FILE --events FILE.kvev` would; the truth is the difference of
-the clients' mean TTFT between the servers."""
+reference/vllm-0.26-h200-ttft by its build.py, and `long`, run by bench/real/). Each recording is
+judged alone, at its 1 s scrapes, as `kvoffload analyze FILE --events FILE.kvev` would; the truth
+is the difference of the clients' mean TTFT between the servers."""
 
 from __future__ import annotations
 
