@@ -10,9 +10,10 @@ from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import Window
 
 
-def run_scenario(name: str, interval: float = 15.0) -> list[dict]:
+def run_scenario(name: str, interval: float | None = None) -> list[dict]:
     """Scrape a scenario every `interval` virtual seconds over its whole length."""
     sc = scenarios.get(name)
+    interval = interval or sc.scrape_interval_s
     sim = SimServer(sc)
     window = Window(None)
     t = 0.0

@@ -28,8 +28,9 @@ SCENARIOS = ["laptop-eviction", "rag-hot-set-fits", "buffer-too-small", "no-reus
              "restart", "legacy-0.23", "recompute-wins"]
 
 
-def whole_run(name: str, interval: float = 15.0):
+def whole_run(name: str, interval: float | None = None):
     sc = scenarios.get(name)
+    interval = interval or sc.scrape_interval_s
     sim = SimServer(sc)
     window = Window(None)
     t = 0.0

@@ -498,9 +498,39 @@ def judge_ttft(
 
     if now is None:
         return rec
+    size = rec.kv_offloading_size_gib
+    at_size = effect_at(size * GIB) if size is not None and effect_at is not None else None
+    # Both sizes through the same model, so that its bias cancels in the difference.
+    base = effect_at(current_bytes) if current_bytes and effect_at is not None else None
+
+    def change_to(target: Effect) -> Effect:
+        ref = base or now
+        return Effect(target.seconds - ref.seconds, target.low - ref.low,
+                      target.high - ref.high, target.parts)
+
+    def predicted(change: Effect) -> None:
+        if not best_case_only:
+            rec.ttft_change_seconds = change.seconds
+            rec.ttft_change_basis = "predicted"
+            rec.ttft_change_range_seconds = [change.low, change.high]
+
     hit = f"{hit_ratio_now:.0%} of GPU-missed tokens reload from CPU, but " \
         if hit_ratio_now is not None else ""
     if not pays(now):
+        if rec.action == "grow" and at_size is not None and pays(at_size):
+            rec.reasons.append(
+                f"too small to pay now ({verdict_note(now)}), but a {size:g} GiB tier is "
+                f"predicted to make {verdict_note(at_size)}")
+            predicted(change_to(at_size))
+            return rec
+        store = now.parts.get("store_seconds", 0.0)
+        if rec.action == "store_threshold" and now.seconds < floor:
+            # Stores without reloads: what the tier costs is its stores (PCIe traffic, pinned
+            # memory, and ~store of TTFT); storing a prefix only when it comes back cuts them.
+            rec.reasons.append(f"the stores cost ~{_ms(store)} of mean TTFT per request now "
+                               f"({verdict_note(now)})")
+            predicted(Effect(-store, -1.5 * store, -0.5 * store, {}))
+            return rec
         why = ("costs TTFT" if now.seconds > 0 else "saves too little to show")
         return Recommendation(
             "disable",
@@ -512,23 +542,15 @@ def judge_ttft(
     if rec.action == "disable":
         rec.action, rec.kv_offloading_size_gib = "keep", None
         return rec
-    size = rec.kv_offloading_size_gib
-    if rec.action in ("grow", "shrink") and size is not None and effect_at is not None:
-        at_size = effect_at(size * GIB)
-        # Both sizes through the same model, so that its bias cancels in the difference.
-        base = effect_at(current_bytes) if current_bytes else None
-        if at_size is None or base is None:
-            return rec
-        change = Effect(at_size.seconds - base.seconds, at_size.low - base.low,
-                        at_size.high - base.high, at_size.parts)
-        if rec.action == "grow" and not (change.high < 0 and -change.seconds >= floor):
+    if rec.action in ("grow", "shrink") and at_size is not None and base is not None:
+        change = change_to(at_size)
+        if rec.action == "grow" and not best_case_only and not (
+                change.high < 0 and -change.seconds >= floor):
             rec.reasons.append(
                 f"growing to {size:g} GiB would change mean TTFT by only "
                 f"{change.seconds * 1000:+.0f} ms (range {change.low * 1000:+.0f} … "
                 f"{change.high * 1000:+.0f}): keep the current size")
             rec.action, rec.kv_offloading_size_gib = "keep", None
             return rec
-        rec.ttft_change_seconds = change.seconds
-        rec.ttft_change_basis = "predicted"
-        rec.ttft_change_range_seconds = [change.low, change.high]
+        predicted(change)
     return rec

@@ -142,7 +142,7 @@ def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendatio
         "mean_queue_seconds": obs.mean_queue,
         "mean_prefill_seconds": obs.mean_prefill,
         "requests": obs.requests,
-        "marginal_recompute_cost": obs.cost.to_json() if obs.cost else None,
+        "marginal_recompute_seconds_per_token": obs.cost.to_json() if obs.cost else None,
         "now": now.to_json() if now else None,
         "predicted": predicted,
     }

@@ -255,9 +255,9 @@ class _TtftFamilies:
             predicted = verdict.get("predicted")
             if isinstance(predicted, dict):
                 self.predicted.add_metric(key, float(predicted["seconds"]))
-            cost = verdict.get("marginal_recompute_cost")
+            cost = verdict.get("marginal_recompute_seconds_per_token")
             if isinstance(cost, dict):
-                self.marginal.add_metric(key, float(cost["seconds_per_token"]))
+                self.marginal.add_metric(key, float(cost["value"]))
 
     def families(self) -> Iterator[Metric]:
         yield from (self.effect, self.change, self.predicted, self.marginal)

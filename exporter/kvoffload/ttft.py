@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvoffload.intervals import MarginalCost, marginal_recompute_cost
+from kvoffload.intervals import Coefficient, marginal_recompute_cost
 from kvoffload.signals import Context, loaded_tokens
 
 # β is fitted on local variation (one interval recomputes more than the next); a tier changes
@@ -53,7 +53,7 @@ class Observed:
     stored_bytes: float | None  # bytes copied to the CPU tier per request (offloading on)
     bytes_per_token: float | None
     waiting_for_capacity: float
-    cost: MarginalCost | None
+    cost: Coefficient | None  # β: TTFT per recomputed token (kvoffload.intervals)
 
     @property
     def missed_tokens(self) -> float:
@@ -101,14 +101,14 @@ class Effect:
 
 def _beta(obs: Observed, fallback_rate: float | None) -> tuple[float, float, float] | None:
     """(point, low, high) of the marginal TTFT per recomputed token. Without a fit, one
-    request's own recompute at the window's token rate, with a range of 0 to twice it."""
+    request's own recompute at the window's token rate, with a range of half to twice it."""
     if obs.cost is not None:
         low, high = obs.cost.bounds()
         return (obs.cost.shrunk() * _GLOBAL_FACTOR, low * _GLOBAL_RANGE[0],
                 high * _GLOBAL_RANGE[1])
     if fallback_rate:
         per_token = 1.0 / fallback_rate
-        return per_token, 0.0, 2 * per_token
+        return per_token, 0.5 * per_token, 2 * per_token
     return None
 
 
@@ -131,6 +131,8 @@ def effect_now(obs: Observed, store_rate: float, recompute_rate: float | None
     if beta is None:
         return None
     point, b_low, b_high = beta
+    # Without a tier the queue was ~0 on real vLLM (0.02 ms); with one, every request's queue
+    # time rose (not only the reloaded ones'), so all of it is the tier's.
     wait = obs.mean_queue
     store = _store_seconds(obs, obs.stored_bytes, store_rate, point)
     x = obs.loaded_tokens
@@ -158,7 +160,8 @@ def predict(obs: Observed, reloaded_tokens: float, store_rate: float,
     store = _store_seconds(
         obs, computed * obs.bytes_per_token if obs.bytes_per_token else None, store_rate, point)
     if obs.loads > 0 and obs.loaded_tokens > 0:
-        per_reload = obs.loaded_tokens / obs.loads
+        # A tier that barely hits now reloads scraps; a bigger one brings whole prefixes.
+        per_reload = max(obs.loaded_tokens / obs.loads, obs.missed_tokens)
         wait = obs.mean_queue / obs.loads
         wait_spread = 0.0
     else:

@@ -18,11 +18,13 @@ INSTANCE = "sim:8000"
 
 
 def run_with_event_states(scenario: str | Scenario, sample_rates: Sequence[float],
-                          interval: float = 60.0
+                          interval: float | None = None
                           ) -> tuple[Window, list[TargetEvents], dict]:
     """One run, its decoded events fed to one TargetEvents per sample rate (so exact and
-    sampled modes see the very same stream)."""
+    sampled modes see the very same stream); every 60 s, or as often as a short scenario
+    asks (its scrape_interval_s)."""
     sc = scenarios.get(scenario) if isinstance(scenario, str) else scenario
+    interval = interval or (60.0 if sc.scrape_interval_s >= 15 else sc.scrape_interval_s)
     sim = SimServer(sc, kv_events=True)
     states = [TargetEvents(rate) for rate in sample_rates]
     window = Window(None)
@@ -44,7 +46,7 @@ def run_with_event_states(scenario: str | Scenario, sample_rates: Sequence[float
     return window, states, sim.ground_truth(include_requests=False)
 
 
-def run_with_events(scenario: str | Scenario, sample_rate: float = 1.0, interval: float = 60.0
-                    ) -> tuple[Window, TargetEvents, dict]:
+def run_with_events(scenario: str | Scenario, sample_rate: float = 1.0,
+                    interval: float | None = None) -> tuple[Window, TargetEvents, dict]:
     window, (state,), truth = run_with_event_states(scenario, [sample_rate], interval)
     return window, state, truth

@@ -26,6 +26,7 @@ class Scenario:
     # (counters cannot measure reuse distances); None = the same as `advice`.
     advice_without_events: str | None = None
     duration_s: float = 1800.0  # natural length of the workload (virtual seconds)
+    scrape_interval_s: float = 15.0  # how often tests and recordings scrape it
     vllm_version: str = "0.33"  # "0.33" or "0.23"
     start_epoch: float = 1_795_000_000.0  # virtual wall clock at t=0 (`_created`, timestamps)
     restart_at_s: float | None = None  # the server restarts at this virtual time

@@ -58,6 +58,10 @@ class Request:
     load_s: float = 0.0  # wall time of the load copy (one rank)
     t_sched: float = 0.0
     t_done: float = 0.0
+    remaining: int = 0  # output tokens still to decode
+    t_last_token: float = 0.0
+    # (ttft, queue, prefill, GPU-hit, CPU-hit, computed tokens), reported when it completes
+    first: tuple[float, float, float, int, int, int] | None = None
 
     def computed(self, block_size: int) -> int:
         return self.prompt - (self.gpu_hit_blocks + self.ext_blocks) * block_size
@@ -111,6 +115,11 @@ class Engine:
         self.loading: dict[int, Request] = {}
         self.ready: deque[Request] = deque()
         self.running: list[Request] = []
+        self.decoding: list[Request] = []
+        # The engine core takes new requests and finished loads between steps, like vLLM's
+        # busy loop: what arrives during a step waits for its end.
+        self.inbox: list[Request] = []
+        self.copied: list[tuple[Request, float]] = []
         self.in_step = False
         self.load_free_at = 0.0
         self.store_free_at = 0.0
@@ -261,6 +270,9 @@ class Engine:
     # -- events --------------------------------------------------------------------------------
 
     def arrive(self, t: float, req: Request) -> None:
+        if self.in_step:
+            self.inbox.append(req)  # queued when the running step ends (t_engine then)
+            return
         self.waiting.append(req)
         self._maybe_step(t)
 
@@ -322,11 +334,18 @@ class Engine:
             self.load_free_at = end
             r.load_s = end - t
             self.loading[r.rid] = r
-            # the scheduler notices the finished load on its next step
-            self.host.schedule(end + self.s.hardware.engine_step_s, self._load_done, r, rank_s)
+            self.host.schedule(end, self._load_copied, r, rank_s)
         return True
 
-    def _load_done(self, t: float, r: Request, rank_s: float) -> None:
+    def _load_copied(self, t: float, r: Request, rank_s: float) -> None:
+        """The copy is done; vLLM's scheduler learns it from the worker at the end of the step
+        running now (or of the next idle step), and schedules the request after that."""
+        if self.in_step:
+            self.copied.append((r, rank_s))
+        else:
+            self.host.schedule(t + self.s.hardware.engine_step_s, self._load_done, r, rank_s)
+
+    def _load_done(self, t: float, r: Request, rank_s: float, step: bool = True) -> None:
         self._now = t
         assert self.cpu is not None
         self.cpu.end_load(r.load_keys)
@@ -335,7 +354,7 @@ class Engine:
         self._transfer_metrics(True, r.ext_blocks, rank_s, t)
         del self.loading[r.rid]
         self.ready.append(r)
-        if not self.in_step:
+        if step and not self.in_step:
             self._maybe_step(t)
             if not self.in_step:
                 self._record_step(t)
@@ -386,6 +405,9 @@ class Engine:
         budget = self.s.max_num_batched_tokens
         max_seqs = self.s.max_num_seqs
         bs = self.bs
+        decoders = list(self.decoding)
+        budget -= len(decoders)
+        max_seqs -= len(decoders)
         while self.ready and len(batch) < max_seqs:
             need = self.ready[0].computed(bs)
             if batch and need > budget:
@@ -404,31 +426,64 @@ class Engine:
                 continue  # deferred until its load is done
             batch.append(r)
             budget -= r.computed(bs)
-        if not batch:
+        if not batch and not decoders:
             self._record_step(t)
             return
         compute = 0
+        stored_chunks = 0
         for r in batch:
             r.t_sched = t
             self._cache(t, r, r.gpu_hit_blocks + r.ext_blocks, len(r.hashes))
             if self.cpu is not None:
                 self._prepare_store(t, r)
+                stored_chunks += len(r.store_keys)
             compute += r.computed(bs)
         hw = self.s.hardware
-        duration = hw.prefill_overhead_s + compute / self.sz.prefill_tokens_per_s
+        duration = (hw.prefill_overhead_s + compute / self.sz.prefill_tokens_per_s
+                    + len(decoders) * hw.decode_s_per_seq)
+        if self.cpu is not None:
+            duration += hw.offload_step_overhead_s
+            if batch:
+                duration += hw.offload_prefill_overhead_s
+            if hw.store_critical_gbps:
+                duration += stored_chunks * self.sz.chunk_bytes / (hw.store_critical_gbps * 1e9)
+        self.m.observe("vllm:iteration_tokens_total", self.labels, compute + len(decoders),
+                       self._wall(t))
         self.in_step = True
-        self.running = batch
+        self.running = batch + decoders
         self._record_step(t)
-        self.host.schedule(t + duration, self._step_end, batch)
+        self.host.schedule(t + duration, self._step_end, batch, decoders)
 
-    def _step_end(self, t: float, batch: list[Request]) -> None:
+    def _step_end(self, t: float, batch: list[Request], decoders: list[Request]) -> None:
         self._now = t
         self.in_step = False
         self.running = []
         hw = self.s.hardware
+        for r in self.inbox:
+            r.t_engine = t
+            self.waiting.append(r)
+        self.inbox.clear()
+        for r, rank_s in self.copied:
+            self._load_done(t, r, rank_s, step=False)
+        self.copied.clear()
+        w = self._wall(t)
+        for r in decoders:
+            self.m.observe("vllm:inter_token_latency_seconds", self.labels, t - r.t_last_token, w)
+            self.m.inc("vllm:generation_tokens", self.labels, 1, w)
+            r.t_last_token = t
+            r.remaining -= 1
+            if r.remaining <= 0:
+                self.decoding.remove(r)
+                self.gpu.free(r.blocks)
+                self.host.schedule(t + hw.frontend_overhead_s / 2, self._finish, r)
         for r in batch:
             r.t_done = t
-            self.gpu.free(r.blocks)
+            if r.spec.output_tokens > 1:
+                r.remaining = r.spec.output_tokens - 1
+                r.t_last_token = t
+                self.decoding.append(r)
+            else:
+                self.gpu.free(r.blocks)
             if r.store_keys:
                 n_blocks = len(r.store_keys) * self.bpc
                 start = max(t, self.store_free_at)
@@ -452,7 +507,8 @@ class Engine:
             self._record_step(t)
 
     def _first_token(self, t: float, r: Request) -> None:
-        """The API server emits the first (and only) token: request-level counters."""
+        """The API server emits the first token: request-level counters (and, for a prefill-
+        only request, its completion)."""
         w = self._wall(t)
         m, lab, bs = self.m, self.labels, self.bs
         hit_tok = r.gpu_hit_blocks * bs
@@ -467,11 +523,9 @@ class Engine:
         m.inc("vllm:prompt_tokens_by_source", (*lab, "external_kv_transfer"), ext_tok, w)
         m.inc("vllm:prompt_tokens_cached", lab, hit_tok + ext_tok, w)
         m.inc("vllm:generation_tokens", lab, 1, w)
-        m.inc("vllm:request_success", (*lab, "length"), 1, w)
         m.observe("vllm:request_prompt_tokens", lab, r.prompt, w)
         m.observe("vllm:request_prefill_kv_computed_tokens", lab, computed, w)
         m.observe("vllm:time_to_first_token_seconds", lab, ttft, w)
-        m.observe("vllm:e2e_request_latency_seconds", lab, ttft, w)
         m.observe("vllm:request_queue_time_seconds", lab, queue, w)
         m.observe("vllm:request_prefill_time_seconds", lab, prefill, w)
         m.observe("vllm:request_num_preemptions", lab, 0, w)
@@ -481,6 +535,23 @@ class Engine:
         if ext_tok:
             recompute_s = ext_tok / self.sz.prefill_tokens_per_s
             tr.ttft_saved_s += recompute_s - r.load_s - self.s.hardware.engine_step_s
+        r.first = (ttft, queue, prefill, hit_tok, ext_tok, computed)
+        if r.spec.output_tokens <= 1:
+            self._finish(t, r)
+
+    def _finish(self, t: float, r: Request) -> None:
+        """The last token reaches the client."""
+        assert r.first is not None
+        w = self._wall(t)
+        m, lab = self.m, self.labels
+        m.inc("vllm:request_success", (*lab, "length"), 1, w)
+        m.observe("vllm:e2e_request_latency_seconds", lab, t - r.spec.t, w)
+        if r.spec.output_tokens > 1:
+            m.observe("vllm:request_decode_time_seconds", lab, t - r.t_done, w)
+        self._report(t, r, *r.first)
+
+    def _report(self, t: float, r: Request, ttft: float, queue: float, prefill: float,
+                hit_tok: int, ext_tok: int, computed: int) -> None:
         self.host.request_finished({
             "rid": r.rid,
             "t": r.spec.t,
@@ -495,4 +566,5 @@ class Engine:
             "queue_s": queue,
             "prefill_s": prefill,
             "load_s": r.load_s,
+            "t_finished": t,
         })

@@ -24,6 +24,11 @@ BASE = ("model_name", "engine")
 # --- buckets (vllm/v1/metrics/buckets.py defaults) ---------------------------------------------
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+# vLLM's inter-token latency and iteration-token buckets.
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
+                           4096.0, 8192.0, 16384.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
@@ -291,6 +296,13 @@ def families_for(
         Family("vllm:request_prefill_time_seconds", "histogram",
                "Histogram of time spent in PREFILL phase for request.", BASE,
                REQUEST_LATENCY_BUCKETS),
+        Family("vllm:request_decode_time_seconds", "histogram",
+               "Histogram of time spent in DECODE phase for request.", BASE,
+               REQUEST_LATENCY_BUCKETS),
+        Family("vllm:inter_token_latency_seconds", "histogram",
+               "Histogram of inter-token latency in seconds.", BASE, ITL_BUCKETS),
+        Family("vllm:iteration_tokens_total", "histogram",
+               "Histogram of number of tokens per engine_step.", BASE, ITERATION_TOKEN_BUCKETS),
         Family("vllm:request_num_preemptions", "histogram",
                "Histogram of the number of times a request was preempted.", BASE,
                tuple(float(b) for b in PREEMPTION_BUCKETS)),

@@ -43,6 +43,14 @@ class Hardware:
     prefill_overhead_s: float  # fixed cost of one engine step that runs a prefill
     frontend_overhead_s: float  # tokenize + detokenize in the API server: TTFT only
     engine_step_s: float  # an (idle) engine step: how late finished transfers are noticed
+    # What only some engines pay (real vLLM 0.26.0 on an H200, docs/advisor.md):
+    decode_s_per_seq: float = 0.0  # each decoding sequence in a step
+    # The offloading connector's own work per step (scheduler and worker side), and the
+    # copy-out of newly computed blocks where it sits on the step's critical path (an engine
+    # bound by per-step overhead: eager mode, small models); None = hidden behind compute.
+    offload_step_overhead_s: float = 0.0  # every step
+    offload_prefill_overhead_s: float = 0.0  # steps that schedule new prefills
+    store_critical_gbps: float | None = None
 
     def prefill_tokens_per_s(self, shape: ModelShape, tp: int = 1) -> float:
         """Prefill throughput of one engine; TP ranks split the FLOPs (ideal scaling)."""
@@ -118,8 +126,44 @@ H200_SLOW_LINK = Hardware(
     engine_step_s=0.010,
 )
 
+# The H200 engines of reference/vllm-0.26-h200-ttft (real vLLM 0.26.0), calibrated so that the
+# simulator's versions of its three sets give their TTFT changes (tests/sim/test_sim_ttft.py).
+# Qwen3-0.6B with --enforce-eager: every step costs ~18 ms of launch overhead whatever it
+# computes, and the offloading connector adds ~2.3 ms to every step (the inter-token latency
+# rose 19.7 → 22.0 ms) and ~8 ms to a step that schedules new prefills (lookups, store
+# preparation): the prefill got 5–12 ms slower with a tier while recomputing less.
+H200_EAGER_SMALL = Hardware(
+    name="h200-eager-small",
+    tflops=989.0,
+    efficiency=0.3,
+    load_gbps=32.5,
+    store_gbps=32.9,
+    transfer_latency_s=30e-6,
+    prefill_overhead_s=0.018,
+    frontend_overhead_s=0.030,
+    engine_step_s=0.002,
+    decode_s_per_seq=0.0002,
+    offload_step_overhead_s=0.0023,
+    offload_prefill_overhead_s=0.008,
+)
+# Qwen3-8B with CUDA graphs: ~5.5 ms per step, recompute dominates a 1,024-token prefill.
+H200_GRAPHS = Hardware(
+    name="h200-graphs",
+    tflops=989.0,
+    efficiency=0.7,
+    load_gbps=32.5,
+    store_gbps=32.9,
+    transfer_latency_s=30e-6,
+    prefill_overhead_s=0.0055,
+    frontend_overhead_s=0.015,
+    engine_step_s=0.002,
+    decode_s_per_seq=0.00003,
+    offload_step_overhead_s=0.0004,
+    offload_prefill_overhead_s=0.004,
+)
+
 HARDWARE: dict[str, Hardware] = {
-    hw.name: hw for hw in (LAPTOP_ADA, H200, H200_SLOW_LINK)
+    hw.name: hw for hw in (LAPTOP_ADA, H200, H200_SLOW_LINK, H200_EAGER_SMALL, H200_GRAPHS)
 }
 
 

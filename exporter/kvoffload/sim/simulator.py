@@ -11,6 +11,7 @@ import heapq
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
@@ -63,9 +64,15 @@ class SimServer:
         self._hashers = [PromptHasher(m.block_size) for m in self.models]
         # every model's requests, keyed by arrival at its engine core (after tokenization)
         arrivals: list[tuple[float, int, int, RequestSpec]] = []
+        # closed-loop models: the requests their clients will send, in order
+        self._closed: dict[int, deque[RequestSpec]] = {}
         for mi, m in enumerate(self.models):
             fe_in = m.hardware.frontend_overhead_s / 2
-            specs = generate(m.workload, m.duration_s, seed * 7919 + mi, m.max_model_len - 1)
+            specs = generate(m.workload, m.duration_s, seed * 7919 + mi,
+                             m.max_model_len - max(1, m.workload.output_tokens))
+            if m.workload.concurrency:
+                self._closed[mi] = deque(specs)
+                continue
             arrivals += [(r.t + fe_in, mi, i, r) for i, r in enumerate(specs)]
         arrivals.sort(key=lambda a: (a[0], a[1], a[2]))
         self._arrivals = arrivals
@@ -84,6 +91,10 @@ class SimServer:
         self._collector = mf.StoreCollector(lambda: self.metrics)
         self.registry.register(self._collector)
         self._start(0.0)
+        for mi, pending in self._closed.items():
+            clients = self.models[mi].workload.concurrency or 0
+            for c in range(min(clients, len(pending))):
+                self._push(c * 1e-3, -1, self._send, (mi,))
         if scenario.restart_at_s is not None:
             self._push(scenario.restart_at_s, -1, self._restart, ())
 
@@ -143,6 +154,21 @@ class SimServer:
     def request_finished(self, record: dict[str, Any]) -> None:
         self._inflight.discard(record.pop("rid"))
         self.records.append(record)
+        mi = next((i for i, m in enumerate(self.models)
+                   if m.model_name == record["model_name"]), None)
+        if mi in self._closed:
+            think = self.models[mi].workload.think_s
+            self._push(record["t_finished"] + think, -1, self._send, (mi,))
+
+    def _send(self, t: float, mi: int) -> None:
+        """A closed-loop client sends its next request; it reaches the engine core after the
+        API server's half of the frontend overhead."""
+        pending = self._closed[mi]
+        if not pending:
+            return
+        spec = replace(pending.popleft(), t=t)
+        fe_in = self.models[mi].hardware.frontend_overhead_s / 2
+        self._push(t + fe_in, -1, self._dispatch, (mi, spec))
 
     def _dispatch(self, t: float, mi: int, spec: RequestSpec) -> None:
         m = self.models[mi]
@@ -218,6 +244,8 @@ class SimServer:
     @property
     def finished(self) -> bool:
         if self._next < len(self._arrivals) or self.now < self.scenario.duration_s:
+            return False
+        if any(self._closed.values()):
             return False
         return not any(e[2] == self._gen or e[2] == -1 for e in self._heap)
 

@@ -12,7 +12,7 @@ import bisect
 import itertools
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -37,6 +37,11 @@ class Workload:
       * "batches": an explicit sequence repeated `num_batches` times (or until the duration),
         one request every `request_interval_s`; each batch uses fresh documents, and entries
         with the same key inside a batch are the same prompt (the article's A, A, B, C, A).
+
+    `output_tokens` per request (vLLM's max_tokens; 1 = prefill only). `concurrency` turns the
+    arrivals into a closed loop, like a benchmark client: that many clients each send their
+    next request `think_s` after the previous one completes (`requests` of them in all, drawn
+    in the order the open-loop arrivals would have come).
     """
 
     kind: str = "documents"
@@ -55,6 +60,10 @@ class Workload:
     batch: tuple[tuple[str, str, int], ...] = ()  # (label, prompt key, prompt tokens)
     num_batches: int | None = None
     request_interval_s: float = 0.3
+    output_tokens: int = 1
+    concurrency: int | None = None
+    requests: int | None = None
+    think_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class RequestSpec:
     segments: Segments
     label: str
     route_key: int  # what a prefix-aware router would hash (the document)
+    output_tokens: int = 1
 
     @property
     def prompt_tokens(self) -> int:
@@ -131,7 +141,9 @@ def generate(
             weights = [1.0] * n
         cum = list(itertools.accumulate(weights))
         unique_ids = itertools.count(_UNIQUE_DOC_BASE)
-        for t in _arrivals(rng, workload.rate_rps, duration_s, workload.arrival):
+        times = (_arrivals(rng, workload.rate_rps, duration_s, workload.arrival)
+                 if workload.requests is None else [0.0] * workload.requests)
+        for t in times:
             if workload.unique_fraction > 0 and rng.random() < workload.unique_fraction:
                 doc_id = next(unique_ids)
             else:
@@ -173,6 +185,8 @@ def generate(
                 t += workload.request_interval_s
     else:
         raise ValueError(f"unknown workload kind {workload.kind!r}")
+    if workload.output_tokens > 1:
+        out = [replace(r, output_tokens=workload.output_tokens) for r in out]
     out.sort(key=lambda r: r.t)
     return out
 
