@@ -161,12 +161,16 @@ def test_sim_unknown_scenario_is_a_one_line_error():
 def test_thresholds_file_changes_the_advice_and_bad_values_are_one_line_errors(tmp_path):
     good = tmp_path / "thresholds.yaml"
     # 10e9 has no dot: YAML 1.1 reads it as a string, which is still a number to a user
-    good.write_text("min_speedup: 6\nassumed_load_bytes_per_second: 10e9\n")
+    good.write_text("min_requests: 10\nassumed_load_bytes_per_second: 10e9\n")
     r = kvo("analyze", str(SAMPLE), "--thresholds", str(good))
     assert r.returncode == 0, r.stderr
-    assert "recommendation: DISABLE" in r.stdout  # the sample's speedup is 5.59x
+    # the sample's 27 requests are judged now: its tier saves ~10 ms of mean TTFT
+    assert "recommendation: KEEP" in r.stdout and "the CPU tier pays" in r.stdout
+    good.write_text("min_requests: 10\nmin_ttft_saving_seconds: 1\n")
+    r = kvo("analyze", str(SAMPLE), "--thresholds", str(good))
+    assert "recommendation: DISABLE" in r.stdout  # ~10 ms is under a 1 s bar
     bad = tmp_path / "bad.yaml"
-    bad.write_text("min_speedup: fast\n")
+    bad.write_text("min_ttft_saving_seconds: fast\n")
     r = kvo("analyze", str(SAMPLE), "--thresholds", str(bad))
-    assert r.returncode == 2 and "threshold 'min_speedup' must be a number" in r.stderr
+    assert r.returncode == 2 and "threshold 'min_ttft_saving_seconds' must be a number" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

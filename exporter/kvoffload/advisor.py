@@ -256,56 +256,6 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
         f"{_fmt(reuse)}, CPU tier {_fmt(cpu, '', 0)} tokens vs GPU {_fmt(gpu, '', 0)}"])
 
 
-# The recompute rate is read from the prefills that happen: trusted only while at least this
-# share of the GPU-missed tokens is still recomputed.
-_MIN_RECOMPUTED_SHARE = 0.25
-
-
-def prefill_saving_seconds(
-    hit_ratio: float,
-    missed_tokens_per_request: float | None,
-    figures: dict[str, float | None],
-    t: Thresholds,
-    world_size: int = 1,
-) -> float | None:
-    """Mean prefill time a request saves when `hit_ratio` of its GPU-missed tokens are loaded
-    from the CPU tier instead of recomputed: tokens × (1/recompute rate − 1/load rate).
-    Negative: reloads are slower than recomputing (a cost).
-
-    The load rate is the measured one, or the assumed host link while nothing was loaded
-    yet — one link per worker (TP×PP ranks each copy their share of a token's bytes).
-    Prefill compute only: queueing in front of a busy engine multiplies it. None when the tier
-    already serves most misses: the prefills left are short and overhead-bound, so their
-    tokens/s says nothing about recomputing a whole prefix."""
-    if (figures.get("offload_hit_ratio") or 0.0) > 1.0 - _MIN_RECOMPUTED_SHARE:
-        return None
-    recompute = figures.get("recompute_tokens_per_second")
-    load = figures.get("load_tokens_per_second")
-    if not load:
-        per_token = figures.get("kv_bytes_per_token")
-        load = (t.assumed_load_bytes_per_second * max(world_size, 1) / per_token
-                if per_token else None)
-    if not (recompute and load and missed_tokens_per_request):
-        return None
-    return hit_ratio * missed_tokens_per_request * (1.0 / recompute - 1.0 / load)
-
-
-def _saving_phrase(saving: float) -> str:
-    """A saving in words: a negative one is a cost."""
-    more_or_less = "less" if saving >= 0 else "more"
-    return f"~{abs(saving) * 1000:.0f} ms {more_or_less} prefill per request"
-
-
-def _saving_note(saving: float | None, figures: dict[str, float | None], t: Thresholds) -> str:
-    if saving is None:
-        return ""
-    measured = figures.get("load_tokens_per_second")
-    basis = ("measured load rate" if measured else
-             f"assuming a {t.assumed_load_bytes_per_second / 1e9:g} GB/s host link")
-    slower = ": reloads are slower than recomputing" if saving < 0 else ""
-    return f", {_saving_phrase(saving)}{slower} ({basis})"
-
-
 def refine_with_curve(
     rec: Recommendation,
     figures: dict[str, float | None],
@@ -318,11 +268,9 @@ def refine_with_curve(
     memory_limit_bytes: float | None,
     t: Thresholds,
     engines: int = 1,
-    saving_at: Callable[[float], float | None] | None = None,
 ) -> Recommendation:
-    """Re-decide enable/grow/shrink/keep from the exact miss-ratio curve (KV events).
-
-    saving_at(hit ratio): the mean prefill seconds per request it would save.
+    """Re-decide enable/grow/shrink/keep from the exact miss-ratio curve (KV events); whether
+    the tier pays at that size is judge_ttft's question.
 
     Sizes are per engine (each DP engine has its own tier): the smallest tier reaching 95% of
     the achievable hit ratio, never below the GPU floor, capped by the memory limit. Decisions
@@ -354,9 +302,8 @@ def refine_with_curve(
                             f"{memory_limit_bytes / GIB:.2f} GiB less "
                             f"{t.memory_headroom_ratio:.0%} headroom")
     predicted = predicted_at(size * GIB)
-    saving = saving_at(predicted) if saving_at else None
     sized = (f"--kv-offloading-size {size:g} (per engine): predicted offload hit ratio "
-             f"{predicted:.3f}{_saving_note(saving, figures, t)}")
+             f"{predicted:.3f}")
     if not offloading:
         action = "enable"
     elif current_bytes is None:
@@ -370,9 +317,6 @@ def refine_with_curve(
         else:
             action = "keep"
         curve_note += f"; the current {_gib(current_bytes)} gives {at_current:.3f}"
-        saving_now = saving_at(at_current) if saving_at else None
-        if saving_now is not None:
-            curve_note += f" ({_saving_phrase(saving_now)})"
     new = Recommendation(action, None if action == "keep" else size,
                          [curve_note, sized] if action != "keep" else [curve_note],
                          warnings, rec.evidence)

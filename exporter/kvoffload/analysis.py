@@ -13,7 +13,6 @@ from kvoffload.advisor import (
     Thresholds,
     advise,
     judge_ttft,
-    prefill_saving_seconds,
     refine_with_curve,
 )
 from kvoffload.errors import InputError
@@ -61,8 +60,7 @@ def analyze_window(
                 and _events_belong_to(window, group, bool(entry["offloading"]))):
             missed = _missed_tokens(window, group, ctx, event_baselines)
             rec, hit_at = _add_event_evidence(
-                entry, rec, window.static(group), target_events, missed, settings,
-                _missed_per_request(window, group, ctx))
+                entry, rec, window.static(group), target_events, missed, settings)
         if ctx is not None and rec is not None:
             _add_ttft_verdict(entry, ctx, rec, settings, hit_at)
         groups.append(entry)
@@ -151,7 +149,6 @@ def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendatio
 
 def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: GroupStatic,
                         events: TargetEvents, missed: float | None, settings: Settings,
-                        missed_per_request: float | None = None
                         ) -> tuple[Recommendation, Callable[[float], float] | None]:
     """The curve and the exact figures join the entry; the advice is re-decided from the
     curve (the advisor's preferred evidence). Returns the advice and the curve's hit ratio
@@ -165,17 +162,13 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
         return rec, None
     entry["curve"] = [p.to_json() for p in curve.points]
 
-    def saving_at(hit_ratio: float) -> float | None:
-        return prefill_saving_seconds(hit_ratio, missed_per_request, figures,
-                                      settings.thresholds, settings.world_size)
-
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
     rec = refine_with_curve(
         rec, figures, bool(entry["offloading"]), curve.right_size_bytes,
         curve.achievable_hit_ratio, lambda size: curve.at(size, events),
         ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
-        settings.memory_limit_bytes, settings.thresholds, engines, saving_at)
+        settings.memory_limit_bytes, settings.thresholds, engines)
     tracked = events.tracked_blocks()
     if events.sample_rate_now() < 1.0 and tracked < MIN_SAMPLED_BLOCKS:
         rec.warnings.append(
@@ -188,17 +181,7 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
     predicted = (curve.at(size * GIB, events) if size is not None
                  else ev.json.get("predicted_offload_hit_ratio_current"))
     entry["predicted_offload_hit_ratio"] = predicted
-    # Mean prefill seconds per request the tier saves at that size, against recomputing.
-    entry["predicted_prefill_saving_seconds"] = (
-        saving_at(predicted) if isinstance(predicted, float) else None)
     return rec, lambda size: curve.at(size, events)
-
-
-def _missed_per_request(window: Window, group: GroupKey, ctx: Context) -> float | None:
-    """GPU-missed prompt tokens per request over the window (one prefill observation each)."""
-    requests = ctx.inc("prefill_time_count")
-    missed = _missed_tokens(window, group, ctx, None)
-    return missed / requests if missed and requests > 0 else None
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:

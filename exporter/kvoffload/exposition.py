@@ -47,10 +47,27 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
     "kvoffload_predicted_offload_hit_ratio": (
         "gauge", GROUP_LABELS,
         "Predicted offload hit ratio at the recommended (else the current) CPU tier size."),
-    "kvoffload_predicted_prefill_saving_seconds": (
-        "gauge", GROUP_LABELS,
-        "Mean prefill time per request the CPU tier would save at the recommended (else the "
-        "current) size, against recomputing (KV events; prefill compute only)."),
+}
+
+# The TTFT verdict (kvoffload.ttft), per group: name → (extra labels, help). One table for the
+# exposition and for docs/metrics.md. Negative = faster.
+TTFT_METRICS: dict[str, tuple[list[str], str]] = {
+    "kvoffload_offload_ttft_effect_seconds": (
+        ["bound"],
+        "Mean TTFT change per request that the CPU tier causes now versus no offloading "
+        "(negative = faster), measured on this server; bound=estimate|low|high."),
+    "kvoffload_recommended_ttft_change_seconds": (
+        ["basis", "bound"],
+        "Predicted mean TTFT change per request if the recommendation is applied, relative to "
+        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high."),
+    "kvoffload_predicted_offload_ttft_effect_seconds": (
+        [],
+        "Predicted mean TTFT change per request of a CPU tier at the recommended size versus "
+        "none (negative = faster), from the KV-event curve."),
+    "kvoffload_marginal_recompute_ttft_seconds": (
+        [],
+        "Mean TTFT (summed over requests) that one more recomputed prompt token costs, fitted "
+        "over scrape intervals."),
 }
 _FAMILY_CLASSES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
                    "histogram": HistogramMetricFamily}
@@ -149,7 +166,7 @@ class SidecarCollector(Collector):
         yield from families.values()
         yield rec
         yield size
-        yield from verdict.families()
+        yield from verdict.families.values()
         yield from self._kv_events(groups)
 
     def _kv_events(self, groups: list[dict[str, object]]) -> Iterator[Metric]:
@@ -173,7 +190,6 @@ class SidecarCollector(Collector):
         never_resident = _event_family("kvoffload_never_loaded_resident_bytes")
         achievable = _event_family("kvoffload_achievable_offload_hit_ratio")
         predicted = _event_family("kvoffload_predicted_offload_hit_ratio")
-        saving = _event_family("kvoffload_predicted_prefill_saving_seconds")
         for g in groups:
             if g.get("stale"):
                 continue
@@ -198,12 +214,10 @@ class SidecarCollector(Collector):
                 value = info.get(field_name)
                 if isinstance(value, float | int):
                     family.add_metric(key, float(value))
-            for family, field_name in ((predicted, "predicted_offload_hit_ratio"),
-                                       (saving, "predicted_prefill_saving_seconds")):
-                value = g.get(field_name)
-                if isinstance(value, float | int):
-                    family.add_metric(key, float(value))
-        yield from (hist, resident, never_evicted, never_resident, achievable, predicted, saving)
+            value = g.get("predicted_offload_hit_ratio")
+            if isinstance(value, float | int):
+                predicted.add_metric(key, float(value))
+        yield from (hist, resident, never_evicted, never_resident, achievable, predicted)
 
 
 def _le(value: float) -> str:
@@ -217,47 +231,35 @@ def build_registry(sidecar: Sidecar) -> CollectorRegistry:
 
 
 class _TtftFamilies:
-    """The TTFT verdict (kvoffload.ttft) of every group, as gauges."""
+    """The TTFT verdict (kvoffload.ttft) of every group, as gauges (TTFT_METRICS)."""
 
     def __init__(self) -> None:
-        self.effect = GaugeMetricFamily(
-            "kvoffload_offload_ttft_effect_seconds",
-            "Mean TTFT change per request that the CPU tier causes now versus no offloading "
-            "(negative = faster), measured on this server.", labels=GROUP_LABELS)
-        self.change = GaugeMetricFamily(
-            "kvoffload_recommended_ttft_change_seconds",
-            "Predicted mean TTFT change per request if the recommendation is applied, relative "
-            "to now (negative = faster); bound=estimate|low|high.",
-            labels=[*GROUP_LABELS, "basis", "bound"])
-        self.predicted = GaugeMetricFamily(
-            "kvoffload_predicted_offload_ttft_effect_seconds",
-            "Predicted mean TTFT change per request of a CPU tier at the recommended size "
-            "versus none (negative = faster), from the KV-event curve.", labels=GROUP_LABELS)
-        self.marginal = GaugeMetricFamily(
-            "kvoffload_marginal_recompute_ttft_seconds",
-            "Mean TTFT (summed over requests) that one more recomputed prompt token costs, "
-            "fitted over scrape intervals.", labels=GROUP_LABELS)
+        self.families = {name: GaugeMetricFamily(name, help_text, labels=GROUP_LABELS + extra)
+                         for name, (extra, help_text) in TTFT_METRICS.items()}
+
+    def _bounds(self, name: str, key: list[str], estimate: object, bounds: object) -> None:
+        low, high = bounds if isinstance(bounds, list | tuple) else (None, None)
+        for bound, value in (("estimate", estimate), ("low", low), ("high", high)):
+            if isinstance(value, float | int):
+                self.families[name].add_metric([*key, bound], float(value))
 
     def add(self, key: list[str], group: dict[str, object]) -> None:
-        figures = group.get("figures")
-        if isinstance(figures, dict) and figures.get("offload_ttft_effect_seconds") is not None:
-            self.effect.add_metric(key, float(figures["offload_ttft_effect_seconds"]))
+        verdict = group.get("ttft")
+        verdict = verdict if isinstance(verdict, dict) else {}
+        now = verdict.get("now")
+        if isinstance(now, dict):
+            self._bounds("kvoffload_offload_ttft_effect_seconds", key, now["seconds"],
+                         now["range_seconds"])
         rec = group.get("recommendation")
         if isinstance(rec, dict) and rec.get("ttft_change_seconds") is not None:
-            low, high = rec.get("ttft_change_range_seconds") or (None, None)
-            for bound, value in (("estimate", rec["ttft_change_seconds"]), ("low", low),
-                                 ("high", high)):
-                if value is not None:
-                    self.change.add_metric([*key, str(rec["ttft_change_basis"]), bound],
-                                           float(value))
-        verdict = group.get("ttft")
-        if isinstance(verdict, dict):
-            predicted = verdict.get("predicted")
-            if isinstance(predicted, dict):
-                self.predicted.add_metric(key, float(predicted["seconds"]))
-            cost = verdict.get("marginal_recompute_seconds_per_token")
-            if isinstance(cost, dict):
-                self.marginal.add_metric(key, float(cost["value"]))
-
-    def families(self) -> Iterator[Metric]:
-        yield from (self.effect, self.change, self.predicted, self.marginal)
+            self._bounds("kvoffload_recommended_ttft_change_seconds",
+                         [*key, str(rec["ttft_change_basis"])], rec["ttft_change_seconds"],
+                         rec.get("ttft_change_range_seconds"))
+        predicted = verdict.get("predicted")
+        if isinstance(predicted, dict):
+            self.families["kvoffload_predicted_offload_ttft_effect_seconds"].add_metric(
+                key, float(predicted["seconds"]))
+        cost = verdict.get("marginal_recompute_seconds_per_token")
+        if isinstance(cost, dict):
+            self.families["kvoffload_marginal_recompute_ttft_seconds"].add_metric(
+                key, float(cost["value"]))

@@ -88,7 +88,8 @@ class MixinConfig:
     min_prefix_query_tokens_per_second: float = 1000.0
     low_reuse_ratio: float = _ADVISOR.low_reuse_ratio
     min_store_bytes_per_second: float = 1e6
-    min_speedup: float = _ADVISOR.min_speedup
+    min_speedup: float = _ADVISOR.min_speedup  # the dashboard's speedup colours only
+    min_ttft_cost_seconds: float = _ADVISOR.min_ttft_saving_seconds
     min_load_bytes_per_second: float = 1e6
     transfer_slow_bytes_per_second: float = 5e9
     oversized_fill_seconds: float = _ADVISOR.oversized_fill_seconds
@@ -202,8 +203,9 @@ def vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def sidecar(cfg: MixinConfig, name: str) -> str:
-    return f"{name}{{{cfg.sidecar_selector}}}" if cfg.sidecar_selector else name
+def sidecar(cfg: MixinConfig, name: str, *matchers: str) -> str:
+    inner = ", ".join(m for m in (cfg.sidecar_selector, *matchers) if m)
+    return f"{name}{{{inner}}}" if inner else name
 
 
 def sum_fn(cfg: MixinConfig, fn: str, name: str, window: str, *matchers: str,
@@ -364,9 +366,9 @@ def _kv_bytes_per_token(cfg: MixinConfig, w: str) -> str:
     return div(offload(cfg, "load", "bytes", w), loaded_tokens(cfg, w))
 
 
-def sidecar_as_vllm(cfg: MixinConfig, name: str) -> str:
+def sidecar_as_vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
     """A sidecar gauge relabelled to join vLLM rules: its `target` names the vLLM instance."""
-    return (f'label_replace({sidecar(cfg, name)}, "instance", "$1", '
+    return (f'label_replace({sidecar(cfg, name, *matchers)}, "instance", "$1", '
             f'"{cfg.sidecar_target_label}", "(.+)")')
 
 

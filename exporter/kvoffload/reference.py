@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvoffload.exposition import KV_EVENT_METRICS
+from kvoffload.exposition import KV_EVENT_METRICS, TTFT_METRICS
 from kvoffload.signals import FIGURES
 
 _TARGET_ROWS = [
@@ -51,12 +51,16 @@ def metrics_markdown() -> str:
                      f"{fig.help}{unit} |")
     for name, mtype, help_text in _ADVICE_ROWS:
         lines.append(f"| `{name}` | {mtype} | | {help_text} |")
+    for name, (extra, help_text) in TTFT_METRICS.items():
+        lines.append(f"| `{name}{{{','.join(['target', 'model_name', *extra])}}}` | gauge | | "
+                     f"{help_text} |")
     lines += ["", "JSON (`/api/v1/status`, `kvoffload analyze --json`) uses the figure keys; "
-              "undefined figures are `null`.", "",
+              "undefined figures are `null`. The TTFT verdict (docs/advisor.md) is "
+              "`figures.offload_ttft_effect_seconds`, `recommendation.ttft_change_seconds`, "
+              "`ttft_change_basis`, `ttft_change_range_seconds` and a `ttft` block per group.", "",
               "## With `--kv-events`", "",
               "Exact sizing from vLLM's KV events (docs/sizing.md). Per engine sizes; the JSON "
-              "adds `kv_events`, `curve`, `predicted_offload_hit_ratio` and "
-              "`predicted_prefill_saving_seconds` to each group.", "",
+              "adds `kv_events`, `curve` and `predicted_offload_hit_ratio` to each group.", "",
               "| metric | type | help |", "|---|---|---|"]
     for name, (mtype, labels, help_text) in KV_EVENT_METRICS.items():
         shown = f"{name}_total" if mtype == "counter" else name

@@ -32,20 +32,16 @@ def test_curve_sizes_match_the_oracle(name):
     achievable = group["kv_events"]["achievable_hit_ratio"]
     assert group["curve"] and group["predicted_offload_hit_ratio"] >= 0.9 * achievable
     assert group["kv_events"]["lost_messages"] == 0
-    # The TTFT saving at that size: prefill compute only (queueing in front of a busy engine
-    # makes the real gain larger, the engine step a reload waits for makes it smaller), so it
-    # is judged within a factor of two of what the oracle measures against recomputing.
-    predicted = group["predicted_prefill_saving_seconds"]
-    if action == "shrink":
-        # the tier serves almost every miss already: the prefills left are short and
-        # overhead-bound, so no recompute rate to estimate a saving from
-        assert predicted is None and "less prefill" not in rec["reasons"][-1]
-        return
+    # The TTFT effect of a tier of that size against none: within a factor of two of what the
+    # oracle measures (the simulator's queueing feeds back less than real vLLM's, so the
+    # verdict, calibrated on real vLLM, reads savings up to ~1.8x larger here).
+    predicted = group["ttft"]["predicted"]["seconds"]
     sc = scenarios.get(name)
     size = rec["kv_offloading_size_gib"]
-    measured = run_point(sc, 0)["mean_ttft_s"] - run_point(sc, size)["mean_ttft_s"]
-    assert measured / 2 <= predicted <= measured * 2, (predicted, measured)
-    assert f"~{predicted * 1000:.0f} ms less prefill per request" in rec["reasons"][-1]
+    measured = run_point(sc, size)["mean_ttft_s"] - run_point(sc, 0)["mean_ttft_s"]
+    assert measured < 0 and measured * 2 <= predicted <= measured / 2, (predicted, measured)
+    if action != "shrink":
+        assert rec["ttft_change_basis"] == "predicted" and rec["ttft_change_seconds"] < 0
 
 
 @pytest.mark.parametrize("name", [n for n in scenarios.names() if n not in CASES])

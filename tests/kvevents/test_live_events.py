@@ -55,7 +55,7 @@ def test_sidecar_subscribes_and_publishes_the_curve():
     names = {n for n, *_ in samples}
     assert {"kvoffload_cpu_resident_bytes", "kvoffload_kv_events_messages_total",
             "kvoffload_achievable_offload_hit_ratio",
-            "kvoffload_predicted_prefill_saving_seconds"} <= names
+            "kvoffload_predicted_offload_ttft_effect_seconds"} <= names
 
 
 @pytest.fixture

@@ -324,41 +324,30 @@ def low_prefix_reuse() -> list[Case]:
 def slower_than_recompute() -> list[Case]:
     alert = "KVOffloadSlowerThanRecompute"
 
-    def workload(v: Variant, load_seconds: float = 6.0, tiered: bool = False,
-                 tokens: float = 720_000) -> list[dict[str, str]]:
-        # 720k prompt tokens/min: 10% GPU hits; of the 648k missed, 60k come from the CPU tier
-        # and 588k are recomputed in 58.8 s of prefill per minute (10k tokens/s).
+    def workload(effect: float | None, bound: str = "estimate") -> list[dict[str, str]]:
+        # The sidecar's measured TTFT effect of the tier (seconds per request): the alert
+        # reads nothing else (the fit over scrape intervals is the sidecar's).
         s = Series()
-        loaded = 60_000 if tokens else 0
-        serving(s, v, tokens, 0.1, external=loaded,
-                compute_seconds_per_min=58.8 if tokens else 0.0)
-        if tiered:
-            # 0.33: the host tier served 60k; another connector 60k more (counted in
-            # external_kv_transfer, not in the tier figure).
-            s.items = [i for i in s.items if 'source="external_kv_transfer"' not in i["series"]
-                       or "by_source" not in i["series"]]
-            vllm_counter(s, v, "prompt_tokens_by_source_total", 120_000,
-                         source="external_kv_transfer")
-            vllm_counter(s, v, "prompt_tokens_cached_by_source_total", loaded, source="host")
-            vllm_counter(s, v, "prompt_tokens_cached_by_source_total", 0, source="disk")
-        cache_config(s, v, "0.65")
-        transfers(s, v, "load", loaded * KV_BYTES_PER_TOKEN, load_seconds if tokens else 0)
-        transfers(s, v, "store", loaded * KV_BYTES_PER_TOKEN, load_seconds if tokens else 0)
+        up(s)
+        if effect is not None:
+            s.add("kvoffload_offload_ttft_effect_seconds", f"{_n(effect)}+0x{MINUTES}",
+                  job="kvoffload", instance=SIDECAR, target=INSTANCE, model_name=MODEL,
+                  bound=bound)
         return s.items
 
-    fire = [(VLLM_LABELS, "1.00")]
+    fired = {"job": "kvoffload", "instance": INSTANCE, "target": INSTANCE,
+             "model_name": MODEL, "bound": "estimate"}
     return [
-        Case("SlowerThanRecompute: fires when reload is no faster than recompute", alert,
-             workload(BASE), fire),
-        Case("SlowerThanRecompute: tier-attributed tokens (0.33) win over the connector's",
-             alert, workload(BASE, tiered=True), fire),
-        Case("SlowerThanRecompute: deprecated transfer_type names", alert, workload(LEGACY),
-             fire),
-        Case("SlowerThanRecompute: escaped vllm_ names", alert, workload(ESCAPED), fire),
-        Case("SlowerThanRecompute: survives a counter reset", alert, workload(RESET), fire),
-        Case("SlowerThanRecompute: quiet when reload is 12x faster", alert,
-             workload(BASE, load_seconds=0.5), []),
-        Case("SlowerThanRecompute: quiet when idle", alert, workload(BASE, tokens=0), []),
+        Case("SlowerThanRecompute: fires when the tier costs 24 ms of mean TTFT", alert,
+             workload(0.024), [(fired, "24ms")]),
+        Case("SlowerThanRecompute: quiet when the tier saves 38 ms", alert,
+             workload(-0.038), []),
+        Case("SlowerThanRecompute: quiet on a cost under the 5 ms threshold", alert,
+             workload(0.003), []),
+        Case("SlowerThanRecompute: only the estimate counts, not the range's high end", alert,
+             workload(0.030, bound="high"), []),
+        Case("SlowerThanRecompute: quiet without the sidecar's effect (offloading off)", alert,
+             workload(None), []),
     ]
 
 

@@ -413,14 +413,19 @@ _REAL_8B = Scenario(
     workload=replace(_REAL_WORKLOAD, concurrency=8, output_tokens=64),
 )
 _REAL_8B_CPU5 = replace(
-    _REAL_8B, name="h200-8b-graphs-cpu5", cpu_gib=5.0, advice_without_events=None, advice="keep",
+    _REAL_8B, name="h200-8b-graphs-cpu5", cpu_gib=5.0, advice="keep", advice_without_events=None,
     description="Real set `B` with a 5 GiB CPU tier.",
     advice_why="The tier pays (~38 ms less mean TTFT on real vLLM).",
 )
 _REAL_8B_CPU10 = replace(
-    _REAL_8B, name="h200-8b-graphs-cpu10", cpu_gib=10.0, advice_without_events=None, advice="keep",
+    _REAL_8B, name="h200-8b-graphs-cpu10", cpu_gib=10.0, advice="shrink",
+    advice_without_events="keep",
     description="Real set `B` with a 10 GiB CPU tier.",
-    advice_why="The tier pays (~38 ms less mean TTFT on real vLLM).",
+    advice_why=(
+        "The tier pays (~38 ms less mean TTFT on real vLLM, as much as 5 GiB gave): the "
+        "KV-event curve reaches 95% of its hit ratio at ~5.3 GiB, so half the pinned memory "
+        "does; counters alone see a paying tier and keep it."
+    ),
 )
 _REAL_06B_DECODE = replace(
     _REAL_8B,
@@ -438,7 +443,8 @@ _REAL_06B_DECODE = replace(
     kv_cache_memory_bytes=3 * GIB // 2,
 )
 _REAL_06B_DECODE_CPU4 = replace(
-    _REAL_06B_DECODE, name="h200-0.6b-eager-decode-cpu4", cpu_gib=4.0, advice_without_events=None, advice="disable",
+    _REAL_06B_DECODE, name="h200-0.6b-eager-decode-cpu4", cpu_gib=4.0, advice="disable",
+    advice_without_events=None,
     description="Real set `E` with a 4 GiB CPU tier.",
     advice_why="The tier hits (0.64 on real vLLM) but costs ~19 ms of mean TTFT.",
 )
