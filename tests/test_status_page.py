@@ -13,6 +13,7 @@ from kvoffload.server import make_app
 from kvoffload.sidecar import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import encode_batch
+from kvoffload.sim.server import make_app as make_sim_app
 
 from helpers import FIXTURES, SAMPLE, free_port
 
@@ -35,8 +36,16 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     await fx_runner.setup()
     fx_port = free_port()
     await web.TCPSite(fx_runner, "127.0.0.1", fx_port).start()
+    # A simulated real H200 set (Qwen3-0.6B eager with a 4 GiB tier that hits but costs TTFT),
+    # 4x faster than real time: 400 requests in ~2.5 s, enough for the TTFT verdict.
+    sim_runner = web.AppRunner(make_sim_app(
+        SimServer(scenarios.get("h200-0.6b-eager-prefill-cpu4")), speed=4.0))
+    await sim_runner.setup()
+    sim_port = free_port()
+    await web.TCPSite(sim_runner, "127.0.0.1", sim_port).start()
     sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{fx_port}/{SAMPLE.name}",
-                                     f"http://127.0.0.1:{free_port()}/metrics"],
+                                     f"http://127.0.0.1:{free_port()}/metrics",
+                                     f"http://127.0.0.1:{sim_port}/metrics"],
                                     interval_seconds=0.2, timeout_seconds=1))
     # KV events of the laptop scenario (the sample's shapes), as if subscribed.
     sidecar.events[sidecar.targets[0].name] = laptop_events()
@@ -45,8 +54,10 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        for _ in range(50):
-            if sidecar.ready and all(t.scrapes for t in sidecar.targets):
+        for _ in range(100):
+            judged = [g for g in sidecar.groups() if g["labels"]["model_name"] ==
+                      "Qwen/Qwen3-0.6B" and not g["recommendation"]["insufficient_data"]]
+            if sidecar.ready and all(t.scrapes for t in sidecar.targets) and judged:
                 break
             await asyncio.sleep(0.1)
         with tempfile.TemporaryDirectory() as profile:
@@ -64,6 +75,7 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     finally:
         await runner.cleanup()
         await fx_runner.cleanup()
+        await sim_runner.cleanup()
 
 
 def test_status_page_renders_in_chromium():
@@ -71,7 +83,12 @@ def test_status_page_renders_in_chromium():
     dom = asyncio.run(_dump_dom())
     assert 'data-loaded="true"' in dom
     assert 'data-model="Qwen/Qwen3-Reranker-0.6B"' in dom
-    assert 'class="action keep"' in dom
+    # 27 requests are too few to judge: the badge says the current state, greyed out
+    assert 'class="action pending"' in dom and ">keep<" in dom
+    # the TTFT verdict on the simulated eager 0.6B engine: its tier hits but costs TTFT
+    assert 'data-model="Qwen/Qwen3-0.6B"' in dom and 'class="action disable"' in dom
+    assert 'data-ttft="now"' in dom and "TTFT effect of the CPU tier now" in dom
+    assert 'data-ttft="change"' in dom and "measured" in dom and "costs TTFT" in dom
     assert "4,672 tokens" in dom  # CPU capacity, rendered by the page's script
     assert "cannot connect" in dom  # the dead target is shown with its error
     assert 'id="curve"' in dom and "current" in dom  # the KV-event curve, current size marked

@@ -86,7 +86,8 @@ def _group_entry(
         entry["figures"] = dict.fromkeys(FIGURE_KEYS)
         entry["recommendation"] = Recommendation(
             "keep" if offloading else "leave_off",
-            reasons=["waiting for a second scrape to compute rates"]).to_json()
+            reasons=["waiting for a second scrape to compute rates"],
+            insufficient_data=True).to_json()
         return entry, None, None
     ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
     figures = compute_figures(ctx)

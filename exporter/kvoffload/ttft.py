@@ -117,10 +117,13 @@ def _store_seconds(obs: Observed, stored_bytes: float | None, rate: float,
     """The offload path copies every computed block out; that work sits on the critical path
     of an engine bound by per-step overhead (eager, small models: on real vLLM the prefill got
     8–12 ms slower with a tier while recomputing less) and hides behind compute on one bound
-    by arithmetic. Weight: the share of the prefill time that recomputing does not explain."""
+    by arithmetic. Weight: the share of the prefill time that recomputing the GPU-missed tokens
+    does not explain."""
     if not stored_bytes or rate <= 0:
         return 0.0
-    explained = beta * obs.computed_tokens / obs.mean_prefill if obs.mean_prefill > 0 else 0.0
+    # Without a tier every GPU-missed token is recomputed: the share of the prefill that
+    # recomputing them would explain.
+    explained = beta * obs.missed_tokens / obs.mean_prefill if obs.mean_prefill > 0 else 0.0
     return stored_bytes / rate * min(max(1.0 - explained, 0.0), 1.0)
 
 
