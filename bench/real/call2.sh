@@ -23,7 +23,7 @@ export DEADLINE=$((T0 + BUDGET)) RESDIR=$R KVO_PYTHONPATH=$SITE:/tmp/kvexp KVO_C
 PYTHONPATH=$KVO_PYTHONPATH python3 -c 'import sys, kvoffload.cli, kvoffload.recorder, kvoffload.sidecar, kvoffload.server, kvoffload.analysis, kvoffload.kvevents.replay; print("kvoffload imports ok; grafanalib imported:", "grafanalib" in sys.modules)' || echo "KVOFFLOAD IMPORT FAILED"
 echo "prep done in $(( $(date +%s) - T0 ))s; deadline in $BUDGET s; kvoffload $KVO_COMMIT"
 ( cd /tmp && setsid nohup python3 /tmp/b3/orch.py > $R/orch.out 2>&1 < /dev/null & echo $! > $R/orch.pid )
-CD=$R/qwen3-8b-long-cudagraph-kv5g/common; mkdir -p $CD
+CD=$R/${CONFIG:-qwen3-8b-long-cudagraph-kv5g}/common; mkdir -p $CD
 { date -u; nvidia-smi; python3 -V; which python3; python3 -c 'import torch,numpy,zmq,msgspec,requests,aiohttp,click,prometheus_client,yaml;print("torch",torch.__version__,"cuda",torch.version.cuda,"numpy",numpy.__version__,"pyzmq",zmq.__version__,"msgspec",msgspec.__version__,"requests",requests.__version__,"aiohttp",aiohttp.__version__,"click",click.__version__,"prometheus_client",prometheus_client.__version__ if hasattr(prometheus_client,"__version__") else "?")'; ls $SITE | grep -i -E '^(vllm|pyzmq|msgspec)-.*dist-info'; uname -a; nproc; free -g; df -h /tmp; env | grep -E '^(VLLM|PYTHON|NCCL|TORCH|CUDA|HF_|TRANSFORMERS|DO_NOT|DEADLINE|RESDIR|KVO)' | sort; } > $CD/env.txt 2>&1
 python3 -m pip list --format=freeze > $CD/pip-freeze.txt 2>&1
 while [ $(date +%s) -lt $((T0 + LIMIT)) ] && [ ! -e $R/DONE ]; do sleep 3; done

@@ -51,10 +51,22 @@ KVO_PY = shlex.split(os.environ.get("KVO_PY", "")) or [PY]
 KVO_PYTHONPATH = os.environ.get("KVO_PYTHONPATH", "")
 
 # ------------------------------------------------------------------ the configuration
-CFG = "qwen3-8b-long-cudagraph-kv5g"
-SERVED = {"qwen3-8b": "qwen3-8b-dummy"}
-COMMON = dict(model="qwen3-8b", kv_gib=5.0, maxlen=8192, util=0.1, eager=False, wl="long",
-              nreq=200, max_tokens=32, conc=4, cap_s=110, est_s=75)
+# CONFIG (environment) picks one: (common settings, [(name, CPU GiB, optional)]).
+CONFIGS = {
+    "qwen3-8b-long-cudagraph-kv5g": (
+        dict(model="qwen3-8b", kv_gib=5.0, maxlen=8192, util=0.1, eager=False, wl="long",
+             nreq=200, max_tokens=32, conc=4, cap_s=110, est_s=75),
+        [("nooffload", None, False), ("cpu16", 16, False), ("cpu8", 8, True)]),
+    # Qwen3-0.6B with CUDA graphs on the RAG workload of the shared sets (which ran it eager):
+    # does a small model pay the connector's cost without eager mode's launch overhead?
+    "qwen3-0.6b-rag-cudagraph-kv1.5g": (
+        dict(model="qwen3-0.6b", kv_gib=1.5, maxlen=2048, util=0.1, eager=False, wl="rag",
+             nreq=400, max_tokens=64, conc=8, cap_s=110, est_s=40),
+        [("nooffload", None, False), ("cpu4", 4, False), ("cpu2", 2, True)]),
+}
+CFG = os.environ.get("CONFIG", "qwen3-8b-long-cudagraph-kv5g")
+SERVED = {"qwen3-8b": "qwen3-8b-dummy", "qwen3-0.6b": "qwen3-0.6b-dummy"}
+COMMON, _PLAN = CONFIGS[CFG]
 SERVERS = {}
 
 
@@ -65,10 +77,9 @@ def mk(idx, name, cpu_gib, optional=False):
     SERVERS[name] = s
 
 
-mk(1, "nooffload", None)
-mk(2, "cpu16", 16)
-mk(3, "cpu8", 8, optional=True)  # run last, only if time allows
-ORDER = ["nooffload", "cpu16", "cpu8"]
+for _i, (_name, _gib, _optional) in enumerate(_PLAN, start=1):
+    mk(_i, _name, _gib, optional=_optional)  # optional ones run last, only if time allows
+ORDER = [name for name, _gib, _optional in _PLAN]
 if ONLY:
     ORDER = [n for n in ORDER if n in set(ONLY.split(","))]
 
@@ -78,10 +89,10 @@ for _d in ("common", "logs", "rec", "sidecar", "snapshots"):
 os.makedirs(os.path.join(RES, "out"), exist_ok=True)
 LOGF = open(os.path.join(CDIR, "common", "orch.log"), "a")  # noqa: SIM115
 
-with gzip.open(os.path.join(HERE, "wl_long.json.gz"), "rt") as _f:
-    WLS = {"long": json.load(_f)}
+with gzip.open(os.path.join(HERE, f"wl_{COMMON['wl']}.json.gz"), "rt") as _f:
+    WLS = {COMMON["wl"]: json.load(_f)}
 if os.environ.get("NREQ_MAX"):  # local dry run only
-    WLS["long"]["order"] = WLS["long"]["order"][:int(os.environ["NREQ_MAX"])]
+    WLS[COMMON["wl"]]["order"] = WLS[COMMON["wl"]]["order"][:int(os.environ["NREQ_MAX"])]
 
 INFO = {n: dict(cfg=s["cfg"], cpu_gib=s["cpu_gib"], kv_gib=s["kv_gib"], port=s["port"],
                 zport=s["zport"], rport=s["rport"], sideport=s["sideport"], conc=s["conc"],
