@@ -168,8 +168,11 @@ async def _run(workdir: Path) -> Live:
             serve(sim_app) as sim_port:
         flat, escaped = f"127.0.0.1:{flat_port}", f"127.0.0.1:{escaped_port}"
         sim = f"127.0.0.1:{sim_port}"
-        # Thresholds that let the advisor speak on 30 s of data.
-        settings = Settings(thresholds=Thresholds(min_window_seconds=1, min_prompt_tokens=1))
+        # Thresholds that let the advisor speak on 30 s of data (a few dozen requests), and
+        # count any TTFT saving that clears its range.
+        settings = Settings(thresholds=Thresholds(
+            min_window_seconds=1, min_prompt_tokens=1, min_requests=1,
+            min_ttft_saving_seconds=0.0, min_ttft_saving_ratio=0.0))
         sidecar = Sidecar(SidecarConfig([f"http://{flat}/metrics", f"http://{sim}/metrics"],
                                         interval_seconds=INTERVAL,
                                         window_seconds=WINDOW, timeout_seconds=1.0,
