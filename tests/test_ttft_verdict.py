@@ -129,3 +129,32 @@ def test_a_set_the_model_was_not_tuned_on_gets_the_actions_and_signs(judged, set
         tier = judged[(set_name, on)]
         assert tier["recommendation"]["action"] in ON_ACTIONS[on], tier["recommendation"]
         assert (tier["figures"]["offload_ttft_effect_seconds"] > 0) == (truth > 0)
+
+
+@pytest.mark.parametrize("set_name", ["live", "B", "E"])
+def test_fleet_ab_on_a_multi_instance_recording(tmp_path, set_name):
+    """The set's servers in one recording (as one Prometheus would see replicas of a model):
+    their measured difference decides, basis "fleet", and it is the clients' difference."""
+    off, ons = CASES[set_name]
+    text = "".join(
+        lzma.decompress((SETS / set_name / f"{srv}.om.xz").read_bytes()).decode()
+        .replace("# EOF\n", "") for srv in (off, *ons)) + "# EOF\n"
+    path = tmp_path / "fleet.om"
+    path.write_text(text)
+    window, _, lifetime = window_from_expositions(read_recording(str(path)))
+    groups = {g["labels"]["instance"].split(":")[1]: g
+              for g in analyze_window(window, Settings(), lifetime) if g["labels"]["model_name"]}
+    assert sorted(groups) == sorted((off, *ons))
+    pays = set_name == "B"
+    rec = groups[off]["recommendation"]
+    assert rec["action"] == ("enable" if pays else "leave_off"), rec["reasons"]
+    assert rec["reasons"][0].startswith("the fleet shows")
+    for on in ons:
+        truth = CLIENTS[set_name][on] - CLIENTS[set_name][off]
+        fleet = groups[on]["ttft"]["fleet"]["seconds"]
+        assert within(fleet, truth), (fleet, truth)
+        rec = groups[on]["recommendation"]
+        assert rec["action"] == ("keep" if pays else "disable"), rec["reasons"]
+        if not pays:
+            assert rec["ttft_change_basis"] == "fleet"
+            assert rec["ttft_change_seconds"] == pytest.approx(-fleet)

@@ -498,3 +498,43 @@ def judge_ttft(
             return rec
         predicted(change)
     return rec
+
+
+def judge_fleet(rec: Recommendation, offloading: bool, mean_ttft: float, fleet: Effect,
+                t: Thresholds) -> Recommendation:
+    """Re-decide from replicas of the same model with and without a tier (kvoffload.fleet):
+    measured TTFT, not a model of it, so it outranks judge_ttft's estimate."""
+    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
+    n = int(fleet.parts.get("replicas_compared", 0))
+    seen = (f"{n} comparable replica(s) of this model {'without' if offloading else 'with'} a "
+            f"tier answer in {fleet.parts['other_mean_ttft_seconds'] * 1000:.1f} ms on average "
+            f"against {mean_ttft * 1000:.1f} ms here")
+    note = (f"with a tier, mean TTFT is {_ms(fleet.seconds)} "
+            f"{'worse' if fleet.seconds > 0 else 'better'} (range {fleet.low * 1000:+.0f} … "
+            f"{fleet.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)")
+    pays = fleet.high < 0 and -fleet.seconds >= floor
+    if offloading:
+        if pays:
+            rec.reasons.insert(0, f"the fleet shows the tier pays: {seen}: {note}")
+            if rec.action == "disable":
+                rec.action, rec.kv_offloading_size_gib = "keep", None
+                rec.ttft_change_seconds = rec.ttft_change_basis = None
+                rec.ttft_change_range_seconds = None
+            return rec
+        return Recommendation(
+            "disable", reasons=[f"the fleet shows the tier does not pay: {seen}: {note}"],
+            warnings=rec.warnings, evidence=rec.evidence, ttft_change_seconds=-fleet.seconds,
+            ttft_change_basis="fleet", ttft_change_range_seconds=[-fleet.high, -fleet.low])
+    if not pays:
+        return Recommendation(
+            "leave_off", reasons=[f"the fleet shows a tier would not pay: {seen}: {note}"],
+            warnings=rec.warnings, evidence=rec.evidence)
+    size = rec.kv_offloading_size_gib if rec.action == "enable" else None
+    tier = fleet.parts.get("tier_bytes_per_engine")
+    if size is None and tier:
+        size = round_size_gib(tier)
+    return Recommendation(
+        "enable", size, reasons=[f"the fleet shows a tier pays: {seen}: {note}"]
+        + ([] if rec.action != "enable" else rec.reasons),
+        warnings=rec.warnings, evidence=rec.evidence, ttft_change_seconds=fleet.seconds,
+        ttft_change_basis="fleet", ttft_change_range_seconds=[fleet.low, fleet.high])

@@ -12,10 +12,12 @@ from kvoffload.advisor import (
     Recommendation,
     Thresholds,
     advise,
+    judge_fleet,
     judge_ttft,
     refine_with_curve,
 )
 from kvoffload.errors import InputError
+from kvoffload.fleet import fleet_effects
 from kvoffload.kvevents.evidence import event_evidence
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.parse import Exposition
@@ -64,7 +66,26 @@ def analyze_window(
         if ctx is not None and rec is not None:
             _add_ttft_verdict(entry, ctx, rec, settings, hit_at)
         groups.append(entry)
+    _add_fleet_evidence(groups, settings)
     return groups
+
+
+def _add_fleet_evidence(groups: list[dict[str, object]], settings: Settings) -> None:
+    """Replicas of one model with and without a tier, compared (kvoffload.fleet): where there
+    are some, their measured difference decides (basis "fleet")."""
+    effects = fleet_effects(groups)
+    for entry in groups:
+        labels = entry["labels"]
+        assert isinstance(labels, dict)
+        fleet = effects.get((labels["instance"], labels["model_name"]))
+        verdict = entry.get("ttft")
+        rec = entry["recommendation"]
+        if fleet is None or not isinstance(verdict, dict) or not isinstance(rec, dict):
+            continue
+        verdict["fleet"] = fleet.to_json()
+        judged = judge_fleet(Recommendation(**rec), bool(entry["offloading"]),  # type: ignore[arg-type]
+                             float(verdict["mean_ttft_seconds"]), fleet, settings.thresholds)
+        entry["recommendation"] = judged.to_json()
 
 
 def _group_entry(
@@ -141,6 +162,7 @@ def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendatio
         "mean_queue_seconds": obs.mean_queue,
         "mean_prefill_seconds": obs.mean_prefill,
         "requests": obs.requests,
+        "prompt_tokens_per_request": obs.prompt_tokens,
         "marginal_recompute_seconds_per_token": obs.cost.to_json() if obs.cost else None,
         "now": now.to_json() if now else None,
         "predicted": predicted,

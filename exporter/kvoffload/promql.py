@@ -330,6 +330,26 @@ def _mean(histogram: str) -> Callable[[MixinConfig, str], str]:
                               sum_rate(cfg, f"{histogram}_count", w))
 
 
+def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
+    """Mean TTFT per model over the replicas with (or without) offloading: fleet A/B."""
+    def build(cfg: MixinConfig, w: str) -> str:
+        gate = f"{'and' if offloading else 'unless'} on ({target_by(cfg)}) {GATE_RECORD}"
+
+        def total(part: str) -> str:
+            gated = f"{sum_rate(cfg, f'time_to_first_token_seconds_{part}', w)}\n{gate}"
+            return f"sum by (model_name) (\n{indent(gated)}\n)"
+        return div(total("sum"), total("count"))
+    return build
+
+
+def _fleet_effect(cfg: MixinConfig, w: str) -> str:
+    """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without (seconds;
+    negative = the tier makes TTFT better). Load is not matched: read it next to the rates."""
+    mean = f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate{w}"
+    return (f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n'
+            f'{mean}{{offloading="off"}}')
+
+
 def _avg_gauge(name: str, *matchers: str) -> Callable[[MixinConfig, str], str]:
     # The sidecar averages engines at each scrape, then over the window: the same thing.
     return lambda cfg, w: (f"avg by ({by_labels(cfg)}) "
@@ -475,6 +495,16 @@ RENDERINGS: tuple[Rendering, ...] = (
     Rendering((), "vllm_prefix_cache_queries", "rate", ("fast",),
               _counter_rate("prefix_cache_queries_total"),
               help="Prompt tokens looked up in the GPU prefix cache (traffic floor)."),
+    Rendering((), "vllm_time_to_first_token_seconds", "fleet_mean_rate", ("slow",),
+              _fleet_mean_ttft(True), labels=(("offloading", "on"),),
+              help="Mean TTFT per model over its replicas with offloading (fleet A/B)."),
+    Rendering((), "vllm_time_to_first_token_seconds", "fleet_mean_rate", ("slow",),
+              _fleet_mean_ttft(False), labels=(("offloading", "off"),),
+              help="Mean TTFT per model over its replicas without offloading (fleet A/B)."),
+    Rendering((), "kvoffload_offload_ttft_effect_seconds", "fleet_rate", ("slow",),
+              _fleet_effect,
+              help="Fleet A/B: mean TTFT with a tier minus without, per model (negative = "
+                   "faster); load is not matched."),
     *(
         Rendering((), "vllm_time_to_first_token_seconds", "histogram_quantile_rate", ("fast",),
                   _ttft_quantile(q), labels=(("quantile", q),),

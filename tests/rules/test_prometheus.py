@@ -160,14 +160,18 @@ async def _run(workdir: Path) -> Live:
     h200 = [augmented(body, i) for i, (_t, body) in enumerate(h200_scrapes("8b-offload"))]
     h200 = h200[START:]
     simulated = sim_bodies(len(h200))
+    # A replica of the same model without a tier (Prometheus only): the fleet A/B rules.
+    nooffload = [body for _t, body in h200_scrapes("8b-nooffload")][START:]
     state = {"i": 0}
     flat_app = body_app(lambda: h200[state["i"]])
     escaped_app = body_app(lambda: escaped_legacy(h200[state["i"]]))
     sim_app = body_app(lambda: simulated[state["i"]])
+    nooffload_app = body_app(lambda: nooffload[min(state["i"], len(nooffload) - 1)])
     async with serve(flat_app) as flat_port, serve(escaped_app) as escaped_port, \
-            serve(sim_app) as sim_port:
+            serve(sim_app) as sim_port, serve(nooffload_app) as nooffload_port:
         flat, escaped = f"127.0.0.1:{flat_port}", f"127.0.0.1:{escaped_port}"
         sim = f"127.0.0.1:{sim_port}"
+        replica = f"127.0.0.1:{nooffload_port}"
         # Thresholds that let the advisor speak on 30 s of data (a few dozen requests), and
         # count any TTFT saving that clears its range.
         settings = Settings(thresholds=Thresholds(
@@ -197,7 +201,7 @@ async def _run(workdir: Path) -> Live:
                            "evaluation_interval": "250ms"},
                 "scrape_configs": [
                     {"job_name": "vllm",
-                     "static_configs": [{"targets": [flat, escaped, sim]}]},
+                     "static_configs": [{"targets": [flat, escaped, sim, replica]}]},
                     {"job_name": "kvoffload",
                      "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"]}]},
                 ],
@@ -247,6 +251,8 @@ def test_every_recording_rule_returns_data_for_every_target(live: Live) -> None:
     sidecar_joined = {r.record(CFG, w) for r in RENDERINGS if r.metric.startswith("kvoffload_")
                       for w in r.windows or (None,)}
     for name, samples in live.records.items():
+        if ":fleet_" in name:
+            continue  # per model, over every replica: test_fleet_ab_rules
         assert _by_instance(samples, live.flat), f"{name}: no data for the H200 replay"
         assert _by_instance(samples, live.sim), f"{name}: no data for the simulator"
         if name not in sidecar_joined:  # no sidecar watches the escaped target
@@ -330,3 +336,17 @@ def test_the_recommendation_reaches_prometheus_with_a_size(live: Live) -> None:
             if s["metric"]["__name__"] == "kvoffload_recommended_size_bytes"
             and s["metric"]["target"] == live.flat]
     assert size and float(size[0]["value"][1]) > 0
+
+
+def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> None:
+    """The H200 model has replicas with a tier (the replay, flat and escaped names) and one
+    without (8b-nooffload): mean TTFT per side and their difference, per model."""
+    means = {s["metric"]["offloading"]: float(s["value"][1])
+             for s in live.records[f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate"
+                                   f"{CFG.slow_window}"]
+             if s["metric"]["model_name"] == MODEL}
+    assert set(means) == {"on", "off"} and all(v > 0 for v in means.values())
+    (effect,) = [float(s["value"][1]) for s in live.records[
+        f"model_name:kvoffload_offload_ttft_effect_seconds:fleet_rate{CFG.slow_window}"]
+        if s["metric"]["model_name"] == MODEL]
+    assert effect == pytest.approx(means["on"] - means["off"])

@@ -1,0 +1,92 @@
+"""Fleet A/B: replicas of one model with and without a CPU tier, compared directly.
+
+Where a recording (or the sidecar) sees several instances serving the same `model_name`, some
+with offloading and some without, under comparable load, the difference of their mean TTFT is
+the strongest evidence there is: measured, not modelled. It outranks the per-server estimate
+(`ttft_change_basis` = "fleet").
+
+Comparable: prompt tokens per request within 25% and request rates within a factor of 1.5 of
+the other side's pool (the same model on the same kind of engine is assumed: what the labels
+cannot show, the operator must know).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvoffload.ttft import Effect
+
+_PROMPT_SPREAD = 0.25
+_RATE_SPREAD = 1.5
+# The fleet's range: the spread of the replicas' means, never under 20% of the difference nor
+# 2 ms (one replica a side gives no spread to measure).
+_MIN_REL_RANGE = 0.2
+_MIN_RANGE_SECONDS = 0.002
+
+
+@dataclass(frozen=True)
+class Replica:
+    key: tuple[str, str]  # (instance, model_name)
+    offloading: bool
+    mean_ttft: float
+    requests: float
+    rate: float  # requests per second
+    prompt_tokens: float  # per request
+    tier_bytes: float | None  # CPU tier per engine (offloading on)
+
+
+def replica(group: dict[str, object]) -> Replica | None:
+    verdict = group.get("ttft")
+    window = float(group.get("window_seconds") or 0.0)  # type: ignore[arg-type]
+    rec = group.get("recommendation")
+    if not isinstance(verdict, dict) or window <= 0 or not isinstance(rec, dict) \
+            or rec.get("insufficient_data") or group.get("stale"):
+        return None
+    labels = group["labels"]
+    figures = group["figures"]
+    assert isinstance(labels, dict) and isinstance(figures, dict)
+    requests = float(verdict["requests"])
+    capacity = figures.get("cpu_capacity_bytes")
+    engines = max(len(group.get("engines") or ()), 1)  # type: ignore[arg-type]
+    return Replica((labels["instance"], labels["model_name"]), bool(group["offloading"]),
+                   float(verdict["mean_ttft_seconds"]), requests, requests / window,
+                   float(verdict["prompt_tokens_per_request"]),
+                   float(capacity) / engines if capacity else None)
+
+
+def _pool_mean(pool: list[Replica]) -> tuple[float, float]:
+    """Request-weighted mean TTFT of a pool, and the standard error across its replicas."""
+    n = sum(r.requests for r in pool)
+    mean = sum(r.mean_ttft * r.requests for r in pool) / n
+    if len(pool) < 2:
+        return mean, 0.0
+    var = sum((r.mean_ttft - mean) ** 2 for r in pool) / (len(pool) - 1)
+    return mean, math.sqrt(var / len(pool))
+
+
+def _comparable(one: Replica, pool: list[Replica]) -> list[Replica]:
+    return [r for r in pool
+            if abs(r.prompt_tokens - one.prompt_tokens) <= _PROMPT_SPREAD * one.prompt_tokens
+            and 1 / _RATE_SPREAD <= r.rate / one.rate <= _RATE_SPREAD]
+
+
+def fleet_effects(groups: list[dict[str, object]]) -> dict[tuple[str, str], Effect]:
+    """Per replica: the mean TTFT change per request a tier causes (negative = faster), from
+    the comparable replicas of the same model on the other side."""
+    replicas = [r for r in (replica(g) for g in groups) if r is not None]
+    out: dict[tuple[str, str], Effect] = {}
+    for one in replicas:
+        others = _comparable(one, [r for r in replicas if r.key[1] == one.key[1]
+                                   and r.offloading != one.offloading])
+        if not others:
+            continue
+        other, spread = _pool_mean(others)
+        seconds = one.mean_ttft - other if one.offloading else other - one.mean_ttft
+        half = max(2 * spread, _MIN_REL_RANGE * abs(seconds), _MIN_RANGE_SECONDS)
+        parts = {"replicas_compared": float(len(others)), "other_mean_ttft_seconds": other}
+        tiers = sorted(r.tier_bytes for r in others if r.tier_bytes)
+        if tiers:  # what the replicas with a tier run (per engine): a size to enable with
+            parts["tier_bytes_per_engine"] = tiers[len(tiers) // 2]
+        out[one.key] = Effect(seconds, seconds - half, seconds + half, parts)
+    return out
