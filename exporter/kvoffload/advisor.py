@@ -38,7 +38,6 @@ class Thresholds:
     pressure_gpu_kv_usage: float = 0.8
     low_gpu_prefix_hit_ratio: float = 0.5
     min_reuse_evidence_ratio: float = 0.02
-    min_speedup: float = 1.2
     low_reuse_ratio: float = 0.05
     oversized_fill_seconds: float = 86_400.0
     reuse_horizon_seconds: float = 600.0

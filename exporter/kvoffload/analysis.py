@@ -146,6 +146,10 @@ def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendatio
 
     if now is not None:
         figures["offload_ttft_effect_seconds"] = now.seconds
+        if obs.waiting_for_capacity > 0:
+            rec.warnings.append(
+                f"requests also wait for KV capacity ({obs.waiting_for_capacity:.2f} on "
+                "average): the queue time read as the reload wait overstates it")
     proposed = rec.kv_offloading_size_gib
     capacity = figures.get("cpu_capacity_bytes")
     engines = max(len(ctx.static.engines), 1)

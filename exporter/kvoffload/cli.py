@@ -101,7 +101,8 @@ def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="KV bytes per token (all ranks) when vLLM exposes none (offloading "
                           "off, no --kv-cache-memory-bytes): sizes the start of `enable`."),
         click.option("--threshold", "threshold_overrides", multiple=True,
-                     metavar="KEY=VALUE", help="One advisor threshold, e.g. min_speedup=1.5 "
+                     metavar="KEY=VALUE",
+                     help="One advisor threshold, e.g. min_ttft_saving_seconds=0.01 "
                      "(over the YAML file); repeatable."),
     ]):
         fn = option(fn)

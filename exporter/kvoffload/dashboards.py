@@ -104,7 +104,8 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                "percentunit", [t(f"avg({s.rule('offload_hit_ratio')})")], decimals=1),
         g.stat("Reload speedup",
                "Load tokens/s over recompute tokens/s: a throughput ratio, not the TTFT gain "
-               f"({record_name('speedup', cfg)}). Under {cfg.min_speedup:g} recompute wins.",
+               f"({record_name('speedup', cfg)}). Red under {cfg.min_speedup:g}; whether the tier "
+               "pays is the TTFT verdict's question, not this ratio's.",
                "none", [t(f"avg({s.rule('speedup')})")], decimals=1,
                thresholds=[(0.0, "red"), (cfg.min_speedup, "green")]),
         g.stat(f"Reuse ratio ({slow})",

@@ -8,15 +8,17 @@ model, per request, with x = tokens reloaded from CPU:
 
     effect = L · W  +  store  −  x · β
     L      reloads per request (load jobs ÷ requests; predicted: x ÷ tokens per reload)
-    W      the wait of one reload: measured as queue time ÷ reloads; predicted as one prefill
+    W      the wait of one reload: measured as queue time ÷ reloads (all of the queue time is the
+           tier's: without one vLLM queued 0.02 ms); predicted as one prefill
            step of this engine (its mean prefill time), plus the store cost, less the saving
     store  the offload path's cost on the critical path: bytes stored per request ÷
            `store_critical_bytes_per_second` (every computed block is copied out)
     β      the marginal TTFT of one recomputed token, fitted over scrape intervals
-           (kvoffload.intervals): batching, queueing and step overhead included
+           (kvoffload.intervals): batching, queueing and step overhead included; shrunk by
+           its noise and × κ = 1.5, local to global (a tier changes every request at once)
 
-Negative = faster with the tier. Every estimate carries a range: β ± 2 standard errors, the
-store term ± 50%, a predicted wait ± 30%.
+Negative = faster with the tier. Every estimate carries a range: β ± 2 standard errors with κ
+from 1 to 2, the store term ± 50%, a predicted wait ± 30%.
 """
 
 from __future__ import annotations
@@ -127,26 +129,31 @@ def _store_seconds(obs: Observed, stored_bytes: float | None, rate: float,
     return stored_bytes / rate * min(max(1.0 - explained, 0.0), 1.0)
 
 
+def _effect(reloads: float, wait: float, wait_spread: float, store: float, x: float,
+            beta: tuple[float, float, float], loads: float) -> Effect:
+    """effect = reloads · wait + store − x · β, and its range (module docstring)."""
+    point, b_low, b_high = beta
+    waited = reloads * wait
+    return Effect(
+        waited + store - x * point,
+        waited * (1 - wait_spread) + store * (1 - _STORE_SPREAD) - x * b_high,
+        waited * (1 + wait_spread) + store * (1 + _STORE_SPREAD) - x * b_low,
+        {"reload_wait_seconds": waited, "store_seconds": store,
+         "recompute_saved_seconds": x * point, "reloads_per_request": loads,
+         "reloaded_tokens_per_request": x},
+    )
+
+
 def effect_now(obs: Observed, store_rate: float, recompute_rate: float | None
                ) -> Effect | None:
     """The tier's effect on this server now, from its own measurements (offloading on)."""
     beta = _beta(obs, recompute_rate)
     if beta is None:
         return None
-    point, b_low, b_high = beta
+    store = _store_seconds(obs, obs.stored_bytes, store_rate, beta[0])
     # Without a tier the queue was ~0 on real vLLM (0.02 ms); with one, every request's queue
     # time rose (not only the reloaded ones'), so all of it is the tier's.
-    wait = obs.mean_queue
-    store = _store_seconds(obs, obs.stored_bytes, store_rate, point)
-    x = obs.loaded_tokens
-    return Effect(
-        wait + store - x * point,
-        wait + store * (1 - _STORE_SPREAD) - x * b_high,
-        wait + store * (1 + _STORE_SPREAD) - x * b_low,
-        {"reload_wait_seconds": wait, "store_seconds": store,
-         "recompute_saved_seconds": x * point, "reloads_per_request": obs.loads,
-         "reloaded_tokens_per_request": x},
-    )
+    return _effect(1.0, obs.mean_queue, 0.0, store, obs.loaded_tokens, beta, obs.loads)
 
 
 def predict(obs: Observed, reloaded_tokens: float, store_rate: float,
@@ -157,26 +164,17 @@ def predict(obs: Observed, reloaded_tokens: float, store_rate: float,
     beta = _beta(obs, recompute_rate)
     if beta is None:
         return None
-    point, b_low, b_high = beta
     x = max(reloaded_tokens, 0.0)
     computed = max(obs.missed_tokens - x, 0.0)
     store = _store_seconds(
-        obs, computed * obs.bytes_per_token if obs.bytes_per_token else None, store_rate, point)
+        obs, computed * obs.bytes_per_token if obs.bytes_per_token else None, store_rate, beta[0])
     if obs.loads > 0 and obs.loaded_tokens > 0:
         # A tier that barely hits now reloads scraps; a bigger one brings whole prefixes.
         per_reload = max(obs.loaded_tokens / obs.loads, obs.missed_tokens)
-        wait = obs.mean_queue / obs.loads
-        wait_spread = 0.0
+        wait, wait_spread = obs.mean_queue / obs.loads, 0.0
     else:
         per_reload = max(obs.prompt_tokens, 1.0)
-        wait = max(obs.mean_prefill + store - x * point, _MIN_WAIT_STEPS * obs.mean_prefill)
+        wait = max(obs.mean_prefill + store - x * beta[0], _MIN_WAIT_STEPS * obs.mean_prefill)
         wait_spread = _WAIT_SPREAD
     reloads = x / per_reload
-    return Effect(
-        reloads * wait + store - x * point,
-        reloads * wait * (1 - wait_spread) + store * (1 - _STORE_SPREAD) - x * b_high,
-        reloads * wait * (1 + wait_spread) + store * (1 + _STORE_SPREAD) - x * b_low,
-        {"reload_wait_seconds": reloads * wait, "store_seconds": store,
-         "recompute_saved_seconds": x * point, "reloads_per_request": reloads,
-         "reloaded_tokens_per_request": x},
-    )
+    return _effect(reloads, wait, wait_spread, store, x, beta, reloads)
