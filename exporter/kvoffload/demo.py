@@ -36,7 +36,9 @@ def summary_line(group: dict[str, object]) -> str:
         f" | load {format_value(f.get('load_gbps'), 'GB/s')}"
         f" | wasted {format_value(f.get('wasted_bytes'), 'bytes')}"
         f" | speedup {format_value(f.get('speedup'), 'x')}"
-        f" | advice: {action}"
+        + (f" | TTFT {effect * 1000:+.1f} ms with the tier"
+           if (effect := f.get("offload_ttft_effect_seconds")) is not None else "")
+        + f" | advice: {action}"
         + (f" (curve: {group['predicted_offload_hit_ratio']:.2f} predicted)"
            if group.get("predicted_offload_hit_ratio") is not None else "")
     )
@@ -71,8 +73,12 @@ async def run_demo(
     target = f"http://{listen_host}:{sim_port}/metrics"
     sources = [KVEventsSource(target, events_endpoint)] if events_endpoint else []
     # The simulator stamps samples with virtual time, so a 5-minute window is 5 virtual
-    # minutes whatever the speed; scrape often enough to have points inside it.
-    sidecar = Sidecar(SidecarConfig([target], interval_seconds=max(0.2, min(5.0, 30 / speed)),
+    # minutes whatever the speed; scrape as often (in virtual time) as the scenario asks: the
+    # TTFT verdict fits costs over scrape intervals, and intervals that are whole periods of a
+    # repeating workload all look alike.
+    every_virtual = scenario.scrape_interval_s
+    sidecar = Sidecar(SidecarConfig([target],
+                                    interval_seconds=max(0.1, min(5.0, every_virtual / speed)),
                                     window_seconds=300.0, settings=Settings(),
                                     kv_events=sources))
     side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
