@@ -174,3 +174,33 @@ def test_thresholds_file_changes_the_advice_and_bad_values_are_one_line_errors(t
     r = kvo("analyze", str(SAMPLE), "--thresholds", str(bad))
     assert r.returncode == 2 and "threshold 'min_ttft_saving_seconds' must be a number" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_path):
+    """SIGTERM (a pod stopping, a driver) ends the recording with '# EOF' like Ctrl-C; after
+    SIGKILL the complete scrapes are still read by analyze (with a one-line warning)."""
+    import signal
+
+    sim = subprocess.Popen([*KVO, "sim", "--scenario", "laptop-eviction", "--speed", "60",
+                            "--listen", f"127.0.0.1:{(port := free_port())}"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for sig, name in ((signal.SIGTERM, "term.om"), (signal.SIGKILL, "kill.om")):
+            out = tmp_path / name
+            rec = subprocess.Popen([*KVO, "record", "--target",
+                                    f"http://127.0.0.1:{port}/metrics", "--interval", "0.2s",
+                                    "--duration", "1h", "-o", str(out)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(3)
+            rec.send_signal(sig)
+            rec.wait(timeout=20)
+            text = out.read_text()
+            assert text.endswith("# EOF\n") == (sig == signal.SIGTERM)
+            r = kvo("analyze", str(out), "--json")
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["groups"]
+            if sig == signal.SIGKILL:
+                assert "truncated recording" in r.stderr and "complete scrapes" in r.stderr
+    finally:
+        sim.terminate()
+        sim.wait(timeout=20)

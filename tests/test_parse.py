@@ -128,3 +128,11 @@ def test_a_filter_decides_for_itself_whatever_another_filter_cached():
         parse_text(body, lambda name, i=i: name == "a_total")
     from kvoffload import parse
     assert len(parse._HEAD_CACHES) <= 8
+
+
+def test_a_recording_cut_short_keeps_its_complete_scrapes(caplog):
+    """A recorder killed mid-run (SIGKILL) leaves no '# EOF': every scrape before the last
+    one is whole and read; the last, possibly half-written, is dropped with a warning."""
+    scrapes = list(iter_openmetrics(["a 1 10.0\n", "a 2 20.0\n", "a 3 30.0\n"]))
+    assert [s.timestamp for s in scrapes] == [10.0, 20.0]
+    assert "truncated recording" in caplog.text and "2 complete scrapes" in caplog.text

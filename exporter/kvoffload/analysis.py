@@ -196,6 +196,13 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
         curve.achievable_hit_ratio, lambda size: curve.at(size, events),
         ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
         settings.memory_limit_bytes, settings.thresholds, engines)
+    unseen, lost = events.unseen_before_start(), events.lost_messages()
+    if unseen or lost:
+        rec.warnings.append(
+            f"provisional: the curve comes from a partial stream ({unseen:,} messages "
+            f"published before the sidecar listened and no longer in vLLM's replay buffer, "
+            f"{lost:,} lost in gaps): its hit ratios and sizes undercount reuse until the "
+            "stream has covered the workload again")
     tracked = events.tracked_blocks()
     if events.sample_rate_now() < 1.0 and tracked < MIN_SAMPLED_BLOCKS:
         rec.warnings.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 import click
 import yaml
 
-from kvoffload import __version__
+from kvoffload import __version__, logrepeat
 from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis import Settings, analyze_window, window_from_expositions
 from kvoffload.errors import InputError
@@ -135,6 +136,7 @@ def make_settings(world_size: int, memory_limit: float | None, thresholds_file: 
 def cli(log_level: str) -> None:
     """Is vLLM's CPU KV offloading paying off, and how big should the CPU tier be?"""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    logrepeat.install()
 
 
 @cli.command()
@@ -229,6 +231,8 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
     if kv_events:
         events_fh, events_writer = open_writer(events_output or output + ".kvev")
     failures = 0
+    # SIGTERM (a pod or a driver stopping it) closes the recording like Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         failures = asyncio.run(record_targets(
             pairs, interval, duration, writer, scrape_timeout,

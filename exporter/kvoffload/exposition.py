@@ -28,6 +28,10 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
         "counter", ["target"], "KV-event messages lost (sequence gaps not replayed)."),
     "kvoffload_kv_events_decode_errors": (
         "counter", ["target"], "KV-event payloads that did not decode."),
+    "kvoffload_kv_events_unseen_messages": (
+        "gauge", ["target"],
+        "KV-event messages vLLM published before the sidecar listened and no longer holds for "
+        "replay: history the curve does not contain (0 = complete)."),
     "kvoffload_kv_events_sample_ratio": (
         "gauge", ["target"], "Share of blocks tracked for reuse distances (1 = exact)."),
     "kvoffload_reuse_distance_bytes": (
@@ -176,13 +180,15 @@ class SidecarCollector(Collector):
         messages = _event_family("kvoffload_kv_events_messages")
         lost = _event_family("kvoffload_kv_events_lost_messages")
         errors = _event_family("kvoffload_kv_events_decode_errors")
+        unseen = _event_family("kvoffload_kv_events_unseen_messages")
         rate = _event_family("kvoffload_kv_events_sample_ratio")
         for name, state in sc.events.items():
             messages.add_metric([name], state.messages())
             lost.add_metric([name], state.lost_messages())
             errors.add_metric([name], state.decode_errors)
+            unseen.add_metric([name], state.unseen_before_start())
             rate.add_metric([name], state.sample_rate_now())
-        yield from (messages, lost, errors, rate)
+        yield from (messages, lost, errors, unseen, rate)
 
         hist = _event_family("kvoffload_reuse_distance_bytes")
         resident = _event_family("kvoffload_cpu_resident_bytes")

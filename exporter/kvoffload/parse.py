@@ -7,12 +7,15 @@ Errors are `ParseError` with a one-line message that names the line.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from kvoffload.errors import InputError
+
+log = logging.getLogger("kvoffload")
 
 # A sample: (name, labels, value, timestamp in seconds or None).
 Sample = tuple[str, dict[str, str], float, float | None]
@@ -312,6 +315,7 @@ class _OMState:
         self.saw_eof = False
         self.skip = False
         self.lines_before = 0  # lines in the chunks already done
+        self.complete = 0  # scrapes yielded (a later timestamp began: they are whole)
 
     def _lineno(self, text: str, pos: int) -> int:
         return self.lines_before + text.count("\n", 0, pos) + 1
@@ -374,6 +378,7 @@ class _OMState:
                             f"line {self._lineno(text, pos - 1)}: timestamp {ts} goes back "
                             f"in time (after {current.timestamp}); recordings must be "
                             "written scrape by scrape")
+                    self.complete += 1
                     yield current
                 current = self.current = Exposition(timestamp=ts)
             if self.pending:
@@ -384,7 +389,15 @@ class _OMState:
 
     def finish(self) -> Iterator[Exposition]:
         if not self.saw_eof:
-            raise ParseError(f"truncated recording: no '# EOF' after line {self.lines_before}")
+            if not self.complete:
+                raise ParseError(f"truncated recording: no '# EOF' after line "
+                                 f"{self.lines_before} and no complete scrape")
+            # A recording cut short (its writer was killed): every scrape before the last is
+            # whole; the last may be half-written, so it goes.
+            log.warning("truncated recording: no '# EOF' after line %d (cut short?): read "
+                        "%d complete scrapes, the last, possibly partial one dropped",
+                        self.lines_before, self.complete)
+            return
         if self.current is not None:
             self.current.families.update(self.pending)
             yield self.current

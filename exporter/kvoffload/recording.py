@@ -68,6 +68,8 @@ class RecordingWriter:
                 label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items()))
                 lines.append(f"{name}{{{label_text}}} {_format_value(value)} {ts}")
         self.out.write("\n".join(lines) + "\n")
+        # Each scrape reaches the file whole: a recorder killed later loses nothing before it.
+        self.out.flush()
         self.scrapes += 1
 
     def close(self) -> None:

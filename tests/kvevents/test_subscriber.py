@@ -85,3 +85,128 @@ def test_without_replay_the_gap_is_counted_as_lost():
     got, _sub, state = asyncio.run(_run(with_replay=False))
     assert got == [0, 2, 3]
     assert state.lost_messages() == 1
+
+
+async def _late(buffer_steps: int, before: int, restart: bool = False
+                ) -> tuple[list[int], Subscriber, TargetEvents]:
+    """`before` messages are published before the subscriber starts (vLLM was up first), then
+    more until it has caught up; `restart`: then vLLM restarts and publishes a few again."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    replay = f"tcp://127.0.0.1:{free_port()}"
+    pub = ZmqEventPublisher(endpoint, replay, buffer_steps=buffer_steps)
+    got: list[int] = []
+    state = TargetEvents()
+
+    def on_message(msg: RawMessage) -> None:
+        got.append(msg.seq)
+        state.ingest(decode_batch(msg.payload), msg.seq, msg.dp_rank)
+
+    for i in range(before):
+        pub.publish(_payload(i))
+    sub = Subscriber(endpoint, 0, on_message, replay, replay_timeout_seconds=3.0)
+    task = asyncio.create_task(sub.run())
+
+    async def serve_replays() -> None:
+        while True:
+            pub.service_replay()
+            await asyncio.sleep(0.01)
+
+    server = asyncio.create_task(serve_replays())
+
+    async def publish_until_seen(first: int) -> None:
+        i = first
+        for _ in range(200):  # ZMQ's slow joiner: keep publishing until one arrives live
+            if got and got[-1] >= first:
+                return
+            pub.publish(_payload(i))
+            i += 1
+            await asyncio.sleep(0.03)
+        raise AssertionError(f"nothing received after {first}: {got}")
+
+    try:
+        await publish_until_seen(before)
+        if restart:
+            pub.reset()
+            for i in range(3):
+                pub.publish(_payload(1000 + i))  # lost to the slow joiner or not: replayed
+            await publish_until_seen(3)
+        await asyncio.sleep(0.1)
+        assert sub.state.connected  # a message arrived (ZMQ connects lazily)
+    finally:
+        for t in (task, server):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        pub.close()
+    return got, sub, state
+
+
+def test_a_late_subscriber_recovers_what_vllm_still_buffers():
+    got, sub, state = asyncio.run(_late(buffer_steps=10_000, before=20))
+    assert got == list(range(len(got))) and len(got) > 20
+    assert sub.state.history_from_seq == 0 and sub.state.replayed >= 20
+    assert state.unseen_before_start() == 0 and state.lost_messages() == 0
+
+
+def test_history_older_than_the_buffer_is_reported_unseen():
+    got, sub, state = asyncio.run(_late(buffer_steps=5, before=20))
+    first = got[0]  # the oldest of the 5 vLLM still held when we came
+    assert first >= 15 and got == list(range(first, first + len(got)))
+    assert sub.state.history_from_seq == first
+    assert state.unseen_before_start() == first  # never 0: the curve misses those messages
+
+
+def test_a_vllm_restart_is_replayed_from_its_first_message():
+    got, sub, state = asyncio.run(_late(buffer_steps=10_000, before=5, restart=True))
+    restart = next(i for i in range(1, len(got)) if got[i] <= got[i - 1])
+    assert got[restart:] == list(range(len(got) - restart))  # the new process, from 0
+    assert sub.state.history_from_seq == 0 and state.unseen_before_start() == 0
+    assert state.engines[0].clears >= 1  # the restart emptied the event state
+
+
+def test_older_vllm_replay_frames_without_a_topic_are_accepted():
+    """vLLM before 0.26 (and LMCache) answer replays with [b"", seq, payload]."""
+    import zmq
+    import zmq.asyncio
+
+    async def run() -> tuple[list[int], Subscriber]:
+        ctx = zmq.asyncio.Context.instance()
+        pub_ep = f"tcp://127.0.0.1:{free_port()}"
+        replay_ep = f"tcp://127.0.0.1:{free_port()}"
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(pub_ep)
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(replay_ep)
+        got: list[int] = []
+        sub = Subscriber(pub_ep, 0, lambda m: got.append(m.seq), replay_ep,
+                         replay_timeout_seconds=3.0)
+        task = asyncio.create_task(sub.run())
+
+        async def old_replays() -> None:
+            while True:
+                ident, _, start = await router.recv_multipart()
+                for seq in range(int.from_bytes(start, "big"), 3):
+                    await router.send_multipart([ident, b"", seq.to_bytes(8, "big"),
+                                                 _payload(seq)])
+                await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True),
+                                             b""])
+
+        server = asyncio.create_task(old_replays())
+        try:
+            for _ in range(200):
+                if got:
+                    break
+                await pub.send_multipart([b"", (3).to_bytes(8, "big"), _payload(3)])
+                await asyncio.sleep(0.03)
+            await asyncio.sleep(0.1)
+        finally:
+            for t in (task, server):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            pub.close(linger=0)
+            router.close(linger=0)
+        return got, sub
+
+    got, sub = asyncio.run(run())
+    assert got[:4] == [0, 1, 2, 3] and sub.state.replayed == 3

@@ -59,6 +59,11 @@ def event_evidence(events: TargetEvents, static: GroupStatic,
     info: dict[str, object] = {
         "messages": events.messages(),
         "lost_messages": events.lost_messages(),
+        # Published before we listened and no longer in vLLM's replay buffer: history the
+        # curve does not contain.
+        "unseen_before_start": events.unseen_before_start(),
+        "history_from_seq": {str(rank): e.history_from_seq
+                             for rank, e in sorted(events.engines.items())},
         "sample_rate": events.sample_rate_now(),
         "tracked_blocks": events.tracked_blocks(),
         "cpu_resident_blocks": events.cpu_resident_blocks(),

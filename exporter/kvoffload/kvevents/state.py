@@ -34,6 +34,9 @@ class EngineEvents:
     cpu_evicted_blocks: int = 0
     clears: int = 0
     last_seq: int | None = None
+    # The first sequence number seen from the current publisher (vLLM numbers from 0 at each
+    # start): the messages before it were published before we listened, and are unseen.
+    history_from_seq: int | None = None
     messages: int = 0
     lost_messages: int = 0
     unknown_events: int = 0
@@ -53,6 +56,9 @@ class EngineEvents:
             # A new publisher: vLLM restarted (it sends no AllBlocksCleared for that), so the
             # GPU cache and the CPU tier are empty again.
             self.clear()
+            self.history_from_seq = None
+        if self.history_from_seq is None:
+            self.history_from_seq = seq
         self.last_seq = seq
         self.lost_messages += lost
         self.messages += 1
@@ -222,6 +228,11 @@ class TargetEvents:
 
     def lost_messages(self) -> int:
         return sum(e.lost_messages for e in self.engines.values())
+
+    def unseen_before_start(self) -> int:
+        """Messages the current publishers sent before the first one we have: history the curve
+        does not contain (0 when every engine's stream was seen from its first message)."""
+        return sum(e.history_from_seq or 0 for e in self.engines.values())
 
     def messages(self) -> int:
         return sum(e.messages for e in self.engines.values())

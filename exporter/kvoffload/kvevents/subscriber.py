@@ -4,7 +4,10 @@ vLLM's publisher binds a PUB socket (`--kv-events-config '{"endpoint": "tcp://*:
 rank N publishes on port + N. Each message is (topic, 8-byte big-endian sequence, msgpack
 payload). When the sequence jumps, the messages in between were dropped (PUB high-water mark,
 a slow subscriber): with a replay endpoint (a ROUTER) we ask for them from the last one seen;
-whatever cannot be replayed is counted as lost, never hidden.
+whatever cannot be replayed is counted as lost, never hidden. On our first message, and when
+vLLM restarted (the sequence went back), we ask for everything vLLM still buffers (its last
+10,000 messages), so a sidecar that starts late or restarts recovers that history; what is
+older is reported as unseen (the first sequence held, `history_from_seq`).
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ def check_endpoint(endpoint: str) -> str:
 class SubscriberState:
     endpoint: str
     rank: int
-    connected: bool = False
+    connected: bool = False  # a message arrived on this socket (ZMQ connects lazily)
     last_seq: int | None = None
     replayed: int = 0
+    # The first sequence number we hold of the current publisher, replayed or live.
+    history_from_seq: int | None = None
     last_error: str | None = None
 
 
@@ -79,23 +84,33 @@ class Subscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         try:
             sub.connect(self.state.endpoint)
-            self.state.connected = True
             while True:
                 frames = await sub.recv_multipart()
+                self.state.connected = True
                 if len(frames) != 3 or len(frames[1]) != 8:
                     self.state.last_error = f"{self.state.endpoint}: malformed message " \
                         f"({len(frames)} frames)"
                     continue
                 seq = int.from_bytes(frames[1], "big", signed=True)
                 last = self.state.last_seq
-                if last is not None and seq > last + 1 and self.replay_endpoint:
-                    await self._replay(last + 1, seq)
+                if self.replay_endpoint:
+                    if last is None or seq <= last:
+                        # Our start, or vLLM's (it numbers from 0 again): ask for everything
+                        # it still holds, up to 10,000 messages of history.
+                        self.state.history_from_seq = None
+                        if seq > 0:
+                            await self._replay(0, seq)
+                    elif seq > last + 1:
+                        await self._replay(last + 1, seq)
                 self._deliver(seq, frames[0], frames[2])
         finally:
             sub.close(linger=0)
             self.state.connected = False
 
     def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
+        if self.state.history_from_seq is None or (self.state.last_seq is not None
+                                                   and seq <= self.state.last_seq):
+            self.state.history_from_seq = seq
         self.state.last_seq = seq
         self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
 
@@ -114,15 +129,25 @@ class Subscriber:
                     self.state.last_error = f"{self.replay_endpoint}: replay timed out"
                     return
                 frames = await dealer.recv_multipart()
-                if len(frames) != 3:
+                # vLLM 0.26+: [b"", topic, seq, payload]; older (and LMCache): [b"", seq,
+                # payload]. The end marker carries seq -1 in either.
+                if len(frames) == 4:
+                    _, topic, seq_bytes, payload = frames
+                elif len(frames) == 3:
+                    _, seq_bytes, payload = frames
+                    topic = self.topic
+                else:
                     continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                if len(seq_bytes) != 8:
+                    continue
+                seq = int.from_bytes(seq_bytes, "big", signed=True)
                 if seq == END_SEQ:
                     return
-                if start <= seq < stop and (self.state.last_seq is None
+                fresh = self.state.history_from_seq is None
+                if start <= seq < stop and (fresh or self.state.last_seq is None
                                             or seq > self.state.last_seq):
                     self.state.replayed += 1
-                    self._deliver(seq, self.topic, frames[2])
+                    self._deliver(seq, topic, payload)
         except zmq.ZMQError as exc:
             self.state.last_error = f"{self.replay_endpoint}: {exc}"
         finally:

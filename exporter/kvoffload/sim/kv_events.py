@@ -271,8 +271,9 @@ class ZmqEventPublisher:
     Each message is (topic, sequence as 8-byte big-endian, payload); the sequence starts at 0
     and grows by one per message. The last `buffer_steps` messages are kept for replay: a
     request `[identity, b"", start_seq]` on the ROUTER is answered with
-    `[identity, b"", seq, payload]` for every buffered seq ≥ start_seq, then the end marker
-    `[identity, b"", -1 (8-byte signed), b""]`. DP rank N uses the endpoints' ports + N.
+    `[identity, b"", topic, seq, payload]` for every buffered seq ≥ start_seq, then the end
+    marker `[identity, b"", b"", -1 (8-byte signed), b""]` (vLLM 0.26's frames; older releases
+    sent no topic). DP rank N uses the endpoints' ports + N.
     The PUB socket binds or connects by `should_bind` (or `bind`); the ROUTER always binds.
     """
 
@@ -350,10 +351,13 @@ class ZmqEventPublisher:
                 continue  # vLLM logs and ignores malformed requests
             ident, _, start_bytes = frames
             start = int.from_bytes(start_bytes, "big")
+            # vLLM 0.26's _service_replay: [identity, b"", topic, seq, payload] per message,
+            # then [identity, b"", b"", -1, b""].
             for seq, payload in self._buffer:
                 if seq >= start:
-                    self._replay.send_multipart((ident, b"", seq.to_bytes(8, "big"), payload))
-            self._replay.send_multipart((ident, b"", self.END_SEQ, b""))
+                    self._replay.send_multipart(
+                        (ident, b"", self.topic, seq.to_bytes(8, "big"), payload))
+            self._replay.send_multipart((ident, b"", b"", self.END_SEQ, b""))
 
     def close(self) -> None:
         for sock in (self._pub, self._replay):
