@@ -158,3 +158,19 @@ def test_fleet_ab_on_a_multi_instance_recording(tmp_path, set_name):
         if not pays:
             assert rec["ttft_change_basis"] == "fleet"
             assert rec["ttft_change_seconds"] == pytest.approx(-fleet)
+
+
+def test_bytes_per_token_from_a_window_that_opens_mid_run(tmp_path):
+    """A sidecar's short window, opening anywhere in a run, splits some loads from their tokens
+    at its edge (the window ratio read −5.4% on this recording); bytes per token comes from the
+    totals since start: Qwen3-0.6B's 114,688 exactly, wherever the window opens."""
+    recording = tmp_path / "cpu4g.om"
+    recording.write_bytes(lzma.decompress((SETS / "live" / "cpu4g.om.xz").read_bytes()))
+    scrapes = list(read_recording(str(recording)))
+    seen = []
+    for start in range(1, len(scrapes) - 3):
+        window, _, lifetime = window_from_expositions(scrapes[start:], window_seconds=3)
+        seen += [g["figures"]["kv_bytes_per_token"]
+                 for g in analyze_window(window, Settings(), lifetime)
+                 if g["labels"]["model_name"] and g["figures"]["kv_bytes_per_token"]]
+    assert seen and set(seen) == {114_688}
