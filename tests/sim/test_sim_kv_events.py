@@ -288,15 +288,17 @@ def test_zmq_round_trip_and_replay() -> None:
         dealer.send_multipart([b"", (seq0 + 1).to_bytes(8, "big")])
         replies: list[list[bytes]] = []
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and (not replies or replies[-1][1] != pub.END_SEQ):
+        while time.monotonic() < deadline and (not replies or replies[-1][2] != pub.END_SEQ):
             pub.service_replay()
             if dealer.poll(20):
                 replies.append(dealer.recv_multipart())
-        assert [int.from_bytes(r[1], "big") for r in replies[:-1]] == [seq0 + 1 + i
+        # vLLM 0.26's frames: [b"", topic, seq, payload], then [b"", b"", -1, b""]
+        assert [int.from_bytes(r[2], "big") for r in replies[:-1]] == [seq0 + 1 + i
                                                                        for i in range(3)]
-        assert all(r[0] == b"" and len(r) == 3 for r in replies)
-        assert [r[2] for r in replies[:-1]] == [published[seq0 + 1 + i] for i in range(3)]
-        assert replies[-1] == [b"", (-1).to_bytes(8, "big", signed=True), b""]
+        assert all(r[0] == b"" and len(r) == 4 for r in replies)
+        assert all(r[1] == b"kv" for r in replies[:-1])
+        assert [r[3] for r in replies[:-1]] == [published[seq0 + 1 + i] for i in range(3)]
+        assert replies[-1] == [b"", b"", (-1).to_bytes(8, "big", signed=True), b""]
 
 
 def test_restart_and_dp2_over_the_app() -> None:
@@ -332,7 +334,7 @@ def test_restart_and_dp2_over_the_app() -> None:
                     deadline = time.monotonic() + 3.0
                     while time.monotonic() < deadline:
                         if dealer.poll(0):
-                            _, seq_b, _ = dealer.recv_multipart()
+                            _, _topic, seq_b, _ = dealer.recv_multipart()
                             seq = int.from_bytes(seq_b, "big", signed=True)
                             if seq == -1:
                                 break
