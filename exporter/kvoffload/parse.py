@@ -8,6 +8,7 @@ Errors are `ParseError` with a one-line message that names the line.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -271,6 +272,7 @@ def iter_openmetrics(
     chunks: Iterable[str],
     wanted: Callable[[str], bool] | None = None,
     wanted_families: frozenset[str] | set[str] | None = None,
+    unordered: bool = False,
 ) -> Iterator[Exposition]:
     """Stream the scrapes of a recording (OpenMetrics, a timestamp in seconds on every sample).
 
@@ -278,11 +280,52 @@ def iter_openmetrics(
     A scrape is a run of samples with the same timestamp; TYPE lines seen between two runs go
     to the run that follows them. Families nobody asked for are jumped over without looking at
     their lines, and memory stays at one scrape however long the file is.
+
+    `unordered`: the other valid layouts — families contiguous (what OpenMetrics requires of a
+    file with several timestamps, and what other tools write) or series contiguous. Their
+    scrapes are put together by timestamp, so the whole file is held (no streaming there).
     """
-    state = _OMState(wanted, wanted_families)
+    state = _OMState(wanted, wanted_families, unordered)
+    if not unordered:
+        for chunk in chunks:
+            yield from state.feed(chunk)
+        yield from state.finish()
+        return
+    by_time: dict[float, Exposition] = {}
+    for part in _chained(state, chunks):
+        merged = by_time.setdefault(part.timestamp or 0.0, Exposition(timestamp=part.timestamp))
+        merged.samples.extend(part.samples)
+    for ts in sorted(by_time):
+        by_time[ts].families.update(state.all_families)
+        yield by_time[ts]
+
+
+def _chained(state: _OMState, chunks: Iterable[str]) -> Iterator[Exposition]:
     for chunk in chunks:
         yield from state.feed(chunk)
     yield from state.finish()
+
+
+_LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
+
+
+def scrape_ordered(head: str) -> bool:
+    """Whether a recording's head reads scrape by scrape: sample timestamps never go back."""
+    last = -math.inf
+    for line in head.splitlines()[:-1]:  # the last line may be cut
+        if not line or line[0] == "#":
+            continue
+        m = _LAST_NUMBER.search(line)
+        if m is None or line.rsplit("}", 1)[-1].count(" ") < 2:
+            continue
+        try:
+            ts = float(m.group(1))
+        except ValueError:
+            continue
+        if ts < last:
+            return False
+        last = ts
+    return True
 
 
 def read_chunks(fh: TextIO, size: int = 4 * 2**20) -> Iterator[str]:
@@ -307,9 +350,12 @@ class _OMState:
     """The scanner behind iter_openmetrics, fed one chunk at a time."""
 
     def __init__(self, wanted: Callable[[str], bool] | None,
-                 wanted_families: frozenset[str] | set[str] | None) -> None:
+                 wanted_families: frozenset[str] | set[str] | None,
+                 unordered: bool = False) -> None:
         self.wanted = wanted
         self.families = wanted_families
+        self.unordered = unordered
+        self.all_families: dict[str, str] = {}  # every TYPE line (unordered layouts)
         self.current: Exposition | None = None
         self.pending: dict[str, str] = {}
         self.saw_eof = False
@@ -349,6 +395,7 @@ class _OMState:
                 elif line.startswith("# TYPE "):
                     fam, mtype = _type_line(line, lambda p=pos: self._lineno(text, p))
                     self.pending[fam] = mtype
+                    self.all_families[fam] = mtype
                     if self.families is not None and fam not in self.families:
                         self.skip = True
                         pos = _next_comment(text, end)
@@ -371,7 +418,7 @@ class _OMState:
             current = self.current
             if current is None or ts != current.timestamp:
                 if current is not None:
-                    if ts < current.timestamp:  # type: ignore[operator]
+                    if ts < current.timestamp and not self.unordered:  # type: ignore[operator]
                         # Interleaved families of several timestamps: not a recording we
                         # wrote, and streaming it would give wrong windows.
                         raise ParseError(

@@ -18,6 +18,7 @@ from kvoffload.parse import (
     iter_openmetrics,
     parse_text,
     read_chunks,
+    scrape_ordered,
 )
 
 
@@ -112,6 +113,11 @@ def _family_of(name: str, types: dict[str, str]) -> str:
     return family_name(name, types.get(name, "gauge"))
 
 
+# How much of a recording is read to tell its layout: a family-contiguous file goes back in time
+# at its second family.
+_LAYOUT_PROBE = 16 * 2**20
+
+
 def read_recording(
     path: str,
     wanted: Callable[[str], bool] | None = None,
@@ -146,8 +152,16 @@ def _read_recording(
             raise InputError(f"{path}: empty file")
         fh.seek(0)
         if _looks_like_openmetrics(head):
+            # Scrape by scrape (what `record` writes) streams; families or series contiguous
+            # (OpenMetrics' own layout, other tools') is put together by timestamp.
             try:
-                yield from iter_openmetrics(read_chunks(fh), wanted, wanted_families)
+                ordered = scrape_ordered(fh.read(_LAYOUT_PROBE))
+            except UnicodeDecodeError:
+                raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
+            fh.seek(0)
+            try:
+                yield from iter_openmetrics(read_chunks(fh), wanted, wanted_families,
+                                            unordered=not ordered)
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
         else:
