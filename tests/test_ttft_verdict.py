@@ -38,12 +38,28 @@ ON_ACTIONS = {"cpu2g": {"disable"}, "cpu4g": {"disable"}, "B-cpu5": {"keep", "gr
               "G-cpu4": {"disable"}, "G-cpu2": {"disable"}}
 
 
+# The sets run by bench/real are read from its results (not copied into fixtures).
+REAL = Path(__file__).parents[1] / "bench" / "real" / "results"
+_BENCH = {"long": ("qwen3-8b-long-cudagraph-kv5g", "L-"),
+          "graphs": ("qwen3-0.6b-rag-cudagraph-kv1.5g", "G-")}
+
+
+def files(set_name: str, server: str) -> tuple[Path, Path]:
+    """(recording, KV events), xz-compressed, of one server of a set."""
+    if set_name in _BENCH:
+        folder, prefix = _BENCH[set_name]
+        base = REAL / folder / "rec" / server.removeprefix(prefix)
+        return Path(f"{base}.om.xz"), Path(f"{base}.om.kvev.xz")
+    return SETS / set_name / f"{server}.om.xz", SETS / set_name / f"{server}.kvev.xz"
+
+
 def analyze(tmp_path_factory: pytest.TempPathFactory, set_name: str, server: str) -> dict:
     tmp = tmp_path_factory.mktemp(server)
+    om_xz, kvev_xz = files(set_name, server)
     recording = tmp / f"{server}.om"
-    recording.write_bytes(lzma.decompress((SETS / set_name / f"{server}.om.xz").read_bytes()))
+    recording.write_bytes(lzma.decompress(om_xz.read_bytes()))
     events_file = tmp / f"{server}.kvev"
-    events_file.write_bytes(lzma.decompress((SETS / set_name / f"{server}.kvev.xz").read_bytes()))
+    events_file.write_bytes(lzma.decompress(kvev_xz.read_bytes()))
     window, _, lifetime = window_from_expositions(read_recording(str(recording)))
     (instance, _model) = next(g for g in window.groups() if g[1])
     events = TargetEvents()
@@ -137,7 +153,7 @@ def test_fleet_ab_on_a_multi_instance_recording(tmp_path, set_name):
     their measured difference decides, basis "fleet", and it is the clients' difference."""
     off, ons = CASES[set_name]
     text = "".join(
-        lzma.decompress((SETS / set_name / f"{srv}.om.xz").read_bytes()).decode()
+        lzma.decompress(files(set_name, srv)[0].read_bytes()).decode()
         .replace("# EOF\n", "") for srv in (off, *ons)) + "# EOF\n"
     path = tmp_path / "fleet.om"
     path.write_text(text)
