@@ -164,11 +164,17 @@ def cli(log_level: str) -> None:
 @click.option("--kv-events-sample-budget", type=click.IntRange(1000), default=1_000_000,
               show_default=True,
               help="At most this many blocks tracked per engine (lowers the rate as needed).")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the KV-event state here (one file per target): a restarted sidecar "
+                   "resumes from it and asks vLLM to replay what it missed.")
+@click.option("--state-interval", callback=_duration, default="10s", show_default=True,
+              help="How often the KV-event state is saved (and always at SIGTERM).")
 @settings_options
 def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
           scrape_timeout: float, max_payload: float, kv_events: tuple[str, ...],
           kv_events_replay: tuple[str, ...], kv_events_dp: int, kv_events_topic: str,
-          kv_events_sample_rate: float, kv_events_sample_budget: int | None, world_size: int,
+          kv_events_sample_rate: float, kv_events_sample_budget: int | None,
+          state_dir: str | None, state_interval: float, world_size: int,
           memory_limit: float | None, kv_bytes_per_token: float | None,
           thresholds_file: str | None, threshold_overrides: tuple[str, ...]) -> None:
     """Run the sidecar next to `vllm serve`."""
@@ -187,11 +193,14 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
                        kv_events_dp, kv_events_topic)
         for i, (url, endpoint) in enumerate(zip(targets, kv_events, strict=False))
     ]
+    if state_dir and not sources:
+        click.echo("kvoffload: --state-dir keeps the KV-event state; without --kv-events "
+                   "there is none to keep", err=True)
     sidecar = Sidecar(SidecarConfig(
         list(targets), interval, window, scrape_timeout, int(max_payload),
         make_settings(world_size, memory_limit, thresholds_file, threshold_overrides,
                       kv_bytes_per_token), sources,
-        kv_events_sample_rate, kv_events_sample_budget,
+        kv_events_sample_rate, kv_events_sample_budget, state_dir, state_interval,
     ))
     click.echo(f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
                f"serving http://{host}:{port}/", err=True)

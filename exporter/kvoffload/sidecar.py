@@ -1,23 +1,28 @@
 """The sidecar's engine: one scrape loop per target feeding one bounded window.
 
-No state worth losing: vLLM's counters are cumulative, so a restarted sidecar has every rate
-back after two scrapes. A failing target is marked down with its one-line error; the others
-go on.
+The counters need no saving: vLLM's are cumulative, so a restarted sidecar has every rate back
+after two scrapes. The KV-event state does (it is built from every message since the start):
+with `state_dir` it is saved every `state_interval_seconds` and at shutdown, and a restarted
+sidecar resumes from it, asking vLLM to replay what it missed meanwhile. A failing target is
+marked down with its one-line error; the others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from kvoffload.analysis import Settings, analyze_window
 from kvoffload.errors import InputError
+from kvoffload.kvevents import persist
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
@@ -91,6 +96,8 @@ class SidecarConfig:
     kv_events: list[KVEventsSource] = field(default_factory=list)
     kv_events_sample_rate: float = 1.0
     kv_events_sample_budget: int | None = None
+    state_dir: str | None = None  # where the KV-event state survives restarts
+    state_interval_seconds: float = 10.0
 
 
 class Sidecar:
@@ -114,12 +121,17 @@ class Sidecar:
             name = by_url.get(source.target)
             if name is None:
                 raise InputError(f"--kv-events for {source.target}: no such --target")
-            state = self.events.setdefault(name, TargetEvents(
-                config.kv_events_sample_rate, config.kv_events_sample_budget))
+            if name not in self.events:
+                self.events[name] = self._restore(name)
+            state = self.events[name]
             for rank in range(source.dp_size):
+                engine = state.engines.get(rank)
                 self.subscribers.append(Subscriber(
                     source.endpoint, rank, self._on_event_message(name, state),
-                    source.replay_endpoint, source.topic))
+                    source.replay_endpoint, source.topic,
+                    resume_after_seq=engine.last_seq if engine else None,
+                    resume_history_from_seq=engine.history_from_seq if engine else None))
+        self._saved_generation: dict[str, int] = {}
         self._generation = 0
         self._cache: tuple[int, list[dict[str, object]]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -136,6 +148,8 @@ class Sidecar:
             self._tasks.append(asyncio.create_task(self._loop(target, offset)))
         for sub in self.subscribers:
             self._tasks.append(asyncio.create_task(self._subscribe(sub)))
+        if self.config.state_dir and self.events:
+            self._tasks.append(asyncio.create_task(self._save_loop()))
 
     async def _subscribe(self, sub: Subscriber) -> None:
         while True:  # a broken socket is reopened; the error stays visible meanwhile
@@ -161,6 +175,61 @@ class Sidecar:
         await cancel_all(self._tasks)
         if self._session is not None:
             await self._session.close()
+        # SIGTERM (a pod stopping) and Ctrl-C come here: the last messages are kept too.
+        if self.config.state_dir:
+            for name in self.events:
+                self._save(name)
+
+    # -- the event state on disk ------------------------------------------------------------
+    def _state_path(self, name: str) -> Path:
+        assert self.config.state_dir is not None
+        return persist.state_path(self.config.state_dir, name)
+
+    def _restore(self, name: str) -> TargetEvents:
+        fresh = TargetEvents(self.config.kv_events_sample_rate,
+                             self.config.kv_events_sample_budget)
+        if not self.config.state_dir:
+            return fresh
+        loaded = persist.load(self._state_path(name), name, fresh.sample_rate,
+                              fresh.sample_budget)
+        if loaded is None:
+            return fresh
+        for key, totals in loaded.baselines.items():
+            instance, model = json.loads(key)
+            self.event_baselines[(instance, model)] = totals
+        log.info("kv events: %s: resumed from %s (%d messages)", name,
+                 self._state_path(name), loaded.saved_messages)
+        return loaded.events
+
+    def _snapshot(self, name: str) -> persist.Snapshot:
+        baselines = {json.dumps(list(group)): totals
+                     for group, totals in self.event_baselines.items() if group[0] == name}
+        return persist.snapshot(self.events[name], name, baselines)
+
+    def _save(self, name: str) -> None:
+        try:
+            persist.write_snapshot(self._state_path(name), self._snapshot(name))
+        except OSError as exc:
+            log.warning("kv events: cannot save state to %s: %s", self._state_path(name),
+                        exc.strerror or exc)
+
+    async def _save_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.state_interval_seconds)
+            for name in self.events:
+                if self._saved_generation.get(name) == self._generation:
+                    continue
+                # The copy is taken here, between messages; packing and the disk write run
+                # in a thread so a big state does not hold up scrapes or the subscribers.
+                snap = self._snapshot(name)
+                try:
+                    await asyncio.to_thread(persist.write_snapshot, self._state_path(name),
+                                            snap)
+                except OSError as exc:
+                    log.warning("kv events: cannot save state to %s: %s",
+                                self._state_path(name), exc.strerror or exc)
+                    continue
+                self._saved_generation[name] = self._generation
 
     async def _loop(self, target: TargetState, offset: float) -> None:
         await asyncio.sleep(offset)

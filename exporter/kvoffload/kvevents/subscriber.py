@@ -68,8 +68,14 @@ class Subscriber:
         replay_endpoint: str | None = None,
         topic: str = "",
         replay_timeout_seconds: float = 2.0,
+        resume_after_seq: int | None = None,
+        resume_history_from_seq: int | None = None,
     ) -> None:
-        self.state = SubscriberState(offset_endpoint(check_endpoint(endpoint), rank), rank)
+        """resume_after_seq: the last sequence a saved state holds (`--state-dir`): the first
+        message asks vLLM to replay everything after it, as after a gap."""
+        self.state = SubscriberState(offset_endpoint(check_endpoint(endpoint), rank), rank,
+                                     last_seq=resume_after_seq,
+                                     history_from_seq=resume_history_from_seq)
         self.replay_endpoint = (offset_endpoint(check_endpoint(replay_endpoint), rank)
                                 if replay_endpoint else None)
         self.topic = topic.encode()

@@ -332,6 +332,14 @@ class ZmqEventPublisher:
         self._seq = seq + 1
         return seq
 
+    def publish_dropped(self, payload: bytes) -> int:
+        """A message the PUB socket dropped (a subscriber over its high-water mark): numbered
+        and kept for replay, never sent — the gap a real slow subscriber sees."""
+        seq = self._seq
+        self._buffer.append((seq, payload))
+        self._seq = seq + 1
+        return seq
+
     def reset(self) -> None:
         """The process restarted: sequences start at 0 again and the replay buffer is empty."""
         self._seq = 0
