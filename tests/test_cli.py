@@ -104,7 +104,7 @@ def test_record_then_analyze_then_promtool_backfill(static_server, tmp_path):
             "--duration", "1s", "-o", str(out))
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert text.endswith("# EOF\n")
+    assert text.endswith("# EOF\n") and not (tmp_path / "rec.om.partial").exists()
     first_sample = next(line for line in text.splitlines() if not line.startswith("#"))
     assert 'instance="127.0.0.1:' in first_sample and 'job="vllm"' in first_sample
     assert len(first_sample.rsplit(" ", 2)) == 3  # value and timestamp
@@ -177,8 +177,10 @@ def test_thresholds_file_changes_the_advice_and_bad_values_are_one_line_errors(t
 
 
 def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_path):
-    """SIGTERM (a pod stopping, a driver) ends the recording with '# EOF' like Ctrl-C; after
-    SIGKILL the complete scrapes are still read by analyze (with a one-line warning)."""
+    """SIGTERM (a pod stopping, a driver) ends the recording like Ctrl-C: the journal becomes
+    the OpenMetrics file. After SIGKILL the journal (OUT.partial) is what is left: analyze
+    reads its complete scrapes and says what it is, `record --finalize` makes the file, and
+    both give the same JSON."""
     import signal
 
     sim = subprocess.Popen([*KVO, "sim", "--scenario", "laptop-eviction", "--speed", "60",
@@ -187,6 +189,7 @@ def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_p
     try:
         for sig, name in ((signal.SIGTERM, "term.om"), (signal.SIGKILL, "kill.om")):
             out = tmp_path / name
+            journal = tmp_path / (name + ".partial")
             rec = subprocess.Popen([*KVO, "record", "--target",
                                     f"http://127.0.0.1:{port}/metrics", "--interval", "0.2s",
                                     "--duration", "1h", "-o", str(out)],
@@ -194,13 +197,32 @@ def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_p
             time.sleep(3)
             rec.send_signal(sig)
             rec.wait(timeout=20)
-            text = out.read_text()
-            assert text.endswith("# EOF\n") == (sig == signal.SIGTERM)
-            r = kvo("analyze", str(out), "--json")
+            assert out.exists() == (sig == signal.SIGTERM)
+            assert journal.exists() == (sig == signal.SIGKILL)
+            if sig == signal.SIGTERM:
+                assert out.read_text().endswith("# EOF\n")
+                r = kvo("analyze", str(out), "--json")
+                assert r.returncode == 0, r.stderr
+                assert json.loads(r.stdout)["groups"]
+                continue
+            r = kvo("analyze", str(out))
+            assert r.returncode == 2 and f"{journal} is there" in r.stderr, r.stderr
+            from_journal = kvo("analyze", str(journal), "--json")
+            assert from_journal.returncode == 0, from_journal.stderr
+            assert "is the journal of a recording that did not finish" in from_journal.stderr
+            assert "complete scrapes" in from_journal.stderr
+            # A new recording to the same file must not overwrite the only copy of the data.
+            r = kvo("record", "--target", f"http://127.0.0.1:{port}/metrics", "-o", str(out))
+            assert r.returncode == 2 and "still running or was killed" in r.stderr
+            r = kvo("record", "--finalize", str(journal))
             assert r.returncode == 0, r.stderr
-            assert json.loads(r.stdout)["groups"]
-            if sig == signal.SIGKILL:
-                assert "truncated recording" in r.stderr and "complete scrapes" in r.stderr
+            assert out.read_text().endswith("# EOF\n") and not journal.exists()
+            from_file = kvo("analyze", str(out), "--json")
+            assert from_file.returncode == 0, from_file.stderr
+            a, b = json.loads(from_journal.stdout), json.loads(from_file.stdout)
+            a.pop("source")
+            b.pop("source")
+            assert a == b and a["scrapes"] > 3
     finally:
         sim.terminate()
         sim.wait(timeout=20)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -19,7 +20,7 @@ from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis import Settings, analyze_window, window_from_expositions
 from kvoffload.errors import InputError
 from kvoffload.parse import parse_text
-from kvoffload.recording import RecordingWriter, read_recording
+from kvoffload.recording import read_recording
 from kvoffload.report import render_report
 from kvoffload.scrape import fetch_sync
 from kvoffload.sidecar import target_name
@@ -209,11 +210,13 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
 
 
 @cli.command()
-@click.option("--target", "targets", multiple=True, required=True, metavar="URL")
+@click.option("--target", "targets", multiple=True, metavar="URL",
+              help="vLLM /metrics URL; repeat for several engines/pods.")
 @click.option("--interval", callback=_duration, default="15s", show_default=True)
 @click.option("--duration", callback=_duration, default="10m", show_default=True)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Recording to write (OpenMetrics, .om).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Recording to write (OpenMetrics, .om). While recording, scrapes go to "
+                   "OUTPUT.partial (what a killed recorder leaves; `analyze` reads it).")
 @click.option("--job", default="vllm", show_default=True, help="job label added to every series.")
 @click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
 @click.option("--kv-events", "kv_events", default=None, metavar="ENDPOINT",
@@ -223,19 +226,34 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
               help="DP ranks to subscribe to (rank N at port + N).")
 @click.option("--events-output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the event stream (default: OUTPUT.kvev).")
-def record(targets: tuple[str, ...], interval: float, duration: float, output: str,
+@click.option("--finalize", "finalize", type=click.Path(dir_okay=False), default=None,
+              metavar="JOURNAL",
+              help="Scrape nothing: turn the journal of a killed recording (OUT.partial) into "
+                   "the OpenMetrics file OUT (or --output).")
+def record(targets: tuple[str, ...], interval: float, duration: float, output: str | None,
            job: str, scrape_timeout: float, kv_events: str | None,
-           kv_events_replay: str | None, kv_events_dp: int, events_output: str | None) -> None:
+           kv_events_replay: str | None, kv_events_dp: int, events_output: str | None,
+           finalize: str | None) -> None:
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
     from kvoffload.kvevents.eventfile import open_writer
     from kvoffload.recorder import record_targets
+    from kvoffload.recording import JOURNAL_SUFFIX, Recording, finalize_journal
 
+    if finalize is not None:
+        if targets:
+            raise InputError("--finalize scrapes nothing: give no --target")
+        if output is None:
+            if not finalize.endswith(JOURNAL_SUFFIX):
+                raise InputError(f"--finalize {finalize}: name the result with --output")
+            output = finalize[: -len(JOURNAL_SUFFIX)]
+        scrapes = finalize_journal(finalize, output)
+        os.unlink(finalize)
+        click.echo(f"wrote {scrapes} scrapes to {output}; removed {finalize}", err=True)
+        return
+    if not targets or output is None:
+        raise InputError("record needs --target URL and -o/--output FILE")
     pairs = [(url, target_name(url)) for url in targets]
-    try:
-        fh = open(output, "w", encoding="utf-8")  # noqa: SIM115
-    except OSError as exc:
-        raise InputError(f"{output}: {exc.strerror}") from None
-    writer = RecordingWriter(fh, job=job)
+    recording = Recording(output, job=job)
     events_fh = events_writer = None
     if kv_events:
         events_fh, events_writer = open_writer(events_output or output + ".kvev")
@@ -244,21 +262,27 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         failures = asyncio.run(record_targets(
-            pairs, interval, duration, writer, scrape_timeout,
+            pairs, interval, duration, recording, scrape_timeout,
             lambda msg: click.echo(f"kvoffload: warning: {msg}", err=True),
             (kv_events, kv_events_replay, kv_events_dp) if kv_events else None, events_writer))
     except KeyboardInterrupt:
         click.echo("kvoffload: interrupted; closing the recording", err=True)
     finally:
-        writer.close()
-        fh.close()
         if events_fh is not None:
             events_fh.close()
-    click.echo(f"wrote {writer.scrapes} scrapes to {output} ({failures} failed)", err=True)
+        try:
+            recording.close()
+        except KeyboardInterrupt:
+            # A second signal while the journal is rewritten: the journal is whole; keep it.
+            click.echo(f"kvoffload: interrupted while writing {output}; the recording is in "
+                       f"{recording.journal} (`kvoffload record --finalize "
+                       f"{recording.journal}` finishes it)", err=True)
+            sys.exit(130)
+    click.echo(f"wrote {recording.scrapes} scrapes to {output} ({failures} failed)", err=True)
     if events_writer is not None:
         click.echo(f"wrote {events_writer.messages} KV-event messages to "
                    f"{events_output or output + '.kvev'}", err=True)
-    if writer.scrapes == 0:
+    if recording.scrapes == 0:
         raise InputError("no scrape succeeded: the recording is empty")
 
 

@@ -273,8 +273,10 @@ def iter_openmetrics(
     wanted: Callable[[str], bool] | None = None,
     wanted_families: frozenset[str] | set[str] | None = None,
     unordered: bool = False,
+    journal: str | None = None,
+    tmp_dir: str | None = None,
 ) -> Iterator[Exposition]:
-    """Stream the scrapes of a recording (OpenMetrics, a timestamp in seconds on every sample).
+    """Stream the scrapes of a recording (OpenMetrics, a timestamp on every sample).
 
     `chunks` is text that ends at line boundaries (lines, or big blocks: see `read_chunks`).
     A scrape is a run of samples with the same timestamp; TYPE lines seen between two runs go
@@ -282,28 +284,128 @@ def iter_openmetrics(
     their lines, and memory stays at one scrape however long the file is.
 
     `unordered`: the other valid layouts — families contiguous (what OpenMetrics requires of a
-    file with several timestamps, and what other tools write) or series contiguous. Their
-    scrapes are put together by timestamp, so the whole file is held (no streaming there).
+    file with several timestamps, what `record` writes and what other tools write) or series
+    contiguous. The samples kept are sorted by timestamp on disk (kvoffload.extsort, in
+    `tmp_dir`) and read back scrape by scrape, so memory stays bounded there too.
+
+    `journal`: the path of a `record` journal being read, named in the warning if it was cut.
     """
-    state = _OMState(wanted, wanted_families, unordered)
-    if not unordered:
-        for chunk in chunks:
-            yield from state.feed(chunk)
-        yield from state.finish()
+    state = _OMState(wanted, wanted_families, journal)
+    if unordered:
+        yield from _regrouped(state, chunks, tmp_dir)
         return
-    by_time: dict[float, Exposition] = {}
-    for part in _chained(state, chunks):
-        merged = by_time.setdefault(part.timestamp or 0.0, Exposition(timestamp=part.timestamp))
-        merged.samples.extend(part.samples)
-    for ts in sorted(by_time):
-        by_time[ts].families.update(state.all_families)
-        yield by_time[ts]
-
-
-def _chained(state: _OMState, chunks: Iterable[str]) -> Iterator[Exposition]:
     for chunk in chunks:
         yield from state.feed(chunk)
     yield from state.finish()
+
+
+# Sort keys of the regrouped layouts: the timestamp (16 hex digits), then the order in the file
+# (10).
+_TS_KEY = 16
+_LINE_KEY = _TS_KEY + 10
+
+
+def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None
+               ) -> Iterator[Exposition]:
+    """Families or series contiguous → scrapes: each kept sample line goes through an on-disk
+    sort keyed by (timestamp, order in the file), so a scrape's samples keep their file order,
+    and the sorted lines are parsed again one scrape at a time (mostly from the caches; each
+    line was checked on the first pass, so no error can come from this one)."""
+    from kvoffload.extsort import sorted_lines
+
+    wanted = state.wanted
+    current: Exposition | None = None
+    current_key = ""
+    for keyed in sorted_lines(_keyed_samples(state, chunks), tmp_dir=tmp_dir):
+        sample = _parse_sample_line(keyed[_LINE_KEY:-1], 0, wanted)
+        assert sample is not None  # kept by the first pass
+        if current is None or keyed[:_TS_KEY] != current_key:
+            if current is not None:
+                yield current
+            current_key = keyed[:_TS_KEY]
+            # Every family declared anywhere applies to every scrape (it was declared once).
+            current = Exposition(families=dict(state.all_families), timestamp=sample[3])
+        current.samples.append(sample)
+    if current is None:
+        raise ParseError("no samples with a timestamp (an empty recording?)")
+    yield current
+
+
+def _keyed_samples(state: _OMState, chunks: Iterable[str]) -> Iterator[str]:
+    """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key. TYPE
+    lines are collected in `state.all_families`; skipped families are jumped over."""
+    from kvoffload.extsort import float_key
+
+    wanted, parse_line = state.wanted, _parse_sample_line
+    ts_keys: dict[float, str] = {}
+    cut_line = False
+    seq = 0  # kept lines so far: ties of a timestamp keep their file order
+    for text in chunks:
+        pos = 0
+        size = len(text)
+        find = text.find
+        nul = find("\x00")
+        if nul != -1:
+            raise ParseError(f"line {state._lineno(text, nul)}: not text: NUL byte")
+        if state.skip and text[:1] != "#":
+            pos = _next_comment(text, 0)
+        while pos < size:
+            end = find("\n", pos)
+            if end == -1:
+                end = size
+                # Only the last chunk can end without a newline: a file cut mid-line.
+                cut_line = True
+            line = text[pos:end]
+            if line.endswith("\r"):
+                line = line[:-1]
+            if not line:
+                pos = end + 1
+                continue
+            if state.saw_eof:
+                raise ParseError(f"line {state._lineno(text, pos)}: content after '# EOF'")
+            if line[0] == "#":
+                cut_line = False
+                state.skip = False
+                if line == "# EOF":
+                    state.saw_eof = True
+                elif line.startswith("# TYPE "):
+                    fam, mtype = _type_line(line, lambda p=pos, t=text: state._lineno(t, p))
+                    state.all_families[fam] = mtype
+                    if state.families is not None and fam not in state.families:
+                        state.skip = True
+                        pos = _next_comment(text, end)
+                        continue
+                pos = end + 1
+                continue
+            if cut_line:
+                break  # judged below, with the '# EOF' question
+            try:
+                sample = parse_line(line, 0, wanted)
+            except ParseError as exc:
+                raise ParseError(str(exc).replace(
+                    "line 0:", f"line {state._lineno(text, pos)}:", 1)) from None
+            if sample is None:
+                pos = _skip_same_name(text, end + 1, line)
+                continue
+            ts = sample[3]
+            if ts is None:
+                raise ParseError(f"line {state._lineno(text, pos)}: recording sample without "
+                                 "a timestamp")
+            pos = end + 1
+            key = ts_keys.get(ts)
+            if key is None:
+                if len(ts_keys) >= 100_000:
+                    ts_keys.clear()
+                key = ts_keys[ts] = float_key(ts)
+            yield f"{key}{seq:010x}{line}\n"
+            seq += 1
+        state.lines_before += text.count("\n")
+    if not state.saw_eof:
+        # In these layouts a cut file misses whole series or families at its end, not the
+        # last scrape: say so, and use what is there (bar a line cut in the middle).
+        log.warning("truncated recording: no '# EOF' after line %d (cut short?): families "
+                    "or series at its end may be missing%s", state.lines_before,
+                    "; its last, cut line dropped" if cut_line else "")
 
 
 _LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
@@ -311,8 +413,16 @@ _LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
 
 def scrape_ordered(head: str) -> bool:
     """Whether a recording's head reads scrape by scrape: sample timestamps never go back."""
-    last = -math.inf
-    for line in head.splitlines()[:-1]:  # the last line may be cut
+    return timestamps_ordered(head, -math.inf, last_line_whole=False) is not None
+
+
+def timestamps_ordered(text: str, last: float, last_line_whole: bool = True) -> float | None:
+    """The last sample timestamp of `text` if none goes back (starting after `last`), else
+    None. `last_line_whole=False`: the text is a head whose last line may be cut."""
+    lines = text.splitlines()
+    if not last_line_whole:
+        lines = lines[:-1]
+    for line in lines:
         if not line or line[0] == "#":
             continue
         m = _LAST_NUMBER.search(line)
@@ -323,9 +433,9 @@ def scrape_ordered(head: str) -> bool:
         except ValueError:
             continue
         if ts < last:
-            return False
+            return None
         last = ts
-    return True
+    return last
 
 
 def read_chunks(fh: TextIO, size: int = 4 * 2**20) -> Iterator[str]:
@@ -351,11 +461,11 @@ class _OMState:
 
     def __init__(self, wanted: Callable[[str], bool] | None,
                  wanted_families: frozenset[str] | set[str] | None,
-                 unordered: bool = False) -> None:
+                 journal: str | None = None) -> None:
         self.wanted = wanted
+        self.journal = journal
         self.families = wanted_families
-        self.unordered = unordered
-        self.all_families: dict[str, str] = {}  # every TYPE line (unordered layouts)
+        self.all_families: dict[str, str] = {}  # every TYPE line (regrouped layouts)
         self.current: Exposition | None = None
         self.pending: dict[str, str] = {}
         self.saw_eof = False
@@ -418,7 +528,7 @@ class _OMState:
             current = self.current
             if current is None or ts != current.timestamp:
                 if current is not None:
-                    if ts < current.timestamp and not self.unordered:  # type: ignore[operator]
+                    if ts < current.timestamp:  # type: ignore[operator]
                         # Interleaved families of several timestamps: not a recording we
                         # wrote, and streaming it would give wrong windows.
                         raise ParseError(
@@ -441,6 +551,13 @@ class _OMState:
                                  f"{self.lines_before} and no complete scrape")
             # A recording cut short (its writer was killed): every scrape before the last is
             # whole; the last may be half-written, so it goes.
+            if self.journal is not None:
+                log.warning(
+                    "%s is the journal of a recording that did not finish (`record` was "
+                    "killed, or is still writing): read %d complete scrapes, the last, "
+                    "possibly partial one dropped; `kvoffload record --finalize %s` turns it "
+                    "into an OpenMetrics file", self.journal, self.complete, self.journal)
+                return
             log.warning("truncated recording: no '# EOF' after line %d (cut short?): read "
                         "%d complete scrapes, the last, possibly partial one dropped",
                         self.lines_before, self.complete)

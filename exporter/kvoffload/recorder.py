@@ -13,7 +13,7 @@ from kvoffload.errors import InputError
 from kvoffload.kvevents.eventfile import EventFileWriter
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.parse import parse_text
-from kvoffload.recording import RecordingWriter
+from kvoffload.recording import Recording, RecordingWriter
 from kvoffload.scrape import fetch
 
 
@@ -21,7 +21,7 @@ async def record_targets(
     targets: list[tuple[str, str]],  # (url, instance name)
     interval: float,
     duration: float,
-    writer: RecordingWriter,
+    writer: Recording | RecordingWriter,
     scrape_timeout: float,
     warn: Callable[[str], None],
     events: tuple[str, str | None, int] | None = None,  # (endpoint, replay, dp size)

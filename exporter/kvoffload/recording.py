@@ -1,12 +1,24 @@
 """Recordings: OpenMetrics 1.0 files with a timestamp on every sample (DESIGN.md §7).
 
-Written scrape by scrape (each scrape's families again, with that scrape's timestamp), so a
-reader streams them with constant memory and `promtool tsdb create-blocks-from openmetrics`
-backfills them. Like Prometheus, the writer adds `instance` and `job` to every series.
+`record` writes in two steps. While it runs, scrapes are appended to a journal next to the
+output (`OUT.partial`), whole and flushed one by one: scrape-ordered text that `analyze`
+streams, and all that a recorder killed with SIGKILL leaves. On a clean end (duration reached,
+SIGTERM, Ctrl-C) the journal is rewritten into OUT as strict OpenMetrics — each family once and
+contiguous, each series' points contiguous and in time order, `# EOF` — through an on-disk sort
+(kvoffload.extsort), so a 24-hour recording needs no more memory than a short one; then the
+journal goes. OUT is what prometheus_client's parser and `promtool tsdb create-blocks-from
+openmetrics` accept. Like Prometheus, the writer adds `instance` and `job` to every series.
+
+`read_recording` takes either layout and any other valid one (series contiguous): scrape by
+scrape streams; the others are sorted by timestamp on disk.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import re
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
@@ -14,12 +26,20 @@ from kvoffload.errors import InputError
 from kvoffload.parse import (
     Exposition,
     ParseError,
+    Sample,
     family_name,
     iter_openmetrics,
     parse_text,
     read_chunks,
-    scrape_ordered,
+    timestamps_ordered,
 )
+
+log = logging.getLogger("kvoffload")
+
+# The journal of a recording to OUT is OUT + JOURNAL_SUFFIX; its first line is JOURNAL_MARK
+# (a comment every OpenMetrics reader of ours skips), so `analyze` knows what it was given.
+JOURNAL_SUFFIX = ".partial"
+JOURNAL_MARK = "# kvoffload recording journal"
 
 
 def _escape(value: str) -> str:
@@ -35,14 +55,26 @@ def _format_value(value: float) -> str:
 
 
 class RecordingWriter:
-    """Append scrapes of one or more targets to an OpenMetrics text stream."""
+    """Append scrapes of one or more targets to a text stream, scrape by scrape.
 
-    def __init__(self, out: TextIO, instance: str = "", job: str = "vllm") -> None:
+    This is the journal layout: each scrape's families again (TYPE lines repeat), with that
+    scrape's timestamp. A reader streams it with constant memory, and a writer killed between
+    two scrapes leaves every earlier one whole. Within a scrape each family is contiguous and
+    each series' samples (a counter's `_total` and `_created`, a histogram's buckets, `_count`,
+    `_sum`, `_created`) are together, so one scrape alone is strict OpenMetrics; across
+    scrapes it is not (families repeat): `Recording` rewrites it at the end.
+    """
+
+    def __init__(self, out: TextIO, instance: str = "", job: str = "vllm",
+                 header: str | None = None) -> None:
         self.out = out
         self.instance = instance
         self.job = job
         self.scrapes = 0
         self._last_ts: float | None = None
+        if header is not None:
+            out.write(header.rstrip("\n") + "\n")
+            out.flush()
 
     def write_scrape(
         self, body: bytes | str, timestamp: float, instance: str | None = None
@@ -59,13 +91,13 @@ class RecordingWriter:
         self._last_ts = timestamp
         extra = {"instance": instance if instance is not None else self.instance,
                  "job": self.job}
+        extra = {k: v for k, v in extra.items() if v}
         ts = repr(float(timestamp))
-        by_family = _group_by_family(expo)
         lines: list[str] = []
-        for fam, (mtype, samples) in by_family.items():
+        for fam, (mtype, samples) in _group_by_family(expo).items():
             lines.append(f"# TYPE {fam} {mtype}")
-            for name, labels, value, _ in samples:
-                merged = {**labels, **{k: v for k, v in extra.items() if v}}
+            for name, labels, value, _ in _series_together(fam, mtype, samples):
+                merged = {**labels, **extra}
                 label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items()))
                 lines.append(f"{name}{{{label_text}}} {_format_value(value)} {ts}")
         self.out.write("\n".join(lines) + "\n")
@@ -76,6 +108,24 @@ class RecordingWriter:
     def close(self) -> None:
         self.out.write("# EOF\n")
         self.out.flush()
+
+
+def _series_together(fam: str, mtype: str, samples: list[Sample]) -> list[Sample]:
+    """A family's samples with each series' together, in order of first appearance: 0.0.4
+    puts a counter's `_created` family (folded into its parent here) after all its `_total`
+    lines, and OpenMetrics forbids coming back to a series ("Invalid metric grouping")."""
+    drop = {"histogram": "le", "gaugehistogram": "le", "summary": "quantile"}.get(mtype)
+    series: dict[tuple[tuple[str, str], ...], list[Sample]] = {}
+    for sample in samples:
+        labels = sample[1]
+        if drop is not None and drop in labels:
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != drop))
+        else:
+            key = tuple(sorted(labels.items()))
+        series.setdefault(key, []).append(sample)
+    if len(series) == len(samples) or len(series) == 1:
+        return samples  # nothing to move
+    return [sample for group in series.values() for sample in group]
 
 
 _SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
@@ -113,9 +163,198 @@ def _family_of(name: str, types: dict[str, str]) -> str:
     return family_name(name, types.get(name, "gauge"))
 
 
+class Recording:
+    """What `record` writes to `path`: a journal while recording, strict OpenMetrics once closed.
+
+    `write_exposition` appends to `path + JOURNAL_SUFFIX` (flushed per scrape: what SIGKILL
+    leaves, and what `analyze` reads); `close` rewrites the journal into `path` and removes it.
+    An existing journal is never overwritten: it is a recording that was killed (or one still
+    running), and it is the only copy of its data.
+    """
+
+    def __init__(self, path: str, instance: str = "", job: str = "vllm") -> None:
+        self.path = path
+        self.journal = path + JOURNAL_SUFFIX
+        try:
+            self._fh = open(self.journal, "x", encoding="utf-8")  # noqa: SIM115
+        except FileExistsError:
+            raise InputError(
+                f"{self.journal} exists: a recording to {path} is still running or was killed; "
+                f"`kvoffload analyze {self.journal}` reads it, `kvoffload record --finalize "
+                f"{self.journal}` turns it into {path}; or remove it") from None
+        except OSError as exc:
+            raise InputError(f"{self.journal}: {exc.strerror}") from None
+        self.writer = RecordingWriter(
+            self._fh, instance, job,
+            header=f"{JOURNAL_MARK} of {os.path.basename(path)}: scrape by scrape, rewritten "
+                   "into OpenMetrics when `record` ends")
+
+    @property
+    def scrapes(self) -> int:
+        return self.writer.scrapes
+
+    def write_exposition(
+        self, expo: Exposition, timestamp: float, instance: str | None = None
+    ) -> None:
+        self.writer.write_exposition(expo, timestamp, instance)
+
+    def close(self) -> int:
+        """Finish the journal, rewrite it into `path`, remove it; returns the scrapes written.
+        If the rewrite fails or is interrupted, the journal stays (complete, with '# EOF')."""
+        if not self._fh.closed:
+            self.writer.close()
+            self._fh.close()
+        try:
+            scrapes = finalize_journal(self.journal, self.path)
+        except InputError as exc:
+            raise InputError(f"{exc}; the recording stays in {self.journal}") from None
+        os.unlink(self.journal)
+        return scrapes
+
+
+# The sort key of a journal line on its way to OpenMetrics: family, series (order of first
+# appearance, 6 and 8 hex digits), timestamp (16), order in the journal (10).
+_FAM_KEY, _SERIES_KEY, _TIME_KEY, _SEQ_KEY = 6, 14, 30, 40
+# `le`/`quantile` inside a label set: a histogram's buckets (a summary's quantiles) are one
+# series with its `_count` and `_sum`.
+_LE_RE = re.compile(r'(?:^|,)le="[^"]*"')
+_QUANTILE_RE = re.compile(r'(?:^|,)quantile="[^"]*"')
+
+
+def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
+    """Rewrite a scrape-ordered recording (a journal) into `out` as strict OpenMetrics: each
+    family once, contiguous, under one TYPE line; each series' points contiguous and in time
+    order; `# EOF`. Memory stays bounded (an on-disk sort; temporary files in `tmp_dir`,
+    default: next to `out`, where the room for the result is). `out` appears whole or not at
+    all (written aside, then renamed). A journal without '# EOF' (its recorder was killed)
+    loses its last, possibly partial scrape. Returns the number of scrapes written."""
+    from kvoffload.extsort import sorted_lines
+
+    try:
+        fh = open(journal, encoding="utf-8")  # noqa: SIM115
+    except FileNotFoundError:
+        raise InputError(f"{journal}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{journal}: {exc.strerror}") from None
+    families: list[tuple[str, str]] = []
+    scan = _JournalScan(families)
+    directory = os.path.dirname(os.path.abspath(out))
+    tmp = os.path.join(directory, f".{os.path.basename(out)}.{os.getpid()}.tmp")
+    try:
+        with fh, open(tmp, "w", encoding="utf-8") as dst:
+            fam = -1
+            write = dst.write
+            for keyed in sorted_lines(scan.keyed(fh, journal), tmp_dir=tmp_dir or directory):
+                f = int(keyed[:_FAM_KEY], 16)
+                if f != fam:
+                    fam = f
+                    name, mtype = families[f]
+                    write(f"# TYPE {name} {mtype}\n")
+                write(keyed[_SEQ_KEY:])
+            write("# EOF\n")
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, out)
+    except UnicodeDecodeError:
+        raise InputError(f"{journal}: not a text file (invalid UTF-8)") from None
+    except OSError as exc:
+        raise InputError(f"{out}: {exc.strerror}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return scan.scrapes
+
+
+class _JournalScan:
+    """Reads a journal line by line into sort-keyed lines (see finalize_journal)."""
+
+    def __init__(self, families: list[tuple[str, str]]) -> None:
+        self.families = families  # (name, type) by index, in order of first appearance
+        self.scrapes = 0
+
+    def keyed(self, fh: TextIO, path: str) -> Iterator[str]:
+        from kvoffload.extsort import float_key
+
+        fam_index: dict[str, int] = {}
+        prefixes: dict[tuple[int, str], str] = {}  # (family, sample head) → key prefix
+        series_index: dict[tuple[int, str], int] = {}  # (family, labels but le/quantile)
+        drop: re.Pattern[str] | None = None
+        fam = -1
+        held: list[str] = []  # the scrape being read: whole only once the next one begins
+        last_ts = ""
+        ts_key = ""
+        seq = 0
+        eof = False
+        lineno = 0
+        for lineno, line in enumerate(fh, 1):
+            if not line.endswith("\n"):
+                break  # cut mid-line: the recorder was killed while writing
+            if line[0] == "#":
+                if line.startswith("# TYPE "):
+                    parts = line.split()
+                    if len(parts) != 4:
+                        raise ParseError(f"{path}: line {lineno}: malformed TYPE line")
+                    fam = self._family(fam_index, parts[2], parts[3])
+                    drop = {"histogram": _LE_RE, "gaugehistogram": _LE_RE,
+                            "summary": _QUANTILE_RE}.get(self.families[fam][1])
+                elif line == "# EOF\n":
+                    eof = True
+                    break
+                continue
+            if line == "\n":
+                continue
+            brace = line.find("{")
+            space = line.find(" ")
+            labelled = brace != -1 and (space == -1 or brace < space)
+            cut = line.rfind("}") + 1 if labelled else space
+            if cut <= 0:
+                raise ParseError(f"{path}: line {lineno}: not a sample line")
+            head = line[:cut]
+            rest = line[cut:].split()
+            if len(rest) != 2:
+                raise ParseError(f"{path}: line {lineno}: expected 'value timestamp'")
+            if rest[1] != last_ts:
+                try:
+                    ts = float(rest[1])
+                except ValueError:
+                    raise ParseError(f"{path}: line {lineno}: bad timestamp") from None
+                last_ts, ts_key = rest[1], float_key(ts)
+                if held:
+                    self.scrapes += 1
+                    yield from held
+                    held = []
+            if fam == -1:  # a sample before any TYPE line: its own untyped family
+                fam = self._family(fam_index, head.partition("{")[0], "unknown")
+                drop = None
+            prefix = prefixes.get((fam, head))
+            if prefix is None:
+                labels = head[head.find("{") + 1:-1] if labelled else ""
+                if drop is not None:
+                    labels = drop.sub("", labels).lstrip(",")
+                series = series_index.setdefault((fam, labels), len(series_index))
+                prefix = prefixes[(fam, head)] = f"{fam:06x}{series:08x}"
+            held.append(f"{prefix}{ts_key}{seq:010x}{line}")
+            seq += 1
+        if held:
+            if eof:
+                self.scrapes += 1
+                yield from held
+            else:
+                log.warning("%s: no '# EOF' after line %d (its recorder was killed?): the "
+                            "last, possibly partial scrape dropped", path, lineno)
+
+    def _family(self, index: dict[str, int], name: str, mtype: str) -> int:
+        fam = index.get(name)
+        if fam is None:
+            fam = index[name] = len(self.families)
+            self.families.append((name, mtype))
+        return fam
+
+
 # How much of a recording is read to tell its layout: a family-contiguous file goes back in time
-# at its second family.
+# at its second series.
 _LAYOUT_PROBE = 16 * 2**20
+_TYPE_RE = re.compile(r"^# TYPE (\S+)", re.MULTILINE)
 
 
 def read_recording(
@@ -138,6 +377,11 @@ def _read_recording(
     try:
         fh = open(path, encoding="utf-8", errors="strict")  # noqa: SIM115
     except FileNotFoundError:
+        if os.path.exists(path + JOURNAL_SUFFIX):
+            raise InputError(
+                f"{path}: no such file, but {path + JOURNAL_SUFFIX} is there: the journal of a "
+                "recording that is still running or was killed; analyze that, or "
+                f"`kvoffload record --finalize {path + JOURNAL_SUFFIX}`") from None
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory") from None
@@ -152,16 +396,15 @@ def _read_recording(
             raise InputError(f"{path}: empty file")
         fh.seek(0)
         if _looks_like_openmetrics(head):
-            # Scrape by scrape (what `record` writes) streams; families or series contiguous
-            # (OpenMetrics' own layout, other tools') is put together by timestamp.
             try:
-                ordered = scrape_ordered(fh.read(_LAYOUT_PROBE))
-            except UnicodeDecodeError:
-                raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
-            fh.seek(0)
-            try:
-                yield from iter_openmetrics(read_chunks(fh), wanted, wanted_families,
-                                            unordered=not ordered)
+                journal = head.startswith(JOURNAL_MARK)
+                ordered = _scrape_ordered(fh)
+                fh.seek(0)
+                if journal and ordered:
+                    _note_journal(path)
+                yield from iter_openmetrics(
+                    read_chunks(fh), wanted, wanted_families, unordered=not ordered,
+                    journal=path if journal else None)
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
         else:
@@ -171,6 +414,43 @@ def _read_recording(
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
             yield parse_text(text, wanted, wanted_families)
+
+
+def _scrape_ordered(fh: TextIO) -> bool:
+    """Whether the file reads scrape by scrape (it streams) or must be sorted by timestamp.
+
+    Scrape-ordered files (the journal, recordings of earlier versions) declare each family
+    again in every scrape, and the strict layout goes back in time at its second series, so
+    the head nearly always tells; a head that does neither is followed to the end."""
+    probe = fh.read(_LAYOUT_PROBE)
+    last = timestamps_ordered(probe, -math.inf, last_line_whole=False)
+    if last is None:
+        return False
+    if len(probe) < _LAYOUT_PROBE:
+        return True
+    types = _TYPE_RE.findall(probe)
+    if len(set(types)) < len(types):
+        return True
+    fh.seek(0)
+    last = -math.inf
+    for chunk in read_chunks(fh):
+        found = timestamps_ordered(chunk, last)
+        if found is None:
+            return False
+        last = found
+    return True
+
+
+def _note_journal(path: str) -> None:
+    """A journal whose rewrite was interrupted is complete (it ends in '# EOF'): say how to
+    finish it. One cut short is announced when its end is reached (parse.py)."""
+    with open(path, "rb") as raw:
+        size = raw.seek(0, os.SEEK_END)
+        raw.seek(max(0, size - 6))
+        if raw.read() == b"# EOF\n":
+            log.warning("%s is the journal of a recording whose OpenMetrics file was not "
+                        "written (`record` was stopped while closing); it is complete. "
+                        "`kvoffload record --finalize %s` writes the file", path, path)
 
 
 def _looks_like_openmetrics(head: str) -> bool:
