@@ -1,6 +1,7 @@
-"""Any valid OpenMetrics layout of a recording reads the same: scrape by scrape (what `record`
-writes), families contiguous (what OpenMetrics requires of a file with several timestamps, and
-what other tools write) and series contiguous — on the real H200 captures."""
+"""Any valid OpenMetrics layout of a recording reads the same: scrape by scrape (`record`'s
+journal, recordings of earlier versions), families contiguous (what OpenMetrics requires of a
+file with several timestamps, and what other tools write), series contiguous, and the strict
+file `record` leaves when it ends — on the real H200 captures."""
 
 import json
 import lzma
@@ -10,6 +11,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+
+from kvoffload.recording import finalize_journal
 
 SETS = Path(__file__).parent / "fixtures" / "vllm-0.26-h200-ttft"
 
@@ -55,6 +58,9 @@ def test_every_layout_gives_the_same_json(tmp_path, set_name, server):
         path = tmp_path / f"{mode}.om"
         path.write_text(text if mode == "scrape" else relayout(text, mode))
         results[mode] = analyze(path, events)
+    finalize_journal(str(tmp_path / "scrape.om"), str(tmp_path / "strict.om"))
+    results["strict"] = analyze(tmp_path / "strict.om", events)
     assert results["scrape"]["groups"] and results["scrape"]["scrapes"] > 5
     assert results["family"] == results["scrape"]
     assert results["series"] == results["scrape"]
+    assert results["strict"] == results["scrape"]

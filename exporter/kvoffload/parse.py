@@ -316,30 +316,52 @@ def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None
     wanted = state.wanted
     current: Exposition | None = None
     current_key = ""
-    for keyed in sorted_lines(_keyed_samples(state, chunks), tmp_dir=tmp_dir):
+    users: dict[str, set[str]] = {}  # family → instances with a series of it
+    declared: dict[frozenset[str], dict[str, str]] = {}
+    for keyed in sorted_lines(_keyed_samples(state, chunks, users), tmp_dir=tmp_dir):
         sample = _parse_sample_line(keyed[_LINE_KEY:-1], 0, wanted)
         assert sample is not None  # kept by the first pass
         if current is None or keyed[:_TS_KEY] != current_key:
             if current is not None:
-                yield current
+                yield _with_families(current, state.all_families, users, declared)
             current_key = keyed[:_TS_KEY]
-            # Every family declared anywhere applies to every scrape (it was declared once).
-            current = Exposition(families=dict(state.all_families), timestamp=sample[3])
+            current = Exposition(timestamp=sample[3])
         current.samples.append(sample)
     if current is None:
         raise ParseError("no samples with a timestamp (an empty recording?)")
-    yield current
+    yield _with_families(current, state.all_families, users, declared)
 
 
-def _keyed_samples(state: _OMState, chunks: Iterable[str]) -> Iterator[str]:
+def _with_families(expo: Exposition, families: dict[str, str], users: dict[str, set[str]],
+                   cache: dict[frozenset[str], dict[str, str]]) -> Exposition:
+    """The families a regrouped scrape declares. A scrape-ordered file says it exactly; in the
+    other layouts a family is declared once for all targets and times, so a scrape (of one
+    target) gets the families that target has series of anywhere in the file, and those
+    nobody has a series of (vLLM declares a family before its first series): one target
+    without offloading next to one with it is still judged without."""
+    instances = frozenset({sample[1].get("instance", "") for sample in expo.samples})
+    known = cache.get(instances)
+    if known is None:
+        known = cache[instances] = {
+            fam: mtype for fam, mtype in families.items()
+            if fam not in users or not users[fam].isdisjoint(instances)}
+    expo.families = dict(known)
+    return expo
+
+
+def _keyed_samples(state: _OMState, chunks: Iterable[str], users: dict[str, set[str]]
+                   ) -> Iterator[str]:
     """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key. TYPE
-    lines are collected in `state.all_families`; skipped families are jumped over."""
+    lines are collected in `state.all_families`; skipped families are jumped over (with a
+    look at their `instance` labels only, recorded in `users`: family → instances)."""
     from kvoffload.extsort import float_key
 
     wanted, parse_line = state.wanted, _parse_sample_line
     ts_keys: dict[float, str] = {}
     cut_line = False
     seq = 0  # kept lines so far: ties of a timestamp keep their file order
+    family = ""  # of the last TYPE line: the samples that follow are its
+    last_seen = ("", "")
     for text in chunks:
         pos = 0
         size = len(text)
@@ -349,6 +371,7 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str]) -> Iterator[str]:
             raise ParseError(f"line {state._lineno(text, nul)}: not text: NUL byte")
         if state.skip and text[:1] != "#":
             pos = _next_comment(text, 0)
+            _note_users(users, family, text, 0, pos)
         while pos < size:
             end = find("\n", pos)
             if end == -1:
@@ -371,9 +394,11 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str]) -> Iterator[str]:
                 elif line.startswith("# TYPE "):
                     fam, mtype = _type_line(line, lambda p=pos, t=text: state._lineno(t, p))
                     state.all_families[fam] = mtype
+                    family = fam
                     if state.families is not None and fam not in state.families:
                         state.skip = True
                         pos = _next_comment(text, end)
+                        _note_users(users, family, text, end, pos)
                         continue
                 pos = end + 1
                 continue
@@ -385,12 +410,18 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str]) -> Iterator[str]:
                 raise ParseError(str(exc).replace(
                     "line 0:", f"line {state._lineno(text, pos)}:", 1)) from None
             if sample is None:
+                skipped = pos
                 pos = _skip_same_name(text, end + 1, line)
+                _note_users(users, family, text, skipped, pos)
                 continue
             ts = sample[3]
             if ts is None:
                 raise ParseError(f"line {state._lineno(text, pos)}: recording sample without "
                                  "a timestamp")
+            seen = (family, sample[1].get("instance", ""))
+            if seen != last_seen:  # a family's samples come together: one set.add per run
+                users.setdefault(family, set()).add(seen[1])
+                last_seen = seen
             pos = end + 1
             key = ts_keys.get(ts)
             if key is None:
@@ -406,6 +437,19 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str]) -> Iterator[str]:
         log.warning("truncated recording: no '# EOF' after line %d (cut short?): families "
                     "or series at its end may be missing%s", state.lines_before,
                     "; its last, cut line dropped" if cut_line else "")
+
+
+_INSTANCE_RE = re.compile(r'[{,]instance="((?:[^"\\]|\\.)*)"')
+
+
+def _note_users(users: dict[str, set[str]], family: str, text: str, start: int, end: int
+                ) -> None:
+    """The instances with series in text[start:end] (lines of `family` not parsed)."""
+    found = set(_INSTANCE_RE.findall(text, start, end))
+    if not found and text.find("\n", start, end - 1) != -1:
+        found = {""}  # sample lines without an instance label
+    if found:
+        users.setdefault(family, set()).update(found)
 
 
 _LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
@@ -469,6 +513,7 @@ class _OMState:
         self.current: Exposition | None = None
         self.pending: dict[str, str] = {}
         self.saw_eof = False
+        self.cut_line = False
         self.skip = False
         self.lines_before = 0  # lines in the chunks already done
         self.complete = 0  # scrapes yielded (a later timestamp began: they are whole)
@@ -490,6 +535,11 @@ class _OMState:
             end = find("\n", pos)
             if end == -1:
                 end = size
+                if not saw_eof and text[pos:].rstrip("\r") not in ("", "# EOF"):
+                    # Only the last chunk ends without a newline: the writer was killed in
+                    # the middle of this line (a cut timestamp would read as a wrong time).
+                    self.cut_line = True
+                    break
             line = text[pos:end]
             if line.endswith("\r"):
                 line = line[:-1]

@@ -288,7 +288,8 @@ class _JournalScan:
         lineno = 0
         for lineno, line in enumerate(fh, 1):
             if not line.endswith("\n"):
-                break  # cut mid-line: the recorder was killed while writing
+                eof = line.rstrip("\r") == "# EOF"
+                break  # else cut mid-line: the recorder was killed while writing it
             if line[0] == "#":
                 if line.startswith("# TYPE "):
                     parts = line.split()
