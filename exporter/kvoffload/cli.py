@@ -402,7 +402,16 @@ def _scenario(name: str):
 @click.option("--listen", default="127.0.0.1:8000", show_default=True,
               help="Where to serve the simulated /metrics.")
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Virtual seconds per real second.")
+              show_default=True,
+              help="Simulated seconds per real second: the traffic is that much denser "
+                   "(per-second rates read that many times higher); TTFT, copy times and "
+                   "GB/s stay the simulated ones.")
+@click.option("--clock", type=click.Choice(["wall", "virtual"]), default="wall",
+              show_default=True,
+              help="wall: samples without timestamps (Prometheus stamps them, at any speed), "
+                   "_created and KV event times on the real clock. virtual: the scenario's "
+                   "calendar, every sample stamped with it (a sidecar alone then sees "
+                   "simulated seconds; Prometheus drops such samples).")
 @click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
               help="Write a recording instead of serving (no waiting: virtual clock).")
 @click.option("--duration", callback=_duration, default=None,
@@ -418,11 +427,12 @@ def _scenario(name: str):
 @click.option("--record-kv-events", "record_kv_events", type=click.Path(dir_okay=False),
               default=None, help="With --record: also write the KV event stream to this file.")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
-def sim(scenario: str, listen: str, speed: float, record_path: str | None,
+def sim(scenario: str, listen: str, speed: float, clock: str, record_path: str | None,
         duration: float | None, interval: float, seed: int, kv_events: str | None,
         kv_events_replay: str | None, record_kv_events: str | None,
         list_scenarios: bool) -> None:
-    """Run the built-in vLLM simulator: serve /metrics, or write a recording."""
+    """Run the built-in vLLM simulator: serve /metrics until stopped (the scenario's traffic
+    goes on past its length), or write a recording."""
     from kvoffload.sim import SimServer, scenarios
 
     if list_scenarios:
@@ -456,7 +466,11 @@ def sim(scenario: str, listen: str, speed: float, record_path: str | None,
     if kv_events is not None:
         click.echo(f"KV events: {kv_events}"
                    + (f" (replay {kv_events_replay})" if kv_events_replay else ""), err=True)
-    app = make_sim_app(SimServer(chosen, seed=seed, kv_events=kv_events is not None),
+    # A server runs until stopped: the workload continues period after period (no counter
+    # reset, memory capped) so a sidecar or Prometheus next to it never sees it go idle.
+    wall = SimServer.wall_clock(speed) if clock == "wall" else {}
+    app = make_sim_app(SimServer(chosen, seed=seed, kv_events=kv_events is not None,
+                                 endless=True, **wall),
                        speed=speed, kv_events_endpoint=kv_events,
                        kv_events_replay=kv_events_replay)
     web.run_app(app, host=host, port=port, print=None, access_log=None)

@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 class Host(Protocol):
     """What an engine needs from the process around it (SimServer)."""
 
-    epoch: float
     metrics: mf.MetricStore
+
+    def wall_time(self, t: float) -> float: ...
 
     def schedule(self, t: float, fn: Callable[..., None], *args: Any) -> None: ...
 
@@ -137,7 +138,7 @@ class Engine:
     # -- helpers -------------------------------------------------------------------------------
 
     def _wall(self, t: float) -> float:
-        return self.host.epoch + t
+        return self.host.wall_time(t)
 
     @property
     def m(self) -> mf.MetricStore:

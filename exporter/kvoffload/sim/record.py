@@ -4,7 +4,9 @@ The simulator is scraped on its virtual clock every `interval_s`, like Prometheu
 each body goes through kvoffload.recording.RecordingWriter (which adds instance/job labels).
 With `events_path`, the KV event stream a subscriber would have received goes to a raw event
 file (kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again
-from 0 after a restart), received at the batch's virtual time, empty topic.
+from 0 after a restart), received at the batch's virtual time, empty topic. A recording
+longer than the scenario keeps the traffic coming (SimServer's endless mode: the workload
+continues, the counters keep rising) instead of recording an idle server.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def record_scenario(
 
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")
-    sim = SimServer(scenario, seed=seed, kv_events=events_path is not None)
+    sim = SimServer(scenario, seed=seed, kv_events=events_path is not None,
+                    endless=duration_s > scenario.duration_s)
     events = _EventSink(events_path) if events_path is not None else None
     n = 0
     try:
@@ -42,7 +45,7 @@ def record_scenario(
                     if t > duration_s + 1e-9:
                         break
                     sim.advance_to(t)
-                    writer.write_scrape(sim.render(), timestamp=sim.epoch + t)
+                    writer.write_scrape(sim.render(), timestamp=sim.wall_time(t))
                     if events is not None:
                         events.write(sim)
                     n += 1

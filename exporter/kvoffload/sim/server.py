@@ -1,11 +1,19 @@
 """Serve a SimServer over HTTP like a vLLM API server: GET /metrics and GET /ground-truth.
 
-Virtual time = speed × wall seconds since the app started. The clock is advanced lazily on
+Simulated time = speed × wall seconds since the app started. The clock is advanced lazily on
 every request and by a background task (so time-driven state, like stores landing, moves even
-when nobody scrapes). When the clock runs faster than real time, /metrics stamps every sample
-with the virtual wall time (start_epoch + now), so that a scraper (Prometheus honours target
-timestamps, so does the sidecar) sees rates per virtual second; at speed 1 the body is exactly
-vLLM's, without timestamps. `timestamps=True/False` forces either.
+when nobody scrapes).
+
+Timestamps depend on the simulator's clock (SimServer's `epoch`/`time_scale`):
+* a wall-clock simulator (`SimServer(..., **SimServer.wall_clock(speed))`, what `kvoffload
+  sim` runs) serves samples without timestamps, like vLLM: Prometheus stamps them at scrape
+  time and ingests every one at any speed; its `_created` and KV event times are real times.
+  The app re-anchors the clock when it starts serving, so t = now is the moment it starts.
+* a simulator on the scenario's virtual calendar (the library default) stamps every sample
+  with it when faster than real time, so an in-process sidecar (it honours target timestamps)
+  sees rates and windows in simulated seconds. Prometheus rejects such samples (far from its
+  own clock); at speed 1 the body is exactly vLLM's, without timestamps.
+`timestamps=True/False` forces either.
 
 With `kv_events_endpoint`, the app also publishes vLLM's KV cache events over ZMQ like
 `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`: every tick
@@ -32,6 +40,9 @@ if TYPE_CHECKING:
 
 SIM_KEY = web.AppKey("sim", SimServer)
 _TICK_S = 0.25  # background advance period (wall seconds)
+# Most wall time one advance may take: a simulator slower than its speed falls behind rather
+# than holding the event loop (a scrape must answer within Prometheus's timeout).
+_ADVANCE_BUDGET_S = 0.2
 
 
 def make_app(
@@ -49,17 +60,28 @@ def make_app(
         raise ValueError("speed must be positive")
     if kv_events_replay is not None and kv_events_endpoint is None:
         raise ValueError("kv_events_replay needs kv_events_endpoint")
+    mapped = sim.time_scale != 1.0
+    if mapped and abs(sim.time_scale * speed - 1.0) > 1e-9:
+        raise ValueError(f"the simulator's wall clock runs at {1 / sim.time_scale:g}x, "
+                         f"not the app's {speed:g}x")
     if kv_events_endpoint is not None:
         sim.enable_kv_events()
-    stamped = speed != 1.0 if timestamps is None else timestamps
+    stamped = (speed != 1.0 and not mapped) if timestamps is None else timestamps
     app = web.Application()
     app[SIM_KEY] = sim
     state = {"t0": time.monotonic(), "base": sim.now}
 
     def advance() -> None:
         target = state["base"] + speed * (time.monotonic() - state["t0"])
-        if target > sim.now:
-            sim.advance_to(target)
+        if target <= sim.now:
+            return
+        # In slices of 50 ms of simulated-at-speed time, within a budget: state in between
+        # is consistent (advance_to leaves it at an instant), and a late one catches up on
+        # the next tick.
+        step = max(speed * 0.05, 1e-3)
+        deadline = time.perf_counter() + _ADVANCE_BUDGET_S
+        while sim.now < target and time.perf_counter() < deadline:
+            sim.advance_to(min(target, sim.now + step))
 
     async def metrics(_: web.Request) -> web.Response:
         advance()
@@ -109,6 +131,9 @@ def make_app(
                 raise
         state["t0"] = time.monotonic()
         state["base"] = sim.now
+        if mapped:
+            # Anchor the wall clock to the moment serving starts (construction was earlier).
+            sim.epoch = time.time() - sim.now * sim.time_scale
         task = asyncio.create_task(ticker())
         try:
             yield

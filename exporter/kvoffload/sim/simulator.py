@@ -3,6 +3,17 @@
 It owns the event queue, the engines (data-parallel ranks of each served model), the metric
 store behind a private CollectorRegistry, and the ground truth. Time only moves when asked
 (advance_to), so an hour of traffic runs in seconds and every run is deterministic for a seed.
+
+Two clocks: simulated time `t` (seconds since the process started, what every duration and
+TTFT is measured in) and the wall time its instants are reported at (`_created`, KV event
+`ts`, stamped samples): `wall_time(t) = epoch + t * time_scale`. By default that is the
+scenario's virtual calendar (start_epoch, one wall second per simulated second); a server
+sped up next to real scrapers maps t onto the real clock instead (epoch = now, time_scale =
+1/speed), so its times agree with the scraper's.
+
+`endless=True` keeps the traffic coming after the scenario's length: the workload continues
+period after period (workload.generate), on the same caches and counters, and the memory a
+long run would accumulate (per-request records) is capped.
 """
 
 from __future__ import annotations
@@ -27,23 +38,43 @@ if TYPE_CHECKING:
     from .kv_events import KvEventLog
 
 
+# Per-request records an endless run keeps for /ground-truth (the newest); totals and means
+# cover every request whatever the cap.
+ENDLESS_RECORDS = 10_000
+
+
 class SimServer:
     """One simulated vLLM process.
 
     `kv_events=True` also records vLLM's KV cache events of the primary model's engines (one
     DP rank each), to be taken with drain_kv_events(); off by default, at no cost.
+    `endless=True` continues the workload past the scenario's length (see the module doc).
+    `epoch`/`time_scale` set the wall clock its instants are reported at (default: the
+    scenario's start_epoch, 1.0); `wall_clock(speed)` gives the pair for a sped-up server
+    next to real scrapers.
     """
 
-    def __init__(self, scenario: Scenario, seed: int = 0, kv_events: bool = False) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        seed: int = 0,
+        kv_events: bool = False,
+        *,
+        endless: bool = False,
+        epoch: float | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
         self.scenario = scenario
         self.seed = seed
-        self.epoch = scenario.start_epoch
+        self.epoch = scenario.start_epoch if epoch is None else epoch
+        self.time_scale = time_scale
+        self.endless = endless
         self.now = 0.0
         self._kv_log: KvEventLog | None = None
         if kv_events:
-            from .kv_events import KvEventLog  # msgspec is needed only with events on
-
-            self._kv_log = KvEventLog(self.epoch)
+            self._kv_log = self._new_kv_log()
         process = {
             "duration_s": scenario.duration_s,
             "vllm_version": scenario.vllm_version,
@@ -63,30 +94,37 @@ class SimServer:
         self.sizings = [Sizing.of(m) for m in self.models]
         self._hashers = [PromptHasher(m.block_size) for m in self.models]
         # every model's requests, keyed by arrival at its engine core (after tokenization)
-        arrivals: list[tuple[float, int, int, RequestSpec]] = []
-        # closed-loop models: the requests their clients will send, in order
-        self._closed: dict[int, deque[RequestSpec]] = {}
-        for mi, m in enumerate(self.models):
-            fe_in = m.hardware.frontend_overhead_s / 2
-            specs = generate(m.workload, m.duration_s, seed * 7919 + mi,
-                             m.max_model_len - max(1, m.workload.output_tokens))
-            if m.workload.concurrency:
-                self._closed[mi] = deque(specs)
-                continue
-            arrivals += [(r.t + fe_in, mi, i, r) for i, r in enumerate(specs)]
-        arrivals.sort(key=lambda a: (a[0], a[1], a[2]))
-        self._arrivals = arrivals
+        self._arrivals: list[tuple[float, int, int, RequestSpec]] = []
         self._next = 0
+        self._arrival_ids = itertools.count()
+        # closed-loop models: the requests their clients will send, in order
+        self._closed: dict[int, deque[RequestSpec]] = {
+            mi: deque() for mi, m in enumerate(self.models) if m.workload.concurrency
+        }
+        self._closed_period = dict.fromkeys(self._closed, 0)
+        self._period = 0  # the last period of the open-loop workload generated
+        self._add_arrivals(0)
+        for mi in self._closed:
+            self._closed[mi].extend(self._specs(mi, 0))
         self._heap: list[tuple[float, int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self._gen = 0
         self._rids = itertools.count()
         self._rr = [0] * len(self.models)
         self._inflight: set[int] = set()
-        self.records: list[dict[str, Any]] = []
+        # An endless run keeps only the newest records: at 60x a day of traffic an hour.
+        self.records: deque[dict[str, Any]] = deque(
+            maxlen=ENDLESS_RECORDS if endless else None)
+        # per model: requests, Σ TTFT (every request, also those dropped from `records`)
+        self._ttft_n = [0] * len(self.models)
+        self._ttft_sum = [0.0] * len(self.models)
         self.restarts: list[float] = []
+        self._restart_count = 0
         self.aborted = 0
-        self._archive: list[tuple[int, EngineTruth, dict[str, int]]] = []
+        # per model: the truth of the engines of the processes before the last restart, and
+        # their never-reloaded chunks (summed as they die, so restarts cost no memory)
+        self._archive_truth = [EngineTruth() for _ in self.models]
+        self._archive_never = [0] * len(self.models)
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = mf.StoreCollector(lambda: self.metrics)
         self.registry.register(self._collector)
@@ -97,6 +135,65 @@ class SimServer:
                 self._push(c * 1e-3, -1, self._send, (mi,))
         if scenario.restart_at_s is not None:
             self._push(scenario.restart_at_s, -1, self._restart, ())
+
+    # -- clocks and workload periods -------------------------------------------------------
+
+    @staticmethod
+    def wall_clock(speed: float, now: float | None = None) -> dict[str, float]:
+        """`epoch`/`time_scale` for a server running `speed` simulated seconds per real second
+        from now (time.time()): its instants land where they happen on the real clock."""
+        import time
+
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        return {"epoch": time.time() if now is None else now, "time_scale": 1.0 / speed}
+
+    def wall_time(self, t: float) -> float:
+        """The wall time (epoch seconds) simulated instant t is reported at."""
+        return self.epoch + t * self.time_scale
+
+    def _new_kv_log(self) -> KvEventLog:
+        from .kv_events import KvEventLog  # msgspec is needed only with events on
+
+        # On the virtual calendar the log stamps batches itself (epoch + t, exactly as
+        # always); on a mapped clock it keeps t and drain_kv_events maps it.
+        return KvEventLog(self.epoch if self.time_scale == 1.0 else 0.0)
+
+    def _specs(self, mi: int, period: int) -> list[RequestSpec]:
+        m = self.models[mi]
+        return generate(m.workload, m.duration_s, self.seed * 7919 + mi,
+                        m.max_model_len - max(1, m.workload.output_tokens),
+                        period=period, spill=self.endless)
+
+    def _add_arrivals(self, period: int) -> None:
+        """Merge the open-loop requests of `period` into the arrivals still to come (a
+        session's re-sends spill over the boundary, so periods interleave there)."""
+        new: list[tuple[float, int, int, RequestSpec]] = []
+        for mi, m in enumerate(self.models):
+            if mi in self._closed:
+                continue
+            fe_in = m.hardware.frontend_overhead_s / 2
+            new += [(r.t + fe_in, mi, next(self._arrival_ids), r)
+                    for r in self._specs(mi, period)]
+        # Consumed arrivals are dropped: an endless run holds one period or so at a time.
+        self._arrivals = self._arrivals[self._next:] + new
+        self._next = 0
+        self._arrivals.sort(key=lambda a: (a[0], a[1], a[2]))
+
+    def _extend(self, limit: float) -> None:
+        """Endless runs: generate the next period(s) before time reaches their start."""
+        d = self.scenario.duration_s
+        while self.endless and d > 0:
+            boundary = (self._period + 1) * d
+            next_arr = (self._arrivals[self._next][0] if self._next < len(self._arrivals)
+                        else math.inf)
+            if limit < boundary or next_arr < boundary:
+                return
+            self._period += 1
+            self._add_arrivals(self._period)
+            restart = self.scenario.restart_at_s
+            if restart is not None:  # the scenario repeats, its restart included
+                self._push(self._period * d + restart, -1, self._restart, ())
 
     # -- process lifecycle ---------------------------------------------------------------------
 
@@ -120,23 +217,25 @@ class SimServer:
 
     def _rng(self, model_index: int, engine: int) -> random.Random:
         """Each engine's own stream (lookup jitter, block sampling), fixed by the seed."""
-        return random.Random(hash((self.seed, model_index, engine, len(self.restarts))))
+        return random.Random(hash((self.seed, model_index, engine, self._restart_count)))
 
     def _restart(self, t: float) -> None:
         """The process dies and comes back: caches empty, counters from zero, new _created."""
         for mi, engines in enumerate(self.engines):
             for eng in engines:
                 cpu = eng.cpu
-                stats = {"never_reloaded_chunks": 0, "chunk_bytes": self.sizings[mi].chunk_bytes}
+                _add(self._archive_truth[mi], eng.truth)
                 if cpu is not None:
                     # chunks dropped by the restart were never reloaded either
-                    stats["never_reloaded_chunks"] = (
+                    self._archive_never[mi] += (
                         cpu.evicted_never_loaded + cpu.resident_never_loaded()
                     )
-                self._archive.append((mi, eng.truth, stats))
         self.aborted += len(self._inflight)
         self._inflight.clear()
+        self._restart_count += 1
         self.restarts.append(t)
+        if self.endless and len(self.restarts) > 1000:
+            del self.restarts[:-1000]  # the newest are enough for /ground-truth
         self._gen += 1
         self._start(t)
         if self._kv_log is not None:
@@ -156,6 +255,9 @@ class SimServer:
         self.records.append(record)
         mi = next((i for i, m in enumerate(self.models)
                    if m.model_name == record["model_name"]), None)
+        if mi is not None:
+            self._ttft_n[mi] += 1
+            self._ttft_sum[mi] += record["ttft_s"]
         if mi in self._closed:
             think = self.models[mi].workload.think_s
             self._push(record["t_finished"] + think, -1, self._send, (mi,))
@@ -164,6 +266,10 @@ class SimServer:
         """A closed-loop client sends its next request; it reaches the engine core after the
         API server's half of the frontend overhead."""
         pending = self._closed[mi]
+        if not pending and self.endless:
+            # the benchmark client starts its request list over, with new questions
+            self._closed_period[mi] += 1
+            pending.extend(self._specs(mi, self._closed_period[mi]))
         if not pending:
             return
         spec = replace(pending.popleft(), t=t)
@@ -186,6 +292,8 @@ class SimServer:
 
     def _step_events(self, limit: float) -> bool:
         """Run the earliest event at or before `limit`; False when there is none."""
+        if self.endless:
+            self._extend(limit)
         next_arr = self._arrivals[self._next][0] if self._next < len(self._arrivals) else math.inf
         next_evt = self._heap[0][0] if self._heap else math.inf
         if min(next_arr, next_evt) > limit or (next_arr == next_evt == math.inf):
@@ -216,9 +324,7 @@ class SimServer:
         """Turn KV events on from now (a subscriber that joins late sees no earlier stores)."""
         if self._kv_log is not None:
             return
-        from .kv_events import KvEventLog
-
-        self._kv_log = KvEventLog(self.epoch)
+        self._kv_log = self._new_kv_log()
         for eng in self.engines[0]:
             eng.enable_kv_events(self._kv_log)
 
@@ -227,7 +333,12 @@ class SimServer:
         order; one batch per engine and virtual instant (an engine step). Events are dicts with
         vLLM's field names and "type"; only the primary model's engines publish (one vLLM
         process serves one model). Empty when events are off."""
-        return self._kv_log.drain() if self._kv_log is not None else []
+        if self._kv_log is None:
+            return []
+        batches = self._kv_log.drain()
+        if self.time_scale == 1.0:
+            return batches
+        return [(rank, self.wall_time(t), events) for rank, t, events in batches]
 
     def advance_to(self, t_virtual_seconds: float) -> None:
         """Run every event up to virtual time t (seconds since the simulation started)."""
@@ -237,12 +348,16 @@ class SimServer:
 
     def run(self) -> None:
         """Run the whole workload to completion (every request answered, every copy done)."""
+        if self.endless:
+            raise RuntimeError("an endless simulation never completes: use advance_to")
         while self._step_events(math.inf):
             pass
         self.now = max(self.now, self.scenario.duration_s)
 
     @property
     def finished(self) -> bool:
+        if self.endless:
+            return False
         if self._next < len(self._arrivals) or self.now < self.scenario.duration_s:
             return False
         if any(self._closed.values()):
@@ -252,13 +367,14 @@ class SimServer:
     def render(self, timestamped: bool = False) -> bytes:
         """The /metrics body (text format 0.0.4), exactly as prometheus_client renders it.
 
-        vLLM puts no timestamps on samples; `timestamped=True` stamps every sample with the
-        virtual wall time (start_epoch + now) so that a scraper of a sped-up clock (Prometheus
-        honours target timestamps) computes rates in virtual time.
+        vLLM puts no timestamps on samples; `timestamped=True` stamps every sample with
+        wall_time(now): on the virtual calendar, a scraper of a sped-up clock (the sidecar
+        honours target timestamps) then computes rates in simulated time — but Prometheus
+        drops samples that far from its own clock; on a wall clock it is the real time.
         """
         if not timestamped:
             return generate_latest(self.registry)
-        self._collector.timestamp = self.epoch + self.now
+        self._collector.timestamp = self.wall_time(self.now)
         try:
             return generate_latest(self.registry)
         finally:
@@ -269,19 +385,15 @@ class SimServer:
         per_model: list[dict[str, Any]] = []
         for mi, (m, sz) in enumerate(zip(self.models, self.sizings, strict=True)):
             tot = EngineTruth()
-            evicted_never = 0
+            _add(tot, self._archive_truth[mi])
+            evicted_never = self._archive_never[mi]
             resident_never = 0
-            for ami, tr, stats in self._archive:
-                if ami == mi:
-                    _add(tot, tr)
-                    evicted_never += stats["never_reloaded_chunks"]
             for eng in self.engines[mi]:
                 _add(tot, eng.truth)
                 if eng.cpu is not None:
                     evicted_never += eng.cpu.evicted_never_loaded
                     resident_never += eng.cpu.resident_never_loaded()
-            recs = [r for r in self.records if r["model_name"] == m.model_name]
-            ttfts = [r["ttft_s"] for r in recs]
+            n_ttft = self._ttft_n[mi]
             d = asdict(tot)
             d.update({
                 "model_name": m.model_name,
@@ -303,7 +415,7 @@ class SimServer:
                 "never_reloaded_evicted_bytes": evicted_never * sz.chunk_bytes,
                 "never_reloaded_resident_bytes": resident_never * sz.chunk_bytes,
                 "never_reloaded_bytes": (evicted_never + resident_never) * sz.chunk_bytes,
-                "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
+                "mean_ttft_s": self._ttft_sum[mi] / n_ttft if n_ttft else None,
             })
             per_model.append(d)
         primary = per_model[0]
@@ -313,6 +425,7 @@ class SimServer:
             "vllm_version": self.scenario.vllm_version,
             "now_s": self.now,
             "finished": self.finished,
+            "endless": self.endless,
             "start_epoch": self.epoch,
             "restarts_s": list(self.restarts),
             "aborted_requests": self.aborted,
@@ -327,8 +440,10 @@ class SimServer:
             out[k] = primary[k]
         out["requests_total"] = primary["requests"]
         if include_requests:
+            # An endless run lists only the newest ENDLESS_RECORDS (`requests_listed`).
             out["ttft_s"] = [r["ttft_s"] for r in self.records]
             out["requests"] = list(self.records)
+            out["requests_listed"] = len(self.records)
         return out
 
 

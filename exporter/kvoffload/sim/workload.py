@@ -20,6 +20,9 @@ SYSTEM_SEGMENT_ID = 1
 _DOC_BASE = 1_000
 _UNIQUE_DOC_BASE = 500_000_000
 _QUESTION_BASE = 1_000_000_000
+# Ids a period allocates stay below this stride (a period would need 10^9 sessions or
+# questions to overlap the next), so the ids of period k are `k * stride + id`.
+_PERIOD_ID_STRIDE = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,28 @@ def _doc_len(seed: int, doc_id: int, bounds: tuple[int, int]) -> int:
 
 
 def generate(
-    workload: Workload, duration_s: float, seed: int, max_prompt_tokens: int
+    workload: Workload, duration_s: float, seed: int, max_prompt_tokens: int,
+    period: int = 0, spill: bool = False,
 ) -> list[RequestSpec]:
-    """All requests of the run, sorted by arrival time."""
-    rng = random.Random(seed)
-    questions = itertools.count(_QUESTION_BASE)
+    """All requests of the run, sorted by arrival time.
+
+    A simulator that keeps serving past `duration_s` asks for the workload period by period:
+    period k covers [k·duration_s, (k+1)·duration_s) with its own random stream and the same
+    traffic shape. What a tenant reuses stays the same (the document library of "documents",
+    the rotation by absolute time); what is new in every request stays new (questions, unique
+    documents, sessions and batches get ids no earlier period used), so a later period neither
+    replays nor forgets the earlier ones. Period 0 is exactly the scenario's own run.
+    `spill` keeps a session's re-sends that fall after the period's end (the next period takes
+    over at the boundary, so a session must not be cut there); closed-loop workloads
+    (`requests`) are one batch of requests per period.
+    """
+    if period < 0:
+        raise ValueError("period must be >= 0")
+    rng = random.Random(seed if period == 0 else f"{seed}/{period}")
+    offset = period * duration_s
+    # Ids of things that are new in every period live in a range of their own per period.
+    fresh = period * _PERIOD_ID_STRIDE
+    questions = itertools.count(_QUESTION_BASE + fresh)
     system: list[tuple[int, int]] = (
         [(SYSTEM_SEGMENT_ID, workload.system_tokens)] if workload.system_tokens > 0 else []
     )
@@ -140,7 +160,7 @@ def generate(
         else:
             weights = [1.0] * n
         cum = list(itertools.accumulate(weights))
-        unique_ids = itertools.count(_UNIQUE_DOC_BASE)
+        unique_ids = itertools.count(_UNIQUE_DOC_BASE + fresh)
         times = (_arrivals(rng, workload.rate_rps, duration_s, workload.arrival)
                  if workload.requests is None else [0.0] * workload.requests)
         for t in times:
@@ -149,7 +169,8 @@ def generate(
             else:
                 idx = bisect.bisect_left(cum, rng.random() * cum[-1])
                 generation = (
-                    int(t // workload.rotate_every_s) if workload.rotate_every_s else 0
+                    int((offset + t) // workload.rotate_every_s) if workload.rotate_every_s
+                    else 0
                 )
                 doc_id = _DOC_BASE + generation * n + min(idx, n - 1)
             doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
@@ -159,13 +180,13 @@ def generate(
         per_session = 1 + max(0, workload.reuses)
         session_rate = workload.rate_rps / per_session
         for i, t0 in enumerate(_arrivals(rng, session_rate, duration_s, workload.arrival)):
-            doc_id = _DOC_BASE + i
+            doc_id = _DOC_BASE + fresh + i
             doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
             t = t0
             for turn in range(per_session):
                 if turn:
                     t += rng.expovariate(1.0 / workload.reuse_gap_s)
-                if t >= duration_s:
+                if t >= duration_s and not spill:
                     break
                 segs = _fit([*system, doc, question()], max_prompt_tokens)
                 label = "first" if turn == 0 else "reuse"
@@ -179,7 +200,7 @@ def generate(
                 break
             keys: dict[str, int] = {}
             for label, key, tokens in workload.batch:
-                doc_id = keys.setdefault(key, _DOC_BASE + b * 100 + len(keys))
+                doc_id = keys.setdefault(key, _DOC_BASE + fresh + b * 100 + len(keys))
                 segs = _fit([*system, (doc_id, tokens)], max_prompt_tokens)
                 out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
                 t += workload.request_interval_s
@@ -187,6 +208,8 @@ def generate(
         raise ValueError(f"unknown workload kind {workload.kind!r}")
     if workload.output_tokens > 1:
         out = [replace(r, output_tokens=workload.output_tokens) for r in out]
+    if offset:
+        out = [replace(r, t=r.t + offset) for r in out]
     out.sort(key=lambda r: r.t)
     return out
 
