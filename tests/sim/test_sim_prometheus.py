@@ -54,6 +54,8 @@ REJECTED = (
     "prometheus_tsdb_too_old_samples_total",
 )
 MUST_EXIST = REJECTED[:3]
+# The suite's 300 s limit would cut a stretched run short.
+pytestmark = pytest.mark.timeout(SECONDS + 180)
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
