@@ -7,7 +7,6 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from aiohttp import web
 
@@ -58,14 +57,12 @@ async def run_demo(
     from kvoffload.sim.server import make_app as make_sim_app
 
     scenario = scenarios.get(scenario_name)
-    # Stretch the workload over the whole demo (30 minutes when open-ended), so the figures
-    # keep moving instead of going flat when the scenario's natural length is over.
-    wall = duration if duration is not None else 1800.0
-    scenario = replace(scenario, duration_s=max(scenario.duration_s, speed * wall))
     sim_port = free_port(listen_host)
     side_port = sidecar_port or free_port(listen_host)
     events_endpoint = f"tcp://{listen_host}:{free_port(listen_host)}" if kv_events else None
-    sim_app = make_sim_app(SimServer(scenario, kv_events=kv_events), speed=speed,
+    # The workload goes on past the scenario's length for as long as the demo runs, so the
+    # figures keep moving instead of going flat (memory stays bounded: SimServer endless).
+    sim_app = make_sim_app(SimServer(scenario, kv_events=kv_events, endless=True), speed=speed,
                            kv_events_endpoint=events_endpoint)
     sim_runner = web.AppRunner(sim_app, access_log=None)
     await sim_runner.setup()
