@@ -8,6 +8,8 @@ import contextlib
 import lzma
 from pathlib import Path
 
+import pytest
+
 from kvoffload.analysis import Settings, analyze_window, window_from_expositions
 from kvoffload.kvevents.eventfile import RawMessage, read_event_file
 from kvoffload.kvevents.state import TargetEvents
@@ -20,9 +22,9 @@ from helpers import free_port
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
 
 
-def _capture(tmp_path: Path, name: str = "E-cpu4") -> list[RawMessage]:
+def _capture(tmp_path: Path, name: str = "E-cpu4", set_name: str = "E") -> list[RawMessage]:
     path = tmp_path / f"{name}.kvev"
-    path.write_bytes(lzma.decompress((SETS / "E" / f"{name}.kvev.xz").read_bytes()))
+    path.write_bytes(lzma.decompress((SETS / set_name / f"{name}.kvev.xz").read_bytes()))
     return list(read_event_file(str(path)))
 
 
@@ -94,3 +96,36 @@ def test_history_older_than_vllm_buffer_is_unseen_and_the_advice_provisional(tmp
                 if g["labels"]["model_name"]]
     assert group["kv_events"]["unseen_before_start"] == state.unseen_before_start()
     assert any(w.startswith("provisional:") for w in group["recommendation"]["warnings"])
+
+
+def _final_counter(recording_text: str, name: str) -> float:
+    values = [float(line.split()[1]) for line in recording_text.splitlines()
+              if line.startswith(name + "{")]
+    return values[-1]
+
+
+@pytest.mark.parametrize("name", ["E/E-cpu4", "B/B-cpu10", "B/B-cpu5", "live/cpu4g",
+                                  "live/cpu2g"])
+def test_loads_seen_in_events_are_vllms_loads(tmp_path, name):
+    """vLLM loads the leading run of CPU-resident blocks after the GPU hit; counting that
+    run gives exactly vLLM's load-bytes counter on every real capture, so the never-loaded
+    figure built on it is right, and never below the counters' own lower bound."""
+    set_name, run = name.split("/")
+    state = TargetEvents()
+    for msg in _capture(tmp_path, run, set_name):
+        state.ingest_message(msg)
+    text = lzma.decompress((SETS / set_name / f"{run}.om.xz").read_bytes()).decode()
+    recording = tmp_path / f"{run}.om"
+    recording.write_text(text)
+    window, _, lifetime = window_from_expositions(read_recording(str(recording)))
+    (instance, _model) = next(g for g in window.groups() if g[1])
+    (group,) = [g for g in analyze_window(window, Settings(), lifetime, {instance: state})
+                if g["labels"]["model_name"]]
+    ev = group["kv_events"]
+    loaded = _final_counter(text, "vllm:kv_offload_load_bytes_total")
+    stored = _final_counter(text, "vllm:kv_offload_store_bytes_total")
+    assert ev["cpu_loaded_bytes"] == pytest.approx(loaded, rel=0.01)
+    assert state.engines[0].cpu_stored_blocks * ev["bytes_per_block"] == \
+        pytest.approx(stored, rel=0.01)
+    never_loaded = ev["never_loaded_evicted_bytes"] + ev["never_loaded_resident_bytes"]
+    assert never_loaded >= stored - loaded

@@ -68,6 +68,9 @@ def event_evidence(events: TargetEvents, static: GroupStatic,
         "tracked_blocks": events.tracked_blocks(),
         "cpu_resident_blocks": events.cpu_resident_blocks(),
         "cpu_resident_bytes": events.cpu_resident_blocks() * bpb if bpb else None,
+        # Loads the events show, with repeats: equal to vLLM's load-bytes counter over the
+        # same span when the classification of never-loaded blocks is right.
+        "cpu_loaded_bytes": events.cpu_loaded_blocks() * bpb if bpb else None,
         "never_loaded_evicted_bytes": evicted * bpb if bpb else None,
         "never_loaded_resident_bytes": resident * bpb if bpb else None,
         "bytes_per_block": bpb,

@@ -42,7 +42,7 @@ FORMAT = "kvoffload.kv-events-state"
 VERSION = 1
 _HASH_BYTES = 17  # signed: int hashes may be negative, folded bytes hashes use 128 bits
 
-_ENGINE_SCALARS = ("block_size", "gpu_missed_blocks", "cpu_stored_blocks",
+_ENGINE_SCALARS = ("block_size", "gpu_missed_blocks", "cpu_stored_blocks", "cpu_loaded_blocks",
                    "cpu_evicted_never_loaded_blocks", "cpu_evicted_blocks", "clears",
                    "last_seq", "history_from_seq", "messages", "lost_messages",
                    "unknown_events", "first_ts", "last_ts")

@@ -30,6 +30,9 @@ class EngineEvents:
     # GPU-resident block → its parent: bounded by the GPU cache, enough to rebuild prefixes.
     gpu_parent: dict[int, int | None] = field(default_factory=dict)
     cpu_stored_blocks: int = 0
+    # Blocks loaded back from the CPU tier, with repeats: what vLLM's load-bytes counter
+    # counts (÷ bytes per block), so the two reconcile.
+    cpu_loaded_blocks: int = 0
     cpu_evicted_never_loaded_blocks: int = 0
     cpu_evicted_blocks: int = 0
     clears: int = 0
@@ -117,15 +120,22 @@ class EngineEvents:
         tracker = self.tracker
         # vLLM loads only the leading run of present blocks: block i is served by a tier of
         # C blocks iff blocks 1..i all are, so it is recorded at the running maximum distance.
+        # The same rule says which blocks were really loaded: one still in the CPU tier after
+        # the first absent one is recomputed (on the real H200 captures, counting every
+        # present block overcounts vLLM's loads by up to 1%; the leading run matches them).
         running = 0.0
+        leading = True
         for h in hashes:
             self.gpu_missed_blocks += 1
             probed = tracker.probe(h)
             if probed is not None:
                 running = max(running, probed[0])
                 tracker.record(running, probed[1])
-            if h in self.cpu_resident:
-                self.cpu_resident[h] = True  # missed on GPU, present in CPU: loaded
+            if leading and h in self.cpu_resident:
+                self.cpu_resident[h] = True  # missed on GPU, loaded from the CPU tier
+                self.cpu_loaded_blocks += 1
+            else:
+                leading = False
         for h in reversed(hashes):
             tracker.touch(h)
         for h in reversed(chain):
@@ -225,6 +235,9 @@ class TargetEvents:
         """(evicted without a load, resident and not loaded yet)."""
         return (sum(e.cpu_evicted_never_loaded_blocks for e in self.engines.values()),
                 sum(e.resident_never_loaded_blocks for e in self.engines.values()))
+
+    def cpu_loaded_blocks(self) -> int:
+        return sum(e.cpu_loaded_blocks for e in self.engines.values())
 
     def lost_messages(self) -> int:
         return sum(e.lost_messages for e in self.engines.values())
