@@ -141,5 +141,11 @@ def test_the_app_does_not_stamp_a_wall_clock_simulator() -> None:
             assert all(now - 60 < v <= now + 1 for v in created)  # real times, not 2026-11-18
             gt = await (await client.get("/ground-truth?requests=0")).json()
             assert gt["endless"] and gt["start_epoch"] == pytest.approx(now, abs=60)
+        # at real speed too: the wall clock, anchored when serving starts
+        real = SimServer(sc, endless=True, **SimServer.wall_clock(1.0, now=0.0))
+        async with TestClient(TestServer(make_app(real, speed=1.0))) as client:
+            body = await (await client.get("/metrics")).read()
+            assert all(ts is None for *_, ts in parse_text(body.decode()).samples)
+            assert real.epoch == pytest.approx(time.time(), abs=60)
 
     asyncio.run(go())

@@ -60,7 +60,7 @@ def make_app(
         raise ValueError("speed must be positive")
     if kv_events_replay is not None and kv_events_endpoint is None:
         raise ValueError("kv_events_replay needs kv_events_endpoint")
-    mapped = sim.time_scale != 1.0
+    mapped = sim.mapped_clock
     if mapped and abs(sim.time_scale * speed - 1.0) > 1e-9:
         raise ValueError(f"the simulator's wall clock runs at {1 / sim.time_scale:g}x, "
                          f"not the app's {speed:g}x")

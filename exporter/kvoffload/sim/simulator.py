@@ -70,6 +70,9 @@ class SimServer:
         self.seed = seed
         self.epoch = scenario.start_epoch if epoch is None else epoch
         self.time_scale = time_scale
+        # A caller-given clock (a server next to real scrapers) rather than the scenario's
+        # calendar: the HTTP app may re-anchor `epoch`, so KV events keep t until drained.
+        self.mapped_clock = epoch is not None or time_scale != 1.0
         self.endless = endless
         self.now = 0.0
         self._kv_log: KvEventLog | None = None
@@ -157,7 +160,7 @@ class SimServer:
 
         # On the virtual calendar the log stamps batches itself (epoch + t, exactly as
         # always); on a mapped clock it keeps t and drain_kv_events maps it.
-        return KvEventLog(self.epoch if self.time_scale == 1.0 else 0.0)
+        return KvEventLog(0.0 if self.mapped_clock else self.epoch)
 
     def _specs(self, mi: int, period: int) -> list[RequestSpec]:
         m = self.models[mi]
@@ -336,7 +339,7 @@ class SimServer:
         if self._kv_log is None:
             return []
         batches = self._kv_log.drain()
-        if self.time_scale == 1.0:
+        if not self.mapped_clock:
             return batches
         return [(rank, self.wall_time(t), events) for rank, t, events in batches]
 
