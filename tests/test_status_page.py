@@ -47,8 +47,11 @@ async def _dump_dom(screenshot: str | None = None) -> str:
                                      f"http://127.0.0.1:{free_port()}/metrics",
                                      f"http://127.0.0.1:{sim_port}/metrics"],
                                     interval_seconds=0.2, timeout_seconds=1))
-    # KV events of the laptop scenario (the sample's shapes), as if subscribed.
-    sidecar.events[sidecar.targets[0].name] = laptop_events()
+    # KV events of the laptop scenario (the sample's shapes), as if subscribed, with a gap
+    # vLLM could not replay: the curve is provisional.
+    events = laptop_events()
+    events.engines[0].lost_messages = 3
+    sidecar.events[sidecar.targets[0].name] = events
     runner = web.AppRunner(make_app(sidecar))
     await runner.setup()
     port = free_port()
@@ -92,3 +95,4 @@ def test_status_page_renders_in_chromium():
     assert "4,672 tokens" in dom  # CPU capacity, rendered by the page's script
     assert "cannot connect" in dom  # the dead target is shown with its error
     assert 'id="curve"' in dom and "current" in dom  # the KV-event curve, current size marked
+    assert 'id="provisional"' in dom and "3 lost in gaps" in dom

@@ -54,6 +54,12 @@ class Thresholds:
     # Bytes copied out per second of critical-path time on an overhead-bound engine
     # (calibrated on real vLLM 0.26.0, H200: docs/advisor.md).
     store_critical_bytes_per_second: float = 2.5e9
+    # The KV-event curve sizes a tier only from a stream that has covered a steady state:
+    # the GPU cache turned over this many times, and the share of first touches over the
+    # whole stream at most this far above its share over the recent half (a cold start
+    # inflates it; the curve's hit ratios are low by about that gap).
+    min_gpu_turnovers: float = 2.0
+    max_first_touch_gap_ratio: float = 0.05
 
 
 @dataclass

@@ -18,7 +18,7 @@ from kvoffload.advisor import (
 )
 from kvoffload.errors import InputError
 from kvoffload.fleet import fleet_effects
-from kvoffload.kvevents.evidence import event_evidence
+from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.parse import Exposition
 from kvoffload.signals import FIGURE_KEYS, Context, compute_figures
@@ -196,13 +196,13 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
         curve.achievable_hit_ratio, lambda size: curve.at(size, events),
         ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
         settings.memory_limit_bytes, settings.thresholds, engines)
-    unseen, lost = events.unseen_before_start(), events.lost_messages()
-    if unseen or lost:
-        rec.warnings.append(
-            f"provisional: the curve comes from a partial stream ({unseen:,} messages "
-            f"published before the sidecar listened and no longer in vLLM's replay buffer, "
-            f"{lost:,} lost in gaps): its hit ratios and sizes undercount reuse until the "
-            "stream has covered the workload again")
+    t = settings.thresholds
+    provisional = provisional_reasons(
+        events, gpu / engines / ev.bytes_per_block if gpu and ev.bytes_per_block else None,
+        t.min_gpu_turnovers, t.max_first_touch_gap_ratio)
+    ev.json["provisional"] = bool(provisional)
+    ev.json["provisional_reasons"] = provisional
+    rec.warnings.extend(f"provisional: {reason}" for reason in provisional)
     tracked = events.tracked_blocks()
     if events.sample_rate_now() < 1.0 and tracked < MIN_SAMPLED_BLOCKS:
         rec.warnings.append(

@@ -32,6 +32,11 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
         "gauge", ["target"],
         "KV-event messages vLLM published before the sidecar listened and no longer holds for "
         "replay: history the curve does not contain (0 = complete)."),
+    "kvoffload_curve_provisional": (
+        "gauge", GROUP_LABELS,
+        "1 while the KV-event curve cannot size a tier yet (a partial stream, too short, or "
+        "still warming up from a cold start: the reasons are in the JSON and the advice), "
+        "else 0."),
     "kvoffload_kv_events_sample_ratio": (
         "gauge", ["target"], "Share of blocks tracked for reuse distances (1 = exact)."),
     "kvoffload_reuse_distance_bytes": (
@@ -196,6 +201,7 @@ class SidecarCollector(Collector):
         never_resident = _event_family("kvoffload_never_loaded_resident_bytes")
         achievable = _event_family("kvoffload_achievable_offload_hit_ratio")
         predicted = _event_family("kvoffload_predicted_offload_hit_ratio")
+        provisional = _event_family("kvoffload_curve_provisional")
         for g in groups:
             if g.get("stale"):
                 continue
@@ -223,7 +229,10 @@ class SidecarCollector(Collector):
             value = g.get("predicted_offload_hit_ratio")
             if isinstance(value, float | int):
                 predicted.add_metric(key, float(value))
-        yield from (hist, resident, never_evicted, never_resident, achievable, predicted)
+            if "provisional" in info:
+                provisional.add_metric(key, float(bool(info["provisional"])))
+        yield from (hist, resident, never_evicted, never_resident, achievable, predicted,
+                    provisional)
 
 
 def _le(value: float) -> str:

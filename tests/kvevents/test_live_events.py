@@ -55,7 +55,10 @@ def test_sidecar_subscribes_and_publishes_the_curve():
     names = {n for n, *_ in samples}
     assert {"kvoffload_cpu_resident_bytes", "kvoffload_kv_events_messages_total",
             "kvoffload_achievable_offload_hit_ratio",
-            "kvoffload_predicted_offload_ttft_effect_seconds"} <= names
+            "kvoffload_predicted_offload_ttft_effect_seconds",
+            "kvoffload_curve_provisional"} <= names
+    (flag,) = [v for n, _, v, _ in samples if n == "kvoffload_curve_provisional"]
+    assert flag == float(ev["provisional"]) == float(bool(ev["provisional_reasons"]))
 
 
 @pytest.fixture

@@ -11,6 +11,33 @@ from kvoffload.vllm import label_number
 from kvoffload.window import GroupStatic
 
 
+def provisional_reasons(events: TargetEvents, gpu_blocks_per_engine: float | None,
+                        min_gpu_turnovers: float, max_first_touch_gap: float) -> list[str]:
+    """Why the curve cannot size a tier yet, in words (empty: it can)."""
+    reasons = []
+    unseen, lost = events.unseen_before_start(), events.lost_messages()
+    if unseen or lost:
+        reasons.append(
+            f"the curve comes from a partial stream ({unseen:,} messages published before the "
+            f"sidecar listened and no longer in vLLM's replay buffer, {lost:,} lost in gaps): "
+            "its hit ratios and sizes undercount reuse until the stream has covered the "
+            "workload again")
+    engines = max(len(events.engines), 1)
+    missed = sum(e.gpu_missed_blocks for e in events.engines.values()) / engines
+    if gpu_blocks_per_engine and missed < min_gpu_turnovers * gpu_blocks_per_engine:
+        reasons.append(
+            f"the stream holds {missed:,.0f} GPU-missed blocks per engine, fewer than "
+            f"{min_gpu_turnovers:g} turnovers of the GPU cache ({gpu_blocks_per_engine:,.0f} "
+            "blocks): too early to see what a CPU tier would serve")
+    ratios = events.first_touch_ratios()
+    if ratios is not None and ratios[0] - ratios[1] > max_first_touch_gap:
+        reasons.append(
+            f"the stream is still warming up: {ratios[0]:.0%} of GPU-missed blocks were first "
+            f"touches over the whole stream, {ratios[1]:.0%} over its recent half; the curve's "
+            "hit ratios are low by about the gap until first touches stop dominating")
+    return reasons
+
+
 @dataclass(frozen=True)
 class EventEvidence:
     curve: Curve | None
@@ -75,6 +102,9 @@ def event_evidence(events: TargetEvents, static: GroupStatic,
         "never_loaded_resident_bytes": resident * bpb if bpb else None,
         "bytes_per_block": bpb,
     }
+    ratios = events.first_touch_ratios()
+    info["first_touch_ratio"] = ratios[0] if ratios else None
+    info["recent_first_touch_ratio"] = ratios[1] if ratios else None
     if curve is not None:
         info["achievable_hit_ratio"] = curve.achievable_hit_ratio
         info["right_size_gib"] = (curve.right_size_bytes / 2**30

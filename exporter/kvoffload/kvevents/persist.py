@@ -77,6 +77,7 @@ def snapshot(events: TargetEvents, instance: str,
         engines.append({
             "rank": rank,
             "scalars": {k: getattr(e, k) for k in _ENGINE_SCALARS},
+            "checkpoints": [list(c) for c in e.checkpoints],
             "cpu_resident": dict(e.cpu_resident),
             "gpu_parent": dict(e.gpu_parent),
             "tracker_last": dict(t._last),
@@ -117,6 +118,7 @@ def encode(snap: Snapshot) -> bytes:
         engines.append({
             "rank": eng["rank"],
             "scalars": eng["scalars"],
+            "checkpoints": eng["checkpoints"],
             "cpu_resident": _pack_hashes(eng["cpu_resident"]),
             "cpu_loaded": bytes(bytearray(int(v) for v in eng["cpu_resident"].values())),
             "gpu_blocks": _pack_hashes(parents),
@@ -198,6 +200,7 @@ def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None
     scalars = raw["scalars"]
     for key in _ENGINE_SCALARS:
         setattr(e, key, scalars[key])
+    e.checkpoints = [(float(t), float(c)) for t, c in raw["checkpoints"]]
     resident = _unpack_hashes(raw["cpu_resident"])
     loaded = raw["cpu_loaded"]
     if len(loaded) != len(resident):

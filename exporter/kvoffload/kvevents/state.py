@@ -45,9 +45,28 @@ class EngineEvents:
     unknown_events: int = 0
     first_ts: float | None = None
     last_ts: float | None = None
+    # (GPU-missed accesses, first touches among them) each time the accesses doubled: the
+    # recent half of the stream is read against the whole to tell a cold start from a
+    # steady state (see TargetEvents.first_touch_ratios).
+    checkpoints: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tracker = StackDistanceTracker(self.sample_rate, self.sample_budget)
+
+    def _checkpoint(self) -> None:
+        h = self.tracker.histogram
+        if h.total >= (2 * self.checkpoints[-1][0] if self.checkpoints else 1.0):
+            self.checkpoints.append((h.total, h.cold))
+
+    def first_touches_since_half(self) -> tuple[float, float, float, float]:
+        """(accesses, first touches) of the whole stream and of its recent part — since the
+        last checkpoint at or below half the accesses (between a half and three quarters)."""
+        h = self.tracker.histogram
+        base = (0.0, 0.0)
+        for point in self.checkpoints:
+            if point[0] <= h.total / 2:
+                base = point
+        return h.total, h.cold, h.total - base[0], h.cold - base[1]
 
     def sequence(self, seq: int) -> int:
         """Account a message's sequence number; returns how many were lost before it.
@@ -136,6 +155,7 @@ class EngineEvents:
                 self.cpu_loaded_blocks += 1
             else:
                 leading = False
+        self._checkpoint()
         for h in reversed(hashes):
             tracker.touch(h)
         for h in reversed(chain):
@@ -238,6 +258,18 @@ class TargetEvents:
 
     def cpu_loaded_blocks(self) -> int:
         return sum(e.cpu_loaded_blocks for e in self.engines.values())
+
+    def first_touch_ratios(self) -> tuple[float, float] | None:
+        """(share of GPU-missed blocks that were first touches over the whole stream, the same
+        share over its recent half). A cold start shows as a whole-stream share well above
+        the recent one: the curve's hit ratios still rise as the stream goes on. None before
+        any access."""
+        parts = [e.first_touches_since_half() for e in self.engines.values()]
+        total, cold = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        recent_total, recent_cold = sum(p[2] for p in parts), sum(p[3] for p in parts)
+        if total <= 0 or recent_total <= 0:
+            return None
+        return cold / total, recent_cold / recent_total
 
     def lost_messages(self) -> int:
         return sum(e.lost_messages for e in self.engines.values())
