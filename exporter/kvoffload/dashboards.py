@@ -13,6 +13,7 @@ from typing import Any
 
 from kvoffload import grafana as g
 from kvoffload.advisor import Thresholds
+from kvoffload.formula import counter_series
 from kvoffload.promql import MixinConfig, helper_record, record_name
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds
@@ -21,7 +22,6 @@ OVERVIEW = "overview"
 FLEET = "fleet"
 
 _VLLM_SCOPE = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
-_TRANSFER_TYPE = {"load": "CPU_to_GPU", "store": "GPU_to_CPU"}
 
 
 class Scope:
@@ -50,12 +50,11 @@ class Scope:
         return f"{name}{{{', '.join([*parts, *matchers])}}}"
 
     def offload_rate(self, direction: str, by: str) -> str:
-        """Per-engine transfer traffic from the raw counters, flat names preferred."""
-        flat = self.raw(f"kv_offload_{direction}_bytes_total")
-        legacy = self.raw("kv_offload_total_bytes_total",
-                          f'transfer_type="{_TRANSFER_TYPE[direction]}"')
-        return (f"sum by ({by}) (rate({flat}[$__rate_interval]))\nor\n"
-                f"sum by ({by}) (rate({legacy}[$__rate_interval]))")
+        """Per-engine transfer traffic from the raw counters, in the catalog's order of
+        preference (flat names, else the deprecated mirror)."""
+        return "\nor\n".join(
+            f"sum by ({by}) (rate({self.raw(name, *matchers)}[$__rate_interval]))"
+            for name, matchers in counter_series((f"{direction}_bytes",)))
 
 
 def _variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:

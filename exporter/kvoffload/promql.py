@@ -1,21 +1,16 @@
 """PromQL renderings of the signal catalog, and the one config every rendering reads.
 
-`signals.FIGURES` defines each derived figure once, in Python, for the sidecar. This module
-renders the same figures as PromQL for recording rules (`rules.py`) and dashboards
-(`dashboards.py`), keyed by the same figure keys, following the same conventions:
-
-- ratios are ratios of sums over engines, `by (<target labels>, model_name)`, and divide by
-  `(den > 0)` so that an idle engine yields no sample instead of NaN ("undefined is absent");
-- every vLLM name is matched under both spellings Prometheus may store it with: `vllm:x`
-  (text format, Prometheus 3) and `vllm_x` (Prometheus 2 negotiating OpenMetrics escapes colons),
-  via `{__name__=~"vllm[:_]x"}`;
-- offload transfers prefer the flat names (vLLM >= 0.24) and fall back to the deprecated
-  `transfer_type` series with `or`, which keeps the left side wherever it exists, so the
-  mirrors are never added together (vllm.py makes the same choice per family).
+`signals.FIGURES` defines each derived figure once, as a formula (`formula.py`) that the
+sidecar evaluates in Python and that this module renders as recording rules (`RENDERINGS`,
+written by `rules.py`, read by `dashboards.py`): a rendering names the rule and its windows,
+the formula gives its PromQL. The conventions (ratios of sums `by (<target labels>,
+model_name)` over `(den > 0)`, both spellings `vllm[:_]x`, flat offload names `or` the
+deprecated mirror) are the formula nodes'. Helper rules that are not figures (the offload
+gate, traffic floors, fleet A/B, TTFT quantiles) are built here.
 
 Figures built from config-info *labels* (capacities) cannot be computed in PromQL, which cannot
-turn a label value into a number; `NOT_IN_PROMQL` says so and the rules read the sidecar's
-gauges for them instead.
+turn a label value into a number; their formula is `PythonOnly` with the reason,
+`NOT_IN_PROMQL` lists them, and the rules read the sidecar's gauges for them instead.
 """
 
 from __future__ import annotations
@@ -26,6 +21,25 @@ from dataclasses import dataclass, field, fields, replace
 
 from kvoffload.advisor import Thresholds
 from kvoffload.errors import InputError
+from kvoffload.formula import (  # noqa: F401 (the text helpers rules and dashboards use)
+    GATE_RECORD,
+    Expr,
+    Rate,
+    Ratio,
+    binop,
+    by_labels,
+    div,
+    indent,
+    paren,
+    share_family,
+    sidecar,
+    sidecar_as_vllm,
+    sum_fn,
+    sum_rate,
+    target_by,
+    vllm,
+)
+from kvoffload.signals import FIGURES, FIGURES_BY_KEY, LOADED
 from kvoffload.units import parse_duration
 
 _ADVISOR = Thresholds()  # alert thresholds default to the sidecar advisor's, so both agree
@@ -165,86 +179,7 @@ def _seconds(duration: str) -> float:
     return total
 
 
-# -- building blocks ---------------------------------------------------------------------------
-def indent(text: str, by: str = "  ") -> str:
-    return "\n".join(by + line if line else line for line in text.splitlines())
-
-
-def paren(expr: str) -> str:
-    if "\n" in expr:
-        return "(\n" + indent(expr) + "\n)"
-    return f"({expr})"
-
-
-def binop(left: str, op: str, right: str) -> str:
-    """`left op right` laid out one operand per line once it gets long."""
-    if "\n" in left or "\n" in right or len(left) + len(right) > 80:
-        return f"{left}\n{op}\n{right}"
-    return f"{left} {op} {right}"
-
-
-def div(num: str, den: str) -> str:
-    """A ratio that is absent, not NaN, when the denominator is zero."""
-    return binop(num, "/", paren(f"{den} > 0" if "\n" not in den else den + "\n> 0"))
-
-
-def by_labels(cfg: MixinConfig) -> str:
-    return ", ".join((*cfg.target_labels, "model_name"))
-
-
-def target_by(cfg: MixinConfig) -> str:
-    return ", ".join(cfg.target_labels)
-
-
-def vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
-    """A selector for a vLLM sample name under both spellings (`vllm:` and escaped `vllm_`)."""
-    parts = [f'__name__=~"vllm[:_]{name}"']
-    if cfg.vllm_selector:
-        parts.append(cfg.vllm_selector)
-    parts.extend(matchers)
-    return "{" + ", ".join(parts) + "}"
-
-
-def sidecar(cfg: MixinConfig, name: str, *matchers: str) -> str:
-    inner = ", ".join(m for m in (cfg.sidecar_selector, *matchers) if m)
-    return f"{name}{{{inner}}}" if inner else name
-
-
-def sum_fn(cfg: MixinConfig, fn: str, name: str, window: str, *matchers: str,
-           extra_by: tuple[str, ...] = ()) -> str:
-    by = ", ".join((*cfg.target_labels, "model_name", *extra_by))
-    return f"sum by ({by}) ({fn}({vllm(cfg, name, *matchers)}[{window}]))"
-
-
-def sum_rate(cfg: MixinConfig, name: str, window: str, *matchers: str) -> str:
-    return sum_fn(cfg, "rate", name, window, *matchers)
-
-
-_TRANSFER_TYPE = {"load": "CPU_to_GPU", "store": "GPU_to_CPU"}
-
-
-def offload(cfg: MixinConfig, direction: str, kind: str, window: str, fn: str = "rate") -> str:
-    """Load/store bytes or time: flat names when they exist, else the deprecated mirror."""
-    flat = sum_fn(cfg, fn, f"kv_offload_{direction}_{kind}_total", window)
-    legacy = sum_fn(cfg, fn, f"kv_offload_total_{kind}_total", window,
-                    f'transfer_type="{_TRANSFER_TYPE[direction]}"')
-    return paren(f"{flat}\nor\n{legacy}")
-
-
-def loads_or_zero(cfg: MixinConfig, window: str, fn: str = "rate") -> str:
-    """Load bytes, or 0 where only stores exist (vLLM <= 0.23 creates series on first use)."""
-    return paren(f"{offload(cfg, 'load', 'bytes', window, fn)}\nor\n"
-                 f"0 * {offload(cfg, 'store', 'bytes', window, fn)}")
-
-
-def loaded_tokens(cfg: MixinConfig, window: str) -> str:
-    """Tokens served by the offload tier: tier-attributed (0.33), else any connector's."""
-    tiered = sum_rate(cfg, "prompt_tokens_cached_by_source_total", window, 'source=~"host|disk"')
-    connector = sum_rate(cfg, "prompt_tokens_by_source_total", window,
-                         'source="external_kv_transfer"')
-    return paren(f"{tiered}\nor\n{connector}")
-
-
+# -- building blocks (formula.py holds the text helpers; rules and dashboards use them) -------
 OFFLOAD_PRESENCE = (
     "kv_offload_(load|store)_bytes_total|kv_offload_total_bytes_total"
     "|kv_offload_cpu_cache_usage_perc"
@@ -285,51 +220,18 @@ class Rendering:
         return f"{self.level}:{self.metric}:{self.op}{window}"
 
 
-GATE_RECORD = "instance:vllm_kv_offload_configured:group"
+def _figure(key: str) -> Callable[[MixinConfig, str], str]:
+    """The PromQL of a figure: its one formula (signals.FIGURES), rendered."""
+    formula = FIGURES_BY_KEY[key].formula
+    return lambda cfg, w: formula.promql(cfg, w)
 
 
-def _offload_hit_ratio(cfg: MixinConfig, w: str) -> str:
-    hits = paren(
-        sum_rate(cfg, "prompt_tokens_cached_by_source_total", w, 'source=~"host|disk"')
-        + "\nor\n" + sum_rate(cfg, "external_prefix_cache_hits_total", w)
-    )
-    ratio = div(hits, sum_rate(cfg, "external_prefix_cache_queries_total", w))
-    # Without offloading the external counters still exist (at 0): gate on offloading.
-    return binop(paren(ratio), f"and on ({target_by(cfg)})", GATE_RECORD)
-
-
-def _prompt_shares(cfg: MixinConfig, w: str) -> str:
-    by = by_labels(cfg)
-    num = sum_fn(cfg, "rate", "prompt_tokens_by_source_total", w,
-                 'source=~"local_compute|local_cache_hit|external_kv_transfer"',
-                 extra_by=("source",))
-    den = paren(f"{sum_rate(cfg, 'prompt_tokens_total', w)} > 0")
-    return f"{num}\n/ on ({by}) group_left ()\n{den}"
-
-
-def _bandwidth(direction: str) -> Callable[[MixinConfig, str], str]:
-    return lambda cfg, w: div(offload(cfg, direction, "bytes", w),
-                              offload(cfg, direction, "time", w))
-
-
-def _load_tokens_per_second(cfg: MixinConfig, w: str) -> str:
-    # load_time adds the copy times of all ranks copying in parallel: × world size.
-    expr = div(paren(f"{loaded_tokens(cfg, w)}\n> 0"), offload(cfg, "load", "time", w))
-    return expr if cfg.world_size == 1 else binop(paren(expr), "*", str(cfg.world_size))
-
-
-def _recompute_tokens_per_second(cfg: MixinConfig, w: str) -> str:
-    return div(sum_rate(cfg, "prompt_tokens_by_source_total", w, 'source="local_compute"'),
-               sum_rate(cfg, "request_prefill_time_seconds_sum", w))
-
-
-def _speedup(cfg: MixinConfig, w: str) -> str:
-    return div(paren(_load_tokens_per_second(cfg, w)), _recompute_tokens_per_second(cfg, w))
-
-
-def _mean(histogram: str) -> Callable[[MixinConfig, str], str]:
-    return lambda cfg, w: div(sum_rate(cfg, f"{histogram}_sum", w),
-                              sum_rate(cfg, f"{histogram}_count", w))
+def _shares(*keys: str) -> Callable[[MixinConfig, str], str]:
+    """Figures that differ only in one label's value, rendered as one rule keeping it."""
+    shares = [FIGURES_BY_KEY[k].formula for k in keys]
+    label = FIGURES_BY_KEY[keys[0]].labels[0][0]
+    assert all(isinstance(f, Ratio) for f in shares)
+    return lambda cfg, w: share_family(cfg, w, shares, label)  # type: ignore[arg-type]
 
 
 def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
@@ -352,76 +254,8 @@ def _fleet_effect(cfg: MixinConfig, w: str) -> str:
             f'{mean}{{offloading="off"}}')
 
 
-def _avg_gauge(name: str, *matchers: str) -> Callable[[MixinConfig, str], str]:
-    # The sidecar averages engines at each scrape, then over the window: the same thing.
-    return lambda cfg, w: (f"avg by ({by_labels(cfg)}) "
-                           f"(avg_over_time({vllm(cfg, name, *matchers)}[{w}]))")
-
-
-def _sum_gauge(name: str, *matchers: str) -> Callable[[MixinConfig, str], str]:
-    # Request counts add up over engines (the sidecar sums engines at each scrape).
-    return lambda cfg, w: (f"sum by ({by_labels(cfg)}) "
-                           f"(avg_over_time({vllm(cfg, name, *matchers)}[{w}]))")
-
-
-def _counter_rate(name: str) -> Callable[[MixinConfig, str], str]:
-    return lambda cfg, w: sum_rate(cfg, name, w)
-
-
-def _allocation_failures(cfg: MixinConfig, w: str) -> str:
-    # The family is lazy (first failure): 0, not absent, wherever stores exist.
-    return (f"{sum_rate(cfg, 'kv_offload_allocation_failure_total', w)}\nor\n"
-            f"0 * {offload(cfg, 'store', 'bytes', w)}")
-
-
-def _wasted(cfg: MixinConfig, w: str) -> str:
-    diff = binop(offload(cfg, "store", "bytes", w, "increase"), "-",
-                 loads_or_zero(cfg, w, "increase"))
-    return f"clamp_min(\n{indent(diff)},\n  0\n)"
-
-
-def _reuse(cfg: MixinConfig, w: str) -> str:
-    return div(loads_or_zero(cfg, w), offload(cfg, "store", "bytes", w))
-
-
-def _kv_bytes_per_token(cfg: MixinConfig, w: str) -> str:
-    return div(offload(cfg, "load", "bytes", w), loaded_tokens(cfg, w))
-
-
-def sidecar_as_vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
-    """A sidecar gauge relabelled to join vLLM rules: its `target` names the vLLM instance."""
-    return (f'label_replace({sidecar(cfg, name, *matchers)}, "instance", "$1", '
-            f'"{cfg.sidecar_target_label}", "(.+)")')
-
-
-def _per_sidecar(name: str, rate: Callable[[MixinConfig, str], str]
-                 ) -> Callable[[MixinConfig, str], str]:
-    """A sidecar capacity (PromQL cannot read it from labels) over a vLLM rate; group_right
-    keeps the vLLM side's labels."""
-    def build(cfg: MixinConfig, w: str) -> str:
-        return (f"{sidecar_as_vllm(cfg, name)}\n/ on (instance, model_name) group_right ()\n"
-                f"{paren(rate(cfg, w) + chr(10) + '> 0')}")
-    return build
-
-
-def _written_tokens(cfg: MixinConfig, w: str) -> str:
-    # Every prompt token the GPU prefix cache missed is computed or loaded into it.
-    return sum_rate(cfg, "prompt_tokens_by_source_total", w,
-                    'source=~"local_compute|external_kv_transfer"')
-
-
-def _stored_since_start(cfg: MixinConfig, _w: str) -> str:
-    # The raw counters: what the engines stored since they started (resets start it over).
-    by = by_labels(cfg)
-    flat = vllm(cfg, "kv_offload_store_bytes_total")
-    legacy = vllm(cfg, "kv_offload_total_bytes_total", 'transfer_type="GPU_to_CPU"')
-    return f"sum by ({by}) ({flat})\nor\nsum by ({by}) ({legacy})"
-
-
-def _fill_ratio_since_start(cfg: MixinConfig, w: str) -> str:
-    capacity = paren(f"{sidecar_as_vllm(cfg, 'kvoffload_cpu_capacity_bytes')} > 0")
-    return f"{paren(_stored_since_start(cfg, w))}\n/ on (instance, model_name) group_left ()\n" \
-           f"{capacity}"
+def _helper(formula: Expr) -> Callable[[MixinConfig, str], str]:
+    return lambda cfg, w: formula.promql(cfg, w)
 
 
 def _ttft_quantile(q: str) -> Callable[[MixinConfig, str], str]:
@@ -439,63 +273,63 @@ RENDERINGS: tuple[Rendering, ...] = (
               offload_configured(cfg), level="instance",
               help="1 per target with KV offloading on (offload series, or a configured size)."),
     Rendering(("offload_hit_ratio",), "vllm_kv_offload_hit", "ratio_rate", ("fast",),
-              _offload_hit_ratio),
+              _figure("offload_hit_ratio")),
     Rendering(("gpu_prefix_hit_ratio",), "vllm_prefix_cache_hit", "ratio_rate", ("fast",),
-              lambda cfg, w: div(sum_rate(cfg, "prefix_cache_hits_total", w),
-                                 sum_rate(cfg, "prefix_cache_queries_total", w))),
+              _figure("gpu_prefix_hit_ratio")),
     Rendering(("prompt_share_local_compute", "prompt_share_local_cache_hit",
                "prompt_share_external"), "vllm_prompt_tokens_by_source", "ratio_rate",
-              ("fast",), _prompt_shares),
+              ("fast",), _shares("prompt_share_local_compute", "prompt_share_local_cache_hit",
+                                 "prompt_share_external")),
     Rendering(("load_gbps",), "vllm_kv_offload_load_bytes_per_second", "ratio_rate",
-              ("fast", "slow"), _bandwidth("load")),
+              ("fast", "slow"), _figure("load_gbps")),
     Rendering(("store_gbps",), "vllm_kv_offload_store_bytes_per_second", "ratio_rate",
-              ("fast",), _bandwidth("store")),
-    Rendering(("reuse_ratio",), "vllm_kv_offload_reuse", "ratio_rate", ("slow",), _reuse),
+              ("fast",), _figure("store_gbps")),
+    Rendering(("reuse_ratio",), "vllm_kv_offload_reuse", "ratio_rate", ("slow",),
+              _figure("reuse_ratio")),
     Rendering(("wasted_bytes",), "vllm_kv_offload_wasted_bytes", "increase", ("slow",),
-              _wasted),
+              _figure("wasted_bytes")),
     Rendering(("loaded_bytes",), "vllm_kv_offload_load_bytes", "increase", ("slow",),
-              lambda cfg, w: loads_or_zero(cfg, w, "increase")),
+              _figure("loaded_bytes")),
     Rendering(("stored_bytes",), "vllm_kv_offload_store_bytes", "increase", ("slow",),
-              lambda cfg, w: offload(cfg, "store", "bytes", w, "increase")),
+              _figure("stored_bytes")),
     Rendering(("store_rate_bytes_per_second",), "vllm_kv_offload_store_bytes", "rate",
-              ("fast", "slow"), lambda cfg, w: offload(cfg, "store", "bytes", w)),
-    Rendering((), "vllm_kv_offload_load_bytes", "rate", ("fast", "slow"),
-              lambda cfg, w: loads_or_zero(cfg, w),
+              ("fast", "slow"), _figure("store_rate_bytes_per_second")),
+    Rendering((), "vllm_kv_offload_load_bytes", "rate", ("fast", "slow"), _helper(LOADED),
               help="Wall-clock load traffic (traffic floor of the transfer alerts)."),
-    Rendering(("kv_bytes_per_token",), "vllm_kv_offload_bytes_per_token", "ratio_rate",
-              ("slow",), _kv_bytes_per_token),
+    # Loaded bytes ÷ loaded tokens since the engines started (the config's figure, from
+    # labels, is the sidecar's only).
+    Rendering(("kv_bytes_per_token",), "vllm_kv_offload_bytes_per_token", "ratio",
+              ("slow",), _figure("kv_bytes_per_token")),
     Rendering(("recompute_tokens_per_second",), "vllm_prefill_computed_tokens_per_second",
-              "ratio_rate", ("fast",), _recompute_tokens_per_second),
+              "ratio_rate", ("fast",), _figure("recompute_tokens_per_second")),
     Rendering(("load_tokens_per_second",), "vllm_kv_offload_loaded_tokens_per_second",
-              "ratio_rate", ("fast",), _load_tokens_per_second),
+              "ratio_rate", ("fast",), _figure("load_tokens_per_second")),
     Rendering(("speedup",), "vllm_kv_offload_load_speedup", "ratio_rate", ("fast", "slow"),
-              _speedup),
+              _figure("speedup")),
     Rendering(("cpu_fill_seconds",), "kvoffload_cpu_fill_seconds", "ratio_rate", ("slow",),
-              _per_sidecar("kvoffload_cpu_capacity_bytes",
-                           lambda cfg, w: offload(cfg, "store", "bytes", w))),
+              _figure("cpu_fill_seconds")),
     Rendering(("gpu_turnover_seconds",), "kvoffload_gpu_turnover_seconds", "ratio_rate",
-              ("fast",), _per_sidecar("kvoffload_gpu_capacity_tokens", _written_tokens)),
+              ("fast",), _figure("gpu_turnover_seconds")),
     Rendering(("stored_bytes_since_start",), "vllm_kv_offload_store_bytes", "sum", (),
-              _stored_since_start),
+              _figure("stored_bytes_since_start")),
     Rendering(("cpu_fill_ratio_since_start",), "kvoffload_cpu_fill_since_start", "ratio", (),
-              _fill_ratio_since_start),
+              _figure("cpu_fill_ratio_since_start")),
     Rendering(("mean_ttft_seconds",), "vllm_time_to_first_token_seconds", "mean_rate",
-              ("fast",), _mean("time_to_first_token_seconds")),
+              ("fast",), _figure("mean_ttft_seconds")),
     Rendering(("mean_queue_seconds",), "vllm_request_queue_time_seconds", "mean_rate",
-              ("fast",), _mean("request_queue_time_seconds")),
+              ("fast",), _figure("mean_queue_seconds")),
     Rendering(("gpu_kv_usage_ratio",), "vllm_kv_cache_usage_perc", "avg_over_time",
-              ("fast",), _avg_gauge("kv_cache_usage_perc")),
+              ("fast",), _figure("gpu_kv_usage_ratio")),
     Rendering(("waiting_for_capacity",), "vllm_num_requests_waiting_for_capacity",
-              "avg_over_time", ("fast",),
-              _sum_gauge("num_requests_waiting_by_reason", 'reason="capacity"')),
+              "avg_over_time", ("fast",), _figure("waiting_for_capacity")),
     Rendering(("preemptions_per_second",), "vllm_num_preemptions", "rate", ("fast",),
-              _counter_rate("num_preemptions_total")),
+              _figure("preemptions_per_second")),
     Rendering(("allocation_failures_per_second",), "vllm_kv_offload_allocation_failure",
-              "rate", ("fast",), _allocation_failures),
+              "rate", ("fast",), _figure("allocation_failures_per_second")),
     Rendering(("prompt_tokens_per_second",), "vllm_prompt_tokens", "rate", ("fast", "slow"),
-              _counter_rate("prompt_tokens_total")),
+              _figure("prompt_tokens_per_second")),
     Rendering((), "vllm_prefix_cache_queries", "rate", ("fast",),
-              _counter_rate("prefix_cache_queries_total"),
+              _helper(Rate("prefix_queries")),
               help="Prompt tokens looked up in the GPU prefix cache (traffic floor)."),
     Rendering((), "vllm_time_to_first_token_seconds", "fleet_mean_rate", ("slow",),
               _fleet_mean_ttft(True), labels=(("offloading", "on"),),
@@ -515,17 +349,10 @@ RENDERINGS: tuple[Rendering, ...] = (
     ),
 )
 
-# Figures of signals.FIGURES that PromQL cannot compute, and why (docs/rules.md says the same).
+# Figures PromQL cannot compute at all, and why (their formula is PythonOnly): the rules and
+# dashboards read the sidecar's gauges for them (docs/rules.md says the same).
 NOT_IN_PROMQL: dict[str, str] = {
-    "cpu_capacity_tokens": "from kv_offload_config_info / cache_config_info label values; "
-                           "PromQL cannot turn a label into a number: use the sidecar's "
-                           "kvoffload_cpu_capacity_tokens",
-    "gpu_capacity_tokens": "from cache_config_info label values (kv_cache_size_tokens, "
-                           "num_gpu_blocks × block_size): use kvoffload_gpu_capacity_tokens",
-    "cpu_capacity_bytes": "from kv_offload_config_info / kv_offloading_size label values: "
-                          "use kvoffload_cpu_capacity_bytes",
-    "gpu_capacity_bytes": "capacity tokens (labels) × KV bytes per token: "
-                          "use kvoffload_gpu_capacity_bytes",
+    f.key: f.promql_why_not for f in FIGURES if f.promql_why_not is not None
 }
 
 

@@ -1,0 +1,475 @@
+"""One formula per figure, two renderings: Python over a window, PromQL over a scope.
+
+A figure is an expression tree of a few nodes — Rate/Increase of catalog counters, Total
+(raw counters since start), GaugeMean, Ratio, FirstOf, OrZero, Minus, ClampMin, Positive,
+PerSecond, TimesWorldSize, gates on offloading, Sidecar (a figure PromQL reads from the
+sidecar) and PythonOnly (what PromQL cannot compute, with the reason). Each node evaluates in
+Python over a window's `signals.Context` and renders PromQL over a `MixinConfig` and a range,
+so the sidecar, the recording rules and the dashboards share one definition.
+
+vLLM's spellings live only in the metric catalog (`vllm.py`): a catalog key renders as its
+sample name under both of Prometheus's spellings (`vllm:x` and escaped `vllm_x`), with its
+label filter; an offload transfer key as the flat family `or` the deprecated `transfer_type`
+series (flat preferred, the two never added).
+
+Conventions, the same in both renderings:
+- undefined is absent: None in Python, no sample in PromQL — a zero denominator (`den > 0`),
+  a missing series, offloading off;
+- ratios are ratios of sums over engines `by (<target labels>, model_name)`; a ratio of two
+  counters is the same over increases (Python) and rates (PromQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvoffload.vllm import CORE_COUNTERS, GAUGES, OFFLOAD_COUNTERS, SUMMED_GAUGES
+
+if TYPE_CHECKING:
+    from kvoffload.promql import MixinConfig
+    from kvoffload.signals import Context
+
+GATE_RECORD = "instance:vllm_kv_offload_configured:group"
+
+
+# -- PromQL text helpers -----------------------------------------------------------------------
+def indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
+def paren(expr: str) -> str:
+    if "\n" in expr:
+        return "(\n" + indent(expr) + "\n)"
+    return f"({expr})"
+
+
+def binop(left: str, op: str, right: str) -> str:
+    """`left op right` laid out one operand per line once it gets long."""
+    if "\n" in left or "\n" in right or len(left) + len(right) > 80:
+        return f"{left}\n{op}\n{right}"
+    return f"{left} {op} {right}"
+
+
+def div(num: str, den: str) -> str:
+    """A ratio that is absent, not NaN, when the denominator is zero."""
+    return binop(num, "/", paren(f"{den} > 0" if "\n" not in den else den + "\n> 0"))
+
+
+def by_labels(cfg: MixinConfig) -> str:
+    return ", ".join((*cfg.target_labels, "model_name"))
+
+
+def target_by(cfg: MixinConfig) -> str:
+    return ", ".join(cfg.target_labels)
+
+
+def vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
+    """A selector for a vLLM sample name under both spellings (`vllm:` and escaped `vllm_`)."""
+    parts = [f'__name__=~"vllm[:_]{name}"']
+    if cfg.vllm_selector:
+        parts.append(cfg.vllm_selector)
+    parts.extend(matchers)
+    return "{" + ", ".join(parts) + "}"
+
+
+def sidecar(cfg: MixinConfig, name: str, *matchers: str) -> str:
+    inner = ", ".join(m for m in (cfg.sidecar_selector, *matchers) if m)
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def sidecar_as_vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
+    """A sidecar gauge relabelled to join vLLM rules: its `target` names the vLLM instance."""
+    return (f'label_replace({sidecar(cfg, name, *matchers)}, "instance", "$1", '
+            f'"{cfg.sidecar_target_label}", "(.+)")')
+
+
+def sum_fn(cfg: MixinConfig, fn: str, name: str, window: str, *matchers: str,
+           extra_by: tuple[str, ...] = ()) -> str:
+    by = ", ".join((*cfg.target_labels, "model_name", *extra_by))
+    return f"sum by ({by}) ({fn}({vllm(cfg, name, *matchers)}[{window}]))"
+
+
+def sum_rate(cfg: MixinConfig, name: str, window: str, *matchers: str) -> str:
+    return sum_fn(cfg, "rate", name, window, *matchers)
+
+
+# -- the catalog, in PromQL --------------------------------------------------------------------
+def _bare(sample_name: str) -> str:
+    return sample_name.removeprefix("vllm:")
+
+
+def _core_selector(keys: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """(name without `vllm:`, matchers) of one or more core keys of the same sample name."""
+    sources = [CORE_COUNTERS[k] for k in keys]
+    names = {name for name, _l, _v in sources}
+    labels = {label for _n, label, _v in sources}
+    if len(names) != 1 or len(labels) != 1:
+        raise ValueError(f"keys {keys} do not share one sample name and label")
+    (name,), (label,) = names, labels
+    if label is None:
+        if len(keys) != 1:
+            raise ValueError(f"keys {keys}: the same unlabelled series twice")
+        return _bare(name), ()
+    values = [v for _n, _l, v in sources]
+    matcher = f'{label}="{values[0]}"' if len(values) == 1 else f'{label}=~"{"|".join(values)}"'  # type: ignore[arg-type]
+    return _bare(name), (matcher,)
+
+
+def counter_series(keys: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """The series of catalog counter keys, most preferred first, as (name without `vllm:`,
+    label matchers): one for a core key (several keys of one name share a regex matcher);
+    for an offload transfer key the flat family, then the deprecated `transfer_type` mirror
+    (used with `or`, which keeps the left side wherever it exists: never added together)."""
+    if len(keys) == 1 and keys[0] in OFFLOAD_COUNTERS:
+        _direction, (flat, _fl, _fv), (legacy, label, value) = OFFLOAD_COUNTERS[keys[0]]
+        return [(_bare(flat), ()), (_bare(legacy), (f'{label}="{value}"',))]
+    return [_core_selector(keys)]
+
+
+def counter_sum(cfg: MixinConfig, fn: str, keys: tuple[str, ...], window: str | None,
+                extra_by: tuple[str, ...] = ()) -> str:
+    """`sum by (...) (fn(series[window]))` of catalog counter keys, alternatives joined with
+    `or` (window None: the raw counters, totals since start)."""
+    by = ", ".join((*cfg.target_labels, "model_name", *extra_by))
+    parts = []
+    for name, matchers in counter_series(keys):
+        if window is None:
+            parts.append(f"sum by ({by}) ({vllm(cfg, name, *matchers)})")
+        else:
+            parts.append(sum_fn(cfg, fn, name, window, *matchers, extra_by=extra_by))
+    return "\nor\n".join(parts)
+
+
+# -- the nodes ---------------------------------------------------------------------------------
+class Expr:
+    """A figure's formula. `value` is its Python rendering, `promql` its PromQL rendering
+    (bare: a parent adds parentheses where precedence needs them)."""
+
+    composite = False  # True: an operator at the top, parenthesised inside another operator
+
+    def value(self, c: Context) -> float | None:
+        raise NotImplementedError
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        raise NotImplementedError
+
+    def python_only(self) -> list[PythonOnly]:
+        """The parts PromQL cannot compute (skipped by FirstOf, refused elsewhere)."""
+        return []
+
+
+def _operand(e: Expr, cfg: MixinConfig, w: str) -> str:
+    text = e.promql(cfg, w)
+    return paren(text) if e.composite else text
+
+
+@dataclass(frozen=True)
+class Rate(Expr):
+    """Catalog counters: their increase over the window in Python, `rate` in PromQL — equal
+    inside a ratio; wrap in PerSecond for a per-second figure. Absent when no key is."""
+
+    keys: tuple[str, ...]
+
+    def __init__(self, *keys: str) -> None:
+        object.__setattr__(self, "keys", keys)
+
+    @property
+    def composite(self) -> bool:  # type: ignore[override]
+        return len(self.keys) == 1 and self.keys[0] in OFFLOAD_COUNTERS  # flat `or` legacy
+
+    def value(self, c: Context) -> float | None:
+        return c.inc(*self.keys) if any(c.has(k) for k in self.keys) else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return counter_sum(cfg, "rate", self.keys, w)
+
+
+@dataclass(frozen=True)
+class Increase(Rate):
+    """The same counters as an amount over the window (`increase` in PromQL)."""
+
+    def __init__(self, *keys: str) -> None:
+        object.__setattr__(self, "keys", keys)
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return counter_sum(cfg, "increase", self.keys, w)
+
+
+@dataclass(frozen=True)
+class Total(Expr):
+    """Raw counters: their totals since the engines started (a restart starts them over)."""
+
+    keys: tuple[str, ...]
+
+    def __init__(self, *keys: str) -> None:
+        object.__setattr__(self, "keys", keys)
+
+    @property
+    def composite(self) -> bool:  # type: ignore[override]
+        return len(self.keys) == 1 and self.keys[0] in OFFLOAD_COUNTERS
+
+    def value(self, c: Context) -> float | None:
+        life = c.static.lifetime
+        present = [k for k in self.keys if k in life]
+        return sum(life[k] for k in present) if present else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return counter_sum(cfg, "", self.keys, None)
+
+
+@dataclass(frozen=True)
+class GaugeMean(Expr):
+    """A vLLM gauge averaged over the window; engines summed (request counts) or averaged
+    (ratios), as the catalog says — the sidecar does the same at each scrape."""
+
+    key: str
+
+    def value(self, c: Context) -> float | None:
+        return c.delta.gauge_avg.get(self.key)
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        name, label, value = GAUGES[self.key]
+        matchers = (f'{label}="{value}"',) if label else ()
+        agg = "sum" if self.key in SUMMED_GAUGES else "avg"
+        selector = vllm(cfg, _bare(name), *matchers)
+        return f"{agg} by ({by_labels(cfg)}) (avg_over_time({selector}[{w}]))"
+
+
+@dataclass(frozen=True)
+class Ratio(Expr):
+    """num ÷ den, absent when den is absent or not positive. A Sidecar operand joins on the
+    vLLM side's labels (its `target` copied into `instance`)."""
+
+    num: Expr
+    den: Expr
+    composite = True
+
+    def value(self, c: Context) -> float | None:
+        n, d = self.num.value(c), self.den.value(c)
+        return n / d if n is not None and d is not None and d > 0 else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        den = _operand(self.den, cfg, w)
+        if isinstance(self.num, Sidecar):
+            return (f"{self.num.promql(cfg, w)}\n/ on (instance, model_name) group_right ()\n"
+                    f"{paren(den + chr(10) + '> 0')}")
+        if isinstance(self.den, Sidecar):
+            return (f"{_operand(self.num, cfg, w)}\n/ on (instance, model_name) group_left ()\n"
+                    f"{paren(den + ' > 0')}")
+        return div(_operand(self.num, cfg, w), den)
+
+
+@dataclass(frozen=True)
+class Minus(Expr):
+    left: Expr
+    right: Expr
+    composite = True
+
+    def value(self, c: Context) -> float | None:
+        a, b = self.left.value(c), self.right.value(c)
+        return a - b if a is not None and b is not None else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return binop(_operand(self.left, cfg, w), "-", _operand(self.right, cfg, w))
+
+
+@dataclass(frozen=True)
+class ClampMin(Expr):
+    inner: Expr
+    floor: float = 0.0
+
+    def value(self, c: Context) -> float | None:
+        v = self.inner.value(c)
+        return max(v, self.floor) if v is not None else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return f"clamp_min(\n{indent(self.inner.promql(cfg, w))},\n  {self.floor:g}\n)"
+
+
+@dataclass(frozen=True)
+class Positive(Expr):
+    """Only where the value is above zero (a filter, as PromQL's `> 0`)."""
+
+    inner: Expr
+    composite = True
+
+    def value(self, c: Context) -> float | None:
+        v = self.inner.value(c)
+        return v if v is not None and v > 0 else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return f"{_operand(self.inner, cfg, w)}\n> 0"
+
+
+@dataclass(frozen=True)
+class FirstOf(Expr):
+    """The first operand that exists (PromQL `or`: per series, the left side wins).
+    PythonOnly operands are skipped in PromQL."""
+
+    options: tuple[Expr, ...]
+    composite = True
+
+    def __init__(self, *options: Expr) -> None:
+        object.__setattr__(self, "options", options)
+
+    def value(self, c: Context) -> float | None:
+        for option in self.options:
+            v = option.value(c)
+            if v is not None:
+                return v
+        return None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        parts = [_operand(o, cfg, w) for o in self.options if not isinstance(o, PythonOnly)]
+        if not parts:
+            raise ValueError("no operand PromQL can compute")
+        return "\nor\n".join(parts)
+
+    def python_only(self) -> list[PythonOnly]:
+        return [o for o in self.options if isinstance(o, PythonOnly)]
+
+
+@dataclass(frozen=True)
+class OrZero(Expr):
+    """`inner`, or 0 where `like` exists: vLLM creates some series on first use (loads,
+    allocation failures), so "none yet" is 0 wherever the family's sibling exists."""
+
+    inner: Expr
+    like: Expr
+    composite = True
+
+    def value(self, c: Context) -> float | None:
+        v = self.inner.value(c)
+        if v is not None:
+            return v
+        return 0.0 if self.like.value(c) is not None else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return f"{_operand(self.inner, cfg, w)}\nor\n0 * {_operand(self.like, cfg, w)}"
+
+
+@dataclass(frozen=True)
+class PerSecond(Expr):
+    """A counter's increase per second of the window (PromQL's rate already is)."""
+
+    inner: Rate
+
+    @property
+    def composite(self) -> bool:  # type: ignore[override]
+        return self.inner.composite
+
+    def value(self, c: Context) -> float | None:
+        v = self.inner.value(c)
+        return v / c.delta.seconds if v is not None and c.delta.seconds > 0 else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return self.inner.promql(cfg, w)
+
+
+@dataclass(frozen=True)
+class OrZeroPerSecond(Expr):
+    """PerSecond of an OrZero (allocation failures: lazily created, 0 where stores exist)."""
+
+    inner: OrZero
+    composite = True
+
+    def value(self, c: Context) -> float | None:
+        v = self.inner.value(c)
+        return v / c.delta.seconds if v is not None and c.delta.seconds > 0 else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return self.inner.promql(cfg, w)
+
+
+@dataclass(frozen=True)
+class TimesWorldSize(Expr):
+    """× the TP×PP world size: vLLM adds the copy times of all ranks copying in parallel."""
+
+    inner: Expr
+
+    @property
+    def composite(self) -> bool:  # type: ignore[override]
+        return self.inner.composite
+
+    def value(self, c: Context) -> float | None:
+        v = self.inner.value(c)
+        return v * max(c.world_size, 1) if v is not None else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        text = self.inner.promql(cfg, w)
+        if cfg.world_size == 1:
+            return text
+        return binop(paren(text), "*", str(cfg.world_size))
+
+
+@dataclass(frozen=True)
+class WhenOffloading(Expr):
+    """Undefined unless the target has offloading. In PromQL the offload series' presence is
+    the gate already, unless `gate` asks for the explicit one (series that exist without
+    offloading, like the external prefix-cache counters)."""
+
+    inner: Expr
+    gate: bool = False
+
+    @property
+    def composite(self) -> bool:  # type: ignore[override]
+        return self.gate or self.inner.composite
+
+    def value(self, c: Context) -> float | None:
+        return self.inner.value(c) if c.static.offload_families else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        text = self.inner.promql(cfg, w)
+        if not self.gate:
+            return text
+        return binop(paren(text), f"and on ({target_by(cfg)})", GATE_RECORD)
+
+    def python_only(self) -> list[PythonOnly]:
+        return self.inner.python_only()
+
+
+@dataclass(frozen=True)
+class PythonOnly(Expr):
+    """What PromQL cannot compute (a label value turned into a number, a user's setting),
+    with the reason; the figure's PromQL uses the other options, or the sidecar's gauge."""
+
+    compute: Callable[[Context], float | None]
+    why: str
+
+    def value(self, c: Context) -> float | None:
+        return self.compute(c)
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        raise ValueError(f"not computable in PromQL: {self.why}")
+
+    def python_only(self) -> list[PythonOnly]:
+        return [self]
+
+
+@dataclass(frozen=True)
+class Sidecar(Expr):
+    """A figure PromQL cannot compute, read from the sidecar's gauge in PromQL."""
+
+    metric: str
+    compute: Callable[[Context], float | None]
+
+    def value(self, c: Context) -> float | None:
+        return self.compute(c)
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return sidecar_as_vllm(cfg, self.metric)
+
+
+def share_family(cfg: MixinConfig, w: str, shares: list[Ratio], label: str) -> str:
+    """Several figures `Rate(key_i) / Rate(den)` whose keys differ only in one label's value,
+    rendered as one rule with that label kept: one query instead of one per value."""
+    keys: list[str] = []
+    den = shares[0].den
+    for share in shares:
+        if not isinstance(share.num, Rate) or share.den != den or len(share.num.keys) != 1:
+            raise ValueError("share_family needs Rate(key) / the same denominator")
+        keys.extend(share.num.keys)
+    num = counter_sum(cfg, "rate", tuple(keys), w, extra_by=(label,))
+    return f"{num}\n/ on ({by_labels(cfg)}) group_left ()\n{paren(den.promql(cfg, w) + ' > 0')}"
