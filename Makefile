@@ -37,10 +37,13 @@ demo: deps
 ## module on one worker (its simulator runs and fixtures are shared).
 test: deps system-deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -n auto --dist loadfile
 
+## Lint: ruff, and mypy over the package (pyproject.toml's [tool.mypy] says what it checks).
 lint: deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 ## Regenerate alerts/ and dashboards/ from the signal catalog (commit the result).
 generate: deps
@@ -51,4 +54,4 @@ bench: deps
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

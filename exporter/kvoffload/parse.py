@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TextIO
 
 from kvoffload.errors import InputError
@@ -69,7 +70,7 @@ _LABEL_CACHE_MAX = 100_000
 
 # The same series come back in every scrape: `name{labels}` → (canonical name, labels), or
 # _UNWANTED, per filter, so a line costs a dict lookup and its numbers.
-_UNWANTED = ("", {})
+_UNWANTED: tuple[str, dict[str, str]] = ("", {})
 _HEAD_CACHES: dict[Callable[[str], bool] | None, dict[str, tuple[str, dict[str, str]]]] = {}
 
 
@@ -213,7 +214,7 @@ def parse_text(
             continue
         if line[0] == "#":
             if line.startswith("# TYPE "):
-                fam, mtype = _type_line(line, lambda p=pos: _lineno(text, p))
+                fam, mtype = _type_line(line, partial(_lineno, text, pos))
                 families[fam] = mtype
                 if wanted_families is not None and fam not in wanted_families:
                     pos = _next_comment(text, end)  # skip the family's samples
@@ -392,7 +393,7 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str], users: dict[str, set[
                 if line == "# EOF":
                     state.saw_eof = True
                 elif line.startswith("# TYPE "):
-                    fam, mtype = _type_line(line, lambda p=pos, t=text: state._lineno(t, p))
+                    fam, mtype = _type_line(line, partial(state._lineno, text, pos))
                     state.all_families[fam] = mtype
                     family = fam
                     if state.families is not None and fam not in state.families:
@@ -553,7 +554,7 @@ class _OMState:
                 if line == "# EOF":
                     self.saw_eof = saw_eof = True
                 elif line.startswith("# TYPE "):
-                    fam, mtype = _type_line(line, lambda p=pos: self._lineno(text, p))
+                    fam, mtype = _type_line(line, partial(self._lineno, text, pos))
                     self.pending[fam] = mtype
                     self.all_families[fam] = mtype
                     if self.families is not None and fam not in self.families:

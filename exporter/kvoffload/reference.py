@@ -51,8 +51,8 @@ def metrics_markdown() -> str:
                      f"{fig.help}{unit} |")
     for name, mtype, help_text in _ADVICE_ROWS:
         lines.append(f"| `{name}` | {mtype} | | {help_text} |")
-    for name, (extra, help_text) in TTFT_METRICS.items():
-        lines.append(f"| `{name}{{{','.join(['target', 'model_name', *extra])}}}` | gauge | | "
+    for name, (labels, help_text) in TTFT_METRICS.items():
+        lines.append(f"| `{name}{{{','.join(['target', 'model_name', *labels])}}}` | gauge | | "
                      f"{help_text} |")
     lines += ["", "JSON (`/api/v1/status`, `kvoffload analyze --json`) uses the figure keys; "
               "undefined figures are `null`. The TTFT verdict (docs/advisor.md) is "

@@ -301,7 +301,7 @@ class ZmqEventPublisher:
         self.topic = topic.encode("utf-8")
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub: Any = ctx.socket(zmq.PUB)
         self._replay: Any = None
         try:

@@ -78,16 +78,22 @@ class SimServer:
         self._kv_log: KvEventLog | None = None
         if kv_events:
             self._kv_log = self._new_kv_log()
-        process = {
-            "duration_s": scenario.duration_s,
-            "vllm_version": scenario.vllm_version,
-            "start_epoch": scenario.start_epoch,
-            "restart_at_s": scenario.restart_at_s,
-            "kv_cache_metrics": scenario.kv_cache_metrics,
-            "kv_cache_metrics_sample": scenario.kv_cache_metrics_sample,
-        }
         self.models: list[Scenario] = [
-            scenario, *(replace(m, extra_models=(), **process) for m in scenario.extra_models)
+            scenario,
+            *(
+                # What belongs to the process, not to a model, is the main scenario's.
+                replace(
+                    m,
+                    extra_models=(),
+                    duration_s=scenario.duration_s,
+                    vllm_version=scenario.vllm_version,
+                    start_epoch=scenario.start_epoch,
+                    restart_at_s=scenario.restart_at_s,
+                    kv_cache_metrics=scenario.kv_cache_metrics,
+                    kv_cache_metrics_sample=scenario.kv_cache_metrics_sample,
+                )
+                for m in scenario.extra_models
+            ),
         ]
         names = [m.model_name for m in self.models]
         if len(set(names)) != len(names):
