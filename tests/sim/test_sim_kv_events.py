@@ -304,13 +304,16 @@ def test_zmq_round_trip_and_replay() -> None:
 def test_restart_and_dp2_over_the_app() -> None:
     """make_app publishes each DP rank on port + rank; a restart sends AllBlocksCleared with
     sequence 0, and replay then holds only the new process's messages."""
-    # restart at 0.4 s of real time: a tick or two after the subscribers have connected
     s = replace(scenarios.get("laptop-eviction"), dp=2, restart_at_s=40.0, duration_s=120.0)
     sim = SimServer(s, seed=0)
     port = _free_ports(4)  # PUB on port, port + 1; replay ROUTERs on port + 2, port + 3
     rport = port + 2
+    # The app's wall clock is ours: simulated time moves only when the test steps it, so a
+    # loaded machine makes the test slower, never different (the restart cannot pass before
+    # the subscribers are connected).
+    wall = [0.0]
     app = make_app(sim, speed=100.0, kv_events_endpoint=f"tcp://127.0.0.1:{port}",
-                   kv_events_replay=f"tcp://127.0.0.1:{rport}")
+                   kv_events_replay=f"tcp://127.0.0.1:{rport}", clock=lambda: wall[0])
     dec = msgspec.msgpack.Decoder()
     got: dict[int, list[tuple[int, list[Any]]]] = {0: [], 1: []}
     replayed: dict[int, list[int]] = {0: [], 1: []}
@@ -319,19 +322,49 @@ def test_restart_and_dp2_over_the_app() -> None:
         with _sockets() as socks:
             async with TestClient(TestServer(app)):
                 subs = [_sub(socks, f"tcp://127.0.0.1:{port + r}") for r in (0, 1)]
-                deadline = time.monotonic() + 1.2  # 120 virtual seconds: past the restart
-                while time.monotonic() < deadline:
+
+                def receive() -> None:
                     for r, sub in enumerate(subs):
                         while sub.poll(0):
                             _, seq_b, payload = sub.recv_multipart()
                             got[r].append((int.from_bytes(seq_b, "big"), dec.decode(payload)))
+
+                async def run_to(virtual_s: float) -> None:
+                    """Steps the clock, then waits for the ticker to simulate and publish up
+                    to there (it does both in one step, so sim.now there means published)."""
+                    wall[0] = virtual_s / 100.0
+                    deadline = time.monotonic() + 30.0  # only a hang ends here
+                    while sim.now < virtual_s - 1e-9:
+                        assert time.monotonic() < deadline, f"stuck at t={sim.now}"
+                        receive()
+                        await asyncio.sleep(0.01)
+
+                # ZMQ's slow joiner: a subscriber misses what is published before it connects,
+                # so step a virtual second at a time, well before the restart, until both ranks
+                # have messages; then run to 30 s, still in the first process.
+                t = 0.0
+                while not (got[0] and got[1]):
+                    assert t < 30.0, "the subscribers got nothing in 30 virtual seconds"
+                    t += 1.0
+                    await run_to(t)
+                    await asyncio.sleep(0.05)  # loopback delivery
+                    receive()
+                await run_to(30.0)
+                await run_to(120.0)  # past the restart, to the end
+                # What the last tick published is on its way: read until the sockets are quiet.
+                quiet = time.monotonic() + 0.5
+                while time.monotonic() < quiet:
+                    before = len(got[0]) + len(got[1])
+                    receive()
+                    if len(got[0]) + len(got[1]) != before:
+                        quiet = time.monotonic() + 0.5
                     await asyncio.sleep(0.01)
                 for r in (0, 1):
                     dealer = zmq.Context.instance().socket(zmq.DEALER)
                     socks.append(dealer)
                     dealer.connect(f"tcp://127.0.0.1:{rport + r}")
                     dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-                    deadline = time.monotonic() + 3.0
+                    deadline = time.monotonic() + 30.0  # only a hang ends here
                     while time.monotonic() < deadline:
                         if dealer.poll(0):
                             _, _topic, seq_b, _ = dealer.recv_multipart()

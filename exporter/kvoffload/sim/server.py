@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -52,10 +52,14 @@ def make_app(
     kv_events_endpoint: str | None = None,
     kv_events_replay: str | None = None,
     kv_events_topic: str = "",
+    clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     """The HTTP app; with `kv_events_endpoint` (e.g. `tcp://127.0.0.1:5557`, bound; see
     kv_events.should_bind) it turns the simulator's KV events on and publishes them, with an
-    optional replay ROUTER at `kv_events_replay`. Sockets open at start-up, close at cleanup."""
+    optional replay ROUTER at `kv_events_replay`. Sockets open at start-up, close at cleanup.
+
+    `clock` is the wall clock (seconds) that simulated time follows: a test passes one it steps
+    itself, so how far the simulation has got never depends on how the machine schedules it."""
     if speed <= 0:
         raise ValueError("speed must be positive")
     if kv_events_replay is not None and kv_events_endpoint is None:
@@ -69,10 +73,10 @@ def make_app(
     stamped = (speed != 1.0 and not mapped) if timestamps is None else timestamps
     app = web.Application()
     app[SIM_KEY] = sim
-    state = {"t0": time.monotonic(), "base": sim.now}
+    state = {"t0": clock(), "base": sim.now}
 
     def advance() -> None:
-        target = state["base"] + speed * (time.monotonic() - state["t0"])
+        target = state["base"] + speed * (clock() - state["t0"])
         if target <= sim.now:
             return
         # In slices of 50 ms of simulated-at-speed time, within a budget: state in between
@@ -129,7 +133,7 @@ def make_app(
                 for pub in publishers:
                     pub.close()
                 raise
-        state["t0"] = time.monotonic()
+        state["t0"] = clock()
         state["base"] = sim.now
         if mapped:
             # Anchor the wall clock to the moment serving starts (construction was earlier).
