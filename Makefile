@@ -45,9 +45,12 @@ lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## Regenerate alerts/ and dashboards/ from the signal catalog (commit the result).
+## Regenerate alerts/, dashboards/ and docs/metrics.md from the signal catalog (commit the result).
+## The reference goes through a temporary file so a failing render leaves the old one whole.
 generate: deps
 	$(BIN)/kvoffload generate --out .
+	$(BIN)/python -m kvoffload.reference > docs/metrics.md.tmp || { rm -f docs/metrics.md.tmp; exit 1; }
+	mv docs/metrics.md.tmp docs/metrics.md
 	$(BIN)/python tests/rules/promtool_cases.py
 
 bench: deps

@@ -133,7 +133,7 @@ def test_metrics_reference_is_generated_and_current():
     from kvoffload.reference import metrics_markdown
 
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
-    assert doc == metrics_markdown(), "regenerate: python -m kvoffload.reference"
+    assert doc == metrics_markdown(), "regenerate: make generate"
 
 
 async def _target_goes_down():
