@@ -162,3 +162,23 @@ def test_sizes_are_per_engine_and_the_memory_check_counts_every_engine():
     # 2 × 10 GiB + 20% > 16 GiB: the pod OOMs although one engine's tier would fit.
     rec = advise(two, True, 3600, prompt_tokens=1e6, engines=2, memory_limit_bytes=16 * GIB)
     assert rec.warnings and "2 engine(s)" in rec.warnings[0]
+
+
+def test_the_enable_rule_is_the_alerts_condition():
+    """advisor `enable` ⇔ conditions.ENABLE, which KVOffloadRecommendEnable renders (the
+    promtool cases check the PromQL side on the same shapes): GPU turnover under the reuse
+    horizon alone is pressure on both sides."""
+    from kvoffload.conditions import ENABLE
+
+    t = Thresholds()
+    quiet = {**BASE, "gpu_kv_usage_ratio": 0.3, "preemptions_per_second": 0.0,
+             "waiting_for_capacity": 0.0}
+    for figures in ({**quiet, "gpu_turnover_seconds": 62.5},
+                    {**quiet, "gpu_turnover_seconds": 6250.0},
+                    {**quiet, "gpu_turnover_seconds": None, "gpu_kv_usage_ratio": 0.95},
+                    {**quiet, "gpu_turnover_seconds": 62.5, "gpu_prefix_hit_ratio": 0.8},
+                    {**quiet, "gpu_turnover_seconds": 62.5, "gpu_prefix_hit_ratio": 0.0}):
+        rec = advise(figures, False, 3600, prompt_tokens=1e6)
+        assert (rec.action == "enable") == ENABLE.holds(figures, t), figures
+    assert advise({**quiet, "gpu_turnover_seconds": 62.5}, False, 3600,
+                  prompt_tokens=1e6).action == "enable"

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from kvoffload.conditions import GPU_MISSES_REUSE, GPU_PRESSURE, REUSE_EVIDENCE
 from kvoffload.signals import GIB
 from kvoffload.ttft import Effect
 
@@ -179,23 +180,23 @@ def _advise_off(figures: dict[str, float | None], t: Thresholds) -> Recommendati
     waiting = figures.get("waiting_for_capacity") or 0.0
     turnover = figures.get("gpu_turnover_seconds")
     hit = figures.get("gpu_prefix_hit_ratio")
-    churn = turnover is not None and turnover < t.reuse_horizon_seconds
-    pressure = usage >= t.pressure_gpu_kv_usage or preempt > 0 or waiting > 0 or churn
     evidence = (
         f"GPU KV usage {_fmt(usage)} (threshold {t.pressure_gpu_kv_usage:g}), preemptions "
         f"{_fmt(preempt, '/s', 3)}, waiting for capacity {_fmt(waiting)}, GPU turnover "
         f"{_fmt(turnover, ' s', 0)} (reuse horizon {t.reuse_horizon_seconds:.0f} s), "
         f"GPU prefix hit ratio {_fmt(hit)}"
     )
-    if not pressure:
+    # The conditions are conditions.ENABLE's parts: the alert KVOffloadRecommendEnable
+    # renders the same definitions over the recording rules.
+    if not GPU_PRESSURE.holds(figures, t):
         return Recommendation("leave_off", reasons=[f"no GPU KV pressure: {evidence}"])
-    if hit is None or hit < t.min_reuse_evidence_ratio:
+    if not REUSE_EVIDENCE.holds(figures, t):
         return Recommendation(
             "leave_off",
             reasons=[f"GPU KV pressure but no prefix reuse to win (hit ratio under "
                      f"{t.min_reuse_evidence_ratio:g}): {evidence}"],
         )
-    if hit >= t.low_gpu_prefix_hit_ratio:
+    if not GPU_MISSES_REUSE.holds(figures, t):
         return Recommendation(
             "leave_off",
             reasons=[f"the GPU prefix cache already serves most reuse (hit ratio ≥ "

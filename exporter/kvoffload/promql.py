@@ -95,20 +95,24 @@ class MixinConfig:
     rate_window: str = "5m"  # fast figures: hit ratios, bandwidth, rates
     slow_window: str = "1h"  # slow figures: reuse ratio, wasted bytes, fill time, alerts on them
 
-    # -- thresholds (defaults follow advisor.Thresholds where both exist) ------------------
+    # -- thresholds: those the advisor has too carry its name and default, so a key means the
+    # same to `serve --threshold` and `generate --set`, and an alert mirroring an advisor rule
+    # renders the advisor's own condition (conditions.py) ----------------------------------
     pressure_gpu_kv_usage: float = _ADVISOR.pressure_gpu_kv_usage
     low_gpu_prefix_hit_ratio: float = _ADVISOR.low_gpu_prefix_hit_ratio
-    min_gpu_prefix_hit_ratio: float = _ADVISOR.min_reuse_evidence_ratio
-    min_prefix_query_tokens_per_second: float = 1000.0
+    min_reuse_evidence_ratio: float = _ADVISOR.min_reuse_evidence_ratio
+    reuse_horizon_seconds: float = _ADVISOR.reuse_horizon_seconds
     low_reuse_ratio: float = _ADVISOR.low_reuse_ratio
+    min_ttft_saving_seconds: float = _ADVISOR.min_ttft_saving_seconds
+    oversized_fill_seconds: float = _ADVISOR.oversized_fill_seconds
+    # Alert-only thresholds (traffic floors, the transfer floor).
+    min_prefix_query_tokens_per_second: float = 1000.0
     min_store_bytes_per_second: float = 1e6
     # The reload-vs-recompute throughput ratio under which the dashboard colours it red: a
     # figure, not a verdict (the advisor judges by TTFT).
     min_speedup: float = 1.2
-    min_ttft_cost_seconds: float = _ADVISOR.min_ttft_saving_seconds
     min_load_bytes_per_second: float = 1e6
     transfer_slow_bytes_per_second: float = 5e9
-    oversized_fill_seconds: float = _ADVISOR.oversized_fill_seconds
     min_prompt_tokens_per_second: float = 10.0
     min_allocation_failures_per_second: float = 0.0
 

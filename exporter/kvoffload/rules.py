@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from kvoffload.conditions import ENABLE
 from kvoffload.promql import (
     GATE_RECORD,
     OFFLOAD_PRESENCE,
@@ -117,30 +118,23 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
     out: list[Alert] = []
 
     # Offloading off, the GPU KV cache under pressure and prefixes lost: the advisor's
-    # `enable` rule (advisor._advise_off), with a floor on prefix lookups.
-    hit = rec("gpu_prefix_hit_ratio", cfg)
-    pressure = "\nor\n".join((
-        f"{rec('gpu_kv_usage_ratio', cfg)} >= {_num(cfg.pressure_gpu_kv_usage)}",
-        f"{rec('preemptions_per_second', cfg)} > 0",
-        f"{rec('waiting_for_capacity', cfg)} > 0",
-    ))
+    # `enable` condition itself (conditions.ENABLE), with a floor on prefix lookups. Its value
+    # is the GPU prefix hit ratio (ENABLE's first comparison).
     out.append(Alert(
         "KVOffloadRecommendEnable", cfg.severity_info,
         "\n".join((
-            paren(f"{hit} < {_num(cfg.low_gpu_prefix_hit_ratio)}\nand\n"
-                  f"{hit} >= {_num(cfg.min_gpu_prefix_hit_ratio)}"),
+            paren(ENABLE.promql(cfg)),
             _on(cfg),
             f"{helper_record('vllm_prefix_cache_queries', 'rate', cfg, fast)} > "
             f"{_num(cfg.min_prefix_query_tokens_per_second)}",
-            _on(cfg),
-            paren(pressure),
             f"unless on ({target_by(cfg)})",
             GATE_RECORD,
         )),
         "KV offloading would likely help this vLLM engine.",
         f"{where} runs without KV offloading under GPU KV pressure (KV cache usage >= "
-        f"{_pct(cfg.pressure_gpu_kv_usage)}, preemptions or requests waiting for capacity) "
-        "while only {{ $value | humanizePercentage }} of the prompt tokens it looks up hit the "
+        f"{_pct(cfg.pressure_gpu_kv_usage)}, preemptions, requests waiting for capacity, or "
+        f"prefixes evicted from the GPU within {_duration(cfg.reuse_horizon_seconds)}) while "
+        "only {{ $value | humanizePercentage }} of the prompt tokens it looks up hit the "
         "GPU prefix cache: reusable prefixes are evicted before they come back. Try "
         "--kv-offloading-size; the kvoffload sidecar suggests a size.",
     ))
@@ -174,11 +168,11 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
     effect = sidecar_as_vllm(cfg, "kvoffload_offload_ttft_effect_seconds", 'bound="estimate"')
     out.append(Alert(
         "KVOffloadSlowerThanRecompute", cfg.severity_warning,
-        f"{effect}\n> {_num(cfg.min_ttft_cost_seconds)}",
+        f"{effect}\n> {_num(cfg.min_ttft_saving_seconds)}",
         "The CPU offload tier makes time-to-first-token worse than recomputing.",
         f"{where}: with the CPU tier, mean TTFT is ~{{{{ $value | humanizeDuration }}}} per "
         f"request worse than recomputing would be (threshold "
-        f"{cfg.min_ttft_cost_seconds * 1000:g} ms), as the sidecar measures it: a reloaded "
+        f"{cfg.min_ttft_saving_seconds * 1000:g} ms), as the sidecar measures it: a reloaded "
         "request waits for the asynchronous load, and on this engine that costs more than "
         "recomputing its prefix. Disable offloading (see the sidecar's reasons).",
     ))

@@ -259,6 +259,13 @@ def recommend_enable() -> list[Case]:
              workload(replace(OFF, reset=True)), fire),
         Case("RecommendEnable: waiting for capacity alone is pressure", alert,
              _waiting_only(workload(OFF, usage=0.3, preempt=0)), fire),
+        # The advisor's churn term (conditions.GPU_PRESSURE): prefixes evicted from the GPU
+        # within the reuse horizon are pressure, read from the sidecar's GPU capacity: 96k
+        # tokens/min written into 100k tokens turn over in 62.5 s (< 600 s).
+        Case("RecommendEnable: GPU turnover under the reuse horizon alone is pressure", alert,
+             _with_gpu_capacity(workload(OFF, usage=0.3, preempt=0), 100_000), fire),
+        Case("RecommendEnable: quiet when prefixes outlive the reuse horizon on the GPU", alert,
+             _with_gpu_capacity(workload(OFF, usage=0.3, preempt=0), 10_000_000), []),
         Case("RecommendEnable: quiet when the GPU prefix cache already hits", alert,
              workload(OFF, gpu_hit=0.8), []),
         Case("RecommendEnable: quiet without KV pressure", alert,
@@ -274,6 +281,12 @@ def recommend_enable() -> list[Case]:
         Case("RecommendEnable: quiet when idle", alert,
              workload(OFF, tokens=0, usage=0.0, preempt=0), []),
     ]
+
+
+def _with_gpu_capacity(items: list[dict[str, str]], tokens: float) -> list[dict[str, str]]:
+    s = Series()
+    sidecar_gauge(s, "kvoffload_gpu_capacity_tokens", tokens)
+    return items + s.items
 
 
 def _waiting_only(items: list[dict[str, str]]) -> list[dict[str, str]]:

@@ -1,0 +1,114 @@
+"""Advisor rules as conditions on figures, defined once: the advisor evaluates them over the
+sidecar's figures, the alerts render them over the recording rules.
+
+A threshold is named, not copied: `advisor.Thresholds` and `promql.MixinConfig` carry it under
+the same name (`kvoffload generate --thresholds FILE` reads the sidecar's YAML), so the value
+the sidecar judges with is the value the alert fires at. An undefined figure satisfies no
+comparison, in both renderings (None in Python, no sample in PromQL).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvoffload.formula import by_labels, paren
+
+if TYPE_CHECKING:
+    from kvoffload.promql import MixinConfig
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le,
+}
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+class Condition:
+    def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
+        raise NotImplementedError
+
+    def promql(self, cfg: MixinConfig) -> str:
+        raise NotImplementedError
+
+    composite = True
+
+
+@dataclass(frozen=True)
+class Compare(Condition):
+    """figure <op> threshold; `threshold` names a field of Thresholds and MixinConfig, or is a
+    constant. PromQL reads the figure's recording rule at its first window."""
+
+    figure: str
+    op: str
+    threshold: str | float
+    composite = False
+
+    def limit(self, thresholds: object) -> float:
+        if isinstance(self.threshold, str):
+            return float(getattr(thresholds, self.threshold))
+        return float(self.threshold)
+
+    def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
+        value = figures.get(self.figure)
+        return value is not None and _OPS[self.op](value, self.limit(thresholds))
+
+    def promql(self, cfg: MixinConfig) -> str:
+        from kvoffload.promql import record_name  # promql renders the figures' rules
+
+        return f"{record_name(self.figure, cfg)} {self.op} {_num(self.limit(cfg))}"
+
+
+@dataclass(frozen=True)
+class AnyOf(Condition):
+    parts: tuple[Condition, ...]
+
+    def __init__(self, *parts: Condition) -> None:
+        object.__setattr__(self, "parts", parts)
+
+    def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
+        return any(p.holds(figures, thresholds) for p in self.parts)
+
+    def promql(self, cfg: MixinConfig) -> str:
+        return "\nor\n".join(_operand(p, cfg) for p in self.parts)
+
+
+@dataclass(frozen=True)
+class AllOf(Condition):
+    parts: tuple[Condition, ...]
+
+    def __init__(self, *parts: Condition) -> None:
+        object.__setattr__(self, "parts", parts)
+
+    def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
+        return all(p.holds(figures, thresholds) for p in self.parts)
+
+    def promql(self, cfg: MixinConfig) -> str:
+        return f"\nand on ({by_labels(cfg)})\n".join(_operand(p, cfg) for p in self.parts)
+
+
+def _operand(c: Condition, cfg: MixinConfig) -> str:
+    text = c.promql(cfg)
+    return paren(text) if c.composite else text
+
+
+# -- the advisor's rules ------------------------------------------------------------------------
+# GPU KV pressure: the cache is full, requests are preempted or wait for capacity, or a prefix
+# does not survive on the GPU until it comes back (turnover under the reuse horizon).
+GPU_PRESSURE = AnyOf(
+    Compare("gpu_kv_usage_ratio", ">=", "pressure_gpu_kv_usage"),
+    Compare("preemptions_per_second", ">", 0.0),
+    Compare("waiting_for_capacity", ">", 0.0),
+    Compare("gpu_turnover_seconds", "<", "reuse_horizon_seconds"),
+)
+# Some prefix reuse exists to win back...
+REUSE_EVIDENCE = Compare("gpu_prefix_hit_ratio", ">=", "min_reuse_evidence_ratio")
+# ... that the GPU prefix cache alone does not serve.
+GPU_MISSES_REUSE = Compare("gpu_prefix_hit_ratio", "<", "low_gpu_prefix_hit_ratio")
+# Offloading off: enable it (advisor `enable`; alert KVOffloadRecommendEnable). The hit ratio
+# comes first: PromQL's `and` keeps the left side's value, which the alert's text reads.
+ENABLE = AllOf(GPU_MISSES_REUSE, REUSE_EVIDENCE, GPU_PRESSURE)
