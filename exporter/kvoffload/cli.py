@@ -19,6 +19,7 @@ from kvoffload import __version__, logrepeat
 from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis import Settings, analyze_window, window_from_expositions
 from kvoffload.errors import InputError
+from kvoffload.overrides import parse_number, split_pair
 from kvoffload.parse import parse_text
 from kvoffload.recording import read_recording
 from kvoffload.report import render_report
@@ -118,14 +119,8 @@ def make_settings(world_size: int, memory_limit: float | None, thresholds_file: 
     overrides: dict[str, float] = {}
     known = set(Thresholds.__dataclass_fields__)
     for item in threshold_overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in known:
-            raise InputError(f"--threshold {item!r}: use KEY=VALUE with KEY one of "
-                             f"{', '.join(sorted(known))}")
-        try:
-            overrides[key] = float(raw)
-        except ValueError:
-            raise InputError(f"--threshold {item!r}: {raw!r} is not a number") from None
+        key, _, raw = split_pair("--threshold", item, known)
+        overrides[key] = parse_number("--threshold", item, raw, float, f"{raw!r} is not a number")
     return Settings(world_size, limit, kv_bytes_per_token,
                     load_thresholds(thresholds_file, overrides))
 

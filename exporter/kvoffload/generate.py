@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload import dashboards, rules
-from kvoffload.errors import InputError
+from kvoffload.overrides import parse_number, refuse, split_pair
 from kvoffload.promql import MixinConfig
 
 ALERTS_DIR = "alerts"
@@ -40,28 +40,22 @@ def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> di
     defaults = {f.name: getattr(base, f.name) for f in fields(base)}
     out: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key, raw = key.strip(), raw.strip()
-        name, _, entry = key.partition(".")
-        if not sep or name not in defaults:
-            raise InputError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(sorted(defaults))}")
+        name, entry, raw = split_pair("--set", pair, defaults, usage="expected", strip=True,
+                                      entries=True)
         default = defaults[name]
         if isinstance(default, dict):
             if not entry:
-                raise InputError(f"--set {pair!r}: use {name}.<key>=<value>")
+                raise refuse("--set", pair, f"use {name}.<key>=<value>")
             out[name] = {**out.get(name, default), entry: raw}
         elif entry:
-            raise InputError(f"--set {pair!r}: {name} is not a mapping")
+            raise refuse("--set", pair, f"{name} is not a mapping")
         elif isinstance(default, tuple):
             out[name] = tuple(v.strip() for v in raw.split(",") if v.strip())
         elif isinstance(default, bool):
             out[name] = raw.lower() in ("1", "true", "yes", "on")
         elif isinstance(default, int | float):
-            try:
-                out[name] = type(default)(float(raw)) if isinstance(default, float) else int(raw)
-            except ValueError:
-                raise InputError(f"--set {pair!r}: {name} takes a number") from None
+            kind = float if isinstance(default, float) else int
+            out[name] = parse_number("--set", pair, raw, kind, f"{name} takes a number")
         else:
             out[name] = raw or None if default is None else raw
     return out
