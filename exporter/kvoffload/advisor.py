@@ -246,8 +246,8 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
             f"over {window:.0f} s, longer than the fill time {_fmt(fill, ' s', 0)}: set "
             "\"store_threshold\": 2 in kv_connector_extra_config (stores a prefix on its "
             "second computation), or disable offloading"])
-    never_full = filled is not None and filled < 1.0
-    if never_full and fill is not None and fill > t.oversized_fill_seconds:
+    if filled is not None and filled < 1.0 and fill is not None \
+            and fill > t.oversized_fill_seconds:
         capacity = figures.get("cpu_capacity_bytes")
         stored = filled * capacity if capacity else None
         # Never full: everything ever stored still fits, so that (plus headroom) is enough.

@@ -78,13 +78,22 @@ TTFT_METRICS: dict[str, tuple[list[str], str]] = {
         "Mean TTFT (summed over requests) that one more recomputed prompt token costs, fitted "
         "over scrape intervals."),
 }
-_FAMILY_CLASSES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
-                   "histogram": HistogramMetricFamily}
-
-
-def _event_family(name: str) -> Metric:
+def _event_gauge(name: str) -> GaugeMetricFamily:
     mtype, labels, help_text = KV_EVENT_METRICS[name]
-    return _FAMILY_CLASSES[mtype](name, help_text, labels=labels)
+    assert mtype == "gauge", name
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+def _event_counter(name: str) -> CounterMetricFamily:
+    mtype, labels, help_text = KV_EVENT_METRICS[name]
+    assert mtype == "counter", name
+    return CounterMetricFamily(name, help_text, labels=labels)
+
+
+def _event_histogram(name: str) -> HistogramMetricFamily:
+    mtype, labels, help_text = KV_EVENT_METRICS[name]
+    assert mtype == "histogram", name
+    return HistogramMetricFamily(name, help_text, labels=labels)
 
 
 class SidecarCollector(Collector):
@@ -182,11 +191,11 @@ class SidecarCollector(Collector):
         sc = self.sidecar
         if not sc.events:
             return
-        messages = _event_family("kvoffload_kv_events_messages")
-        lost = _event_family("kvoffload_kv_events_lost_messages")
-        errors = _event_family("kvoffload_kv_events_decode_errors")
-        unseen = _event_family("kvoffload_kv_events_unseen_messages")
-        rate = _event_family("kvoffload_kv_events_sample_ratio")
+        messages = _event_counter("kvoffload_kv_events_messages")
+        lost = _event_counter("kvoffload_kv_events_lost_messages")
+        errors = _event_counter("kvoffload_kv_events_decode_errors")
+        unseen = _event_gauge("kvoffload_kv_events_unseen_messages")
+        rate = _event_gauge("kvoffload_kv_events_sample_ratio")
         for name, state in sc.events.items():
             messages.add_metric([name], state.messages())
             lost.add_metric([name], state.lost_messages())
@@ -195,34 +204,39 @@ class SidecarCollector(Collector):
             rate.add_metric([name], state.sample_rate_now())
         yield from (messages, lost, errors, unseen, rate)
 
-        hist = _event_family("kvoffload_reuse_distance_bytes")
-        resident = _event_family("kvoffload_cpu_resident_bytes")
-        never_evicted = _event_family("kvoffload_never_loaded_evicted_bytes")
-        never_resident = _event_family("kvoffload_never_loaded_resident_bytes")
-        achievable = _event_family("kvoffload_achievable_offload_hit_ratio")
-        predicted = _event_family("kvoffload_predicted_offload_hit_ratio")
-        provisional = _event_family("kvoffload_curve_provisional")
+        hist = _event_histogram("kvoffload_reuse_distance_bytes")
+        resident = _event_gauge("kvoffload_cpu_resident_bytes")
+        never_evicted = _event_counter("kvoffload_never_loaded_evicted_bytes")
+        never_resident = _event_gauge("kvoffload_never_loaded_resident_bytes")
+        achievable = _event_gauge("kvoffload_achievable_offload_hit_ratio")
+        predicted = _event_gauge("kvoffload_predicted_offload_hit_ratio")
+        provisional = _event_gauge("kvoffload_curve_provisional")
         for g in groups:
             if g.get("stale"):
                 continue
             info = g.get("kv_events")
             labels = g["labels"]
             assert isinstance(labels, dict)
-            state = sc.events.get(labels["instance"])
-            if not isinstance(info, dict) or state is None:
+            target_state = sc.events.get(labels["instance"])
+            if not isinstance(info, dict) or target_state is None:
                 continue
+            state = target_state
             key = [labels["instance"], labels["model_name"]]
             bpb = info.get("bytes_per_block")
-            if isinstance(bpb, float | int) and bpb > 0 and state.block_size:
-                bounds = sorted({p["cpu_gib"] * 2**30 for p in g.get("curve", [])})  # type: ignore[union-attr]
+            curve = g.get("curve")
+            if isinstance(bpb, float | int) and bpb > 0 and state.block_size \
+                    and isinstance(curve, list):
+                bounds = sorted({p["cpu_gib"] * 2**30 for p in curve})
                 buckets = [(_le(b), state.hit_tokens(b, bpb)) for b in bounds]
                 total, finite = state.histogram_totals()
                 buckets.append(("+Inf", total))
                 hist.add_metric(key, buckets, finite * bpb)
-            for family, field_name in ((resident, "cpu_resident_bytes"),
-                                       (never_evicted, "never_loaded_evicted_bytes"),
-                                       (never_resident, "never_loaded_resident_bytes"),
-                                       (achievable, "achievable_hit_ratio")):
+            pairs: tuple[tuple[GaugeMetricFamily | CounterMetricFamily, str], ...] = (
+                (resident, "cpu_resident_bytes"),
+                (never_evicted, "never_loaded_evicted_bytes"),
+                (never_resident, "never_loaded_resident_bytes"),
+                (achievable, "achievable_hit_ratio"))
+            for family, field_name in pairs:
                 value = info.get(field_name)
                 if isinstance(value, float | int):
                     family.add_metric(key, float(value))

@@ -87,28 +87,34 @@ def gpu_side_bytes_per_token(c: Context) -> float | None:
     return None
 
 
+def _sum_of_all(values: list[float | None]) -> float | None:
+    """The sum when every engine has the value (one missing: unknown, not a smaller sum)."""
+    known = [v for v in values if v is not None]
+    return float(sum(known)) if known and len(known) == len(values) else None
+
+
 def cpu_capacity_bytes(c: Context) -> float | None:
-    sizes = [label_number(lb, "cpu_kv_cache_size_bytes") for lb in c.static.offload_config]
-    if sizes and all(s is not None for s in sizes):
-        return float(sum(sizes))  # type: ignore[arg-type]
+    sizes = _sum_of_all([label_number(lb, "cpu_kv_cache_size_bytes")
+                         for lb in c.static.offload_config])
+    if sizes is not None:
+        return sizes
     # Older releases: --kv-offloading-size (GiB, total over TP ranks) on each engine's series.
-    gib = [label_number(lb, "kv_offloading_size") for lb in c.static.cache_config]
-    if gib and all(g is not None for g in gib):
-        return sum(gib) * GIB  # type: ignore[misc]
-    return None
+    gib = _sum_of_all([label_number(lb, "kv_offloading_size") for lb in c.static.cache_config])
+    return gib * GIB if gib is not None else None
 
 
 def cpu_capacity_tokens(c: Context) -> float | None:
-    tokens = [label_number(lb, "cpu_kv_cache_size_tokens") for lb in c.static.offload_config]
-    if tokens and all(t is not None for t in tokens):
-        return float(sum(tokens))  # type: ignore[arg-type]
+    tokens = _sum_of_all([label_number(lb, "cpu_kv_cache_size_tokens")
+                          for lb in c.static.offload_config])
+    if tokens is not None:
+        return tokens
     block_size = _block_size(c.static)
-    chunks = [
-        (label_number(lb, "cpu_num_chunks"), label_number(lb, "cpu_blocks_per_chunk") or 1.0)
-        for lb in c.static.offload_config
-    ]
-    if chunks and block_size and all(n is not None for n, _ in chunks):
-        return sum(n * per for n, per in chunks) * block_size  # type: ignore[operator]
+    blocks = _sum_of_all([
+        (n * (label_number(lb, "cpu_blocks_per_chunk") or 1.0)
+         if (n := label_number(lb, "cpu_num_chunks")) is not None else None)
+        for lb in c.static.offload_config])
+    if blocks is not None and block_size:
+        return blocks * block_size
     size = cpu_capacity_bytes(c)
     per_token = kv_bytes_per_token(c)
     if size is not None and per_token:
@@ -117,9 +123,10 @@ def cpu_capacity_tokens(c: Context) -> float | None:
 
 
 def gpu_capacity_tokens(c: Context) -> float | None:
-    per_engine = [label_number(lb, "kv_cache_size_tokens") for lb in c.static.cache_config]
-    if per_engine and all(t is not None for t in per_engine):
-        return float(sum(per_engine))  # type: ignore[arg-type]
+    per_engine = _sum_of_all([label_number(lb, "kv_cache_size_tokens")
+                              for lb in c.static.cache_config])
+    if per_engine is not None:
+        return per_engine
     # num_gpu_blocks is already the DP total on every engine's series: take it once.
     for labels in c.static.cache_config:
         blocks = label_number(labels, "num_gpu_blocks")
