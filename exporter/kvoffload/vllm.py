@@ -29,7 +29,6 @@ CORE_COUNTERS: dict[str, _CounterSource] = {
     "cached_host": ("vllm:prompt_tokens_cached_by_source_total", "source", "host"),
     "cached_disk": ("vllm:prompt_tokens_cached_by_source_total", "source", "disk"),
     "allocation_failures": ("vllm:kv_offload_allocation_failure_total", None, None),
-    "stores_skipped": ("vllm:kv_offload_stores_skipped_total", None, None),
     "preemptions": ("vllm:num_preemptions_total", None, None),
     "prefill_time_sum": ("vllm:request_prefill_time_seconds_sum", None, None),
     "prefill_time_count": ("vllm:request_prefill_time_seconds_count", None, None),
@@ -70,30 +69,21 @@ OFFLOAD_COUNTERS: dict[str, tuple[str, _CounterSource, _CounterSource]] = {
         ("vllm:kv_offload_store_time_total", None, None),
         ("vllm:kv_offload_total_time_total", "transfer_type", "GPU_to_CPU"),
     ),
-    "store_jobs": (
-        "store",
-        ("vllm:kv_offload_store_size_count", None, None),
-        ("vllm:kv_offload_size_count", "transfer_type", "GPU_to_CPU"),
-    ),
 }
 
 GAUGES: dict[str, _CounterSource] = {
     "gpu_kv_usage": ("vllm:kv_cache_usage_perc", None, None),
-    "requests_running": ("vllm:num_requests_running", None, None),
-    "requests_waiting": ("vllm:num_requests_waiting", None, None),
     "waiting_capacity": ("vllm:num_requests_waiting_by_reason", "reason", "capacity"),
-    "cpu_pinned_usage": ("vllm:kv_offload_cpu_cache_usage_perc", None, None),
 }
 
 # Gauges that count requests are summed over engines; ratios are averaged.
-SUMMED_GAUGES = frozenset({"requests_running", "requests_waiting", "waiting_capacity"})
+SUMMED_GAUGES = frozenset({"waiting_capacity"})
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
 # The native OffloadingConnector, and SimpleCPUOffloadConnector (no bytes/time metrics).
 OFFLOAD_FAMILY_PREFIXES = ("vllm:kv_offload_", "vllm:simple_kv_offload_")
 
-COUNTER_KEYS: tuple[str, ...] = (*CORE_COUNTERS, *OFFLOAD_COUNTERS)
 GAUGE_KEYS: tuple[str, ...] = tuple(GAUGES)
 
 
@@ -208,9 +198,9 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
                 continue
             if not math.isfinite(value):
                 continue  # NaN/Inf would poison every sum it enters: absent this scrape
-            if kind.endswith("flat") and not use_flat[direction]:  # type: ignore[index]
-                continue
-            if kind.endswith("legacy") and use_flat[direction]:  # type: ignore[index]
+            # Offload transfers (the kinds with a direction): the flat series when its family
+            # is there, else the legacy one, never both.
+            if direction is not None and use_flat[direction] != kind.endswith("flat"):
                 continue
             skey = (key, instance, model, engine)
             if kind.startswith("created_"):

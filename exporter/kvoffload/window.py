@@ -52,7 +52,6 @@ class GroupStatic:
     offload_families: bool = False
     naming: str = "none"
     engines: set[str] = field(default_factory=set)
-    last_gauges: dict[str, float] = field(default_factory=dict)
     # Raw counter sums of the latest scrape: totals since the engines (re)started.
     lifetime: dict[str, float] = field(default_factory=dict)
 
@@ -169,7 +168,6 @@ class Window:
 
             gauges = {k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
                       for k, v in gauge_now.get(g, {}).items()}
-            static.last_gauges = gauges
             sums, counts = self._gauge_running.get(g, ({}, {}))
             sums, counts = dict(sums), dict(counts)
             for k in GAUGE_KEYS:
@@ -240,11 +238,3 @@ class Window:
         fit = tuple(a - b for a, b in zip(last.fit, first.fit, strict=True))
         return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points), fit)
 
-    def forget_instance(self, instance: str) -> None:
-        """Drop everything about a target (it was removed from the configuration)."""
-        for g in [g for g in self._points if g[0] == instance]:
-            self._series.pop(g, None)
-            self._points.pop(g, None)
-            self._first.pop(g, None)
-            self._static.pop(g, None)
-            self._gauge_running.pop(g, None)

@@ -45,11 +45,6 @@ Event = dict[str, Any]
 Batch = tuple[int, float, list[Event]]  # (dp_rank, ts in epoch seconds, events)
 
 
-def wire_hash(h: int) -> int:
-    """A simulator block hash as vLLM puts it on the wire (unsigned 64-bit int)."""
-    return h & _U64
-
-
 def synth_tokens(segments: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
     """Token ids of prompt positions [start, end) for a prompt of `(segment_id, tokens)`."""
     out: list[int] = []

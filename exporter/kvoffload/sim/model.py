@@ -74,11 +74,6 @@ LLAMA_3_1_70B = ModelShape(
     params=70.6e9,
 )
 
-MODELS: dict[str, ModelShape] = {
-    "qwen3-0.6b": QWEN3_0_6B,
-    "qwen3-8b": QWEN3_8B,
-    "llama-3.1-70b": LLAMA_3_1_70B,
-}
 
 # --- hardware ------------------------------------------------------------------------------------
 
@@ -161,10 +156,6 @@ H200_GRAPHS = Hardware(
     offload_step_overhead_s=0.0004,
     offload_prefill_overhead_s=0.004,
 )
-
-HARDWARE: dict[str, Hardware] = {
-    hw.name: hw for hw in (LAPTOP_ADA, H200, H200_SLOW_LINK, H200_EAGER_SMALL, H200_GRAPHS)
-}
 
 
 def aligned_chunk_bytes(block_bytes: int, blocks_per_chunk: int) -> int:
