@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -20,7 +20,7 @@ from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis import Settings, analyze_window, window_from_expositions
 from kvoffload.errors import InputError
 from kvoffload.overrides import parse_number, split_pair
-from kvoffload.parse import parse_text
+from kvoffload.parse import Exposition, parse_text
 from kvoffload.recording import read_recording
 from kvoffload.report import render_report
 from kvoffload.scrape import fetch_sync
@@ -300,16 +300,15 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
             memory_limit: float | None, kv_bytes_per_token: float | None,
             thresholds_file: str | None, threshold_overrides: tuple[str, ...]) -> None:
     """Figures and advice from a recording, a /metrics snapshot, or a live server."""
-    if (file is None) == (target is None):
+    source = file if target is None else target
+    if source is None or (file is not None and target is not None):
         raise InputError("give either a FILE or --target URL")
     settings = make_settings(world_size, memory_limit, thresholds_file, threshold_overrides,
                              kv_bytes_per_token)
     if file is not None:
         expositions = read_recording(file, wanted, WANTED_FAMILIES)
-        source = file
     else:
-        expositions = _sample_live(target, duration, interval)  # type: ignore[arg-type]
-        source = target  # type: ignore[assignment]
+        expositions = _sample_live(source, duration, interval)
     win, scrapes, lifetime = window_from_expositions(expositions, window)
     events = None
     if events_file is not None:
@@ -329,7 +328,7 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
     click.echo(render_report(groups, source, note), nl=False)
 
 
-def _sample_live(url: str, duration: float, interval: float):
+def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:
     name = target_name(url)
     deadline = time.monotonic() + duration
     while True:
