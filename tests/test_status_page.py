@@ -58,8 +58,8 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         for _ in range(100):
-            judged = [g for g in sidecar.groups() if g["labels"]["model_name"] ==
-                      "Qwen/Qwen3-0.6B" and not g["recommendation"]["insufficient_data"]]
+            judged = [g for g in sidecar.groups() if g.model_name == "Qwen/Qwen3-0.6B"
+                      and not g.recommendation.insufficient_data]
             if sidecar.ready and all(t.scrapes for t in sidecar.targets) and judged:
                 break
             await asyncio.sleep(0.1)

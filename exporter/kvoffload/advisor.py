@@ -2,8 +2,7 @@
 
 Each decision comes with the figures and thresholds that made it (`reasons`), and a size
 (`kv_offloading_size_gib`, what to pass to `--kv-offloading-size`) where one applies. When the
-data is too thin the action stays the current state and a reason says why (DESIGN.md §6,
-docs/advisor.md).
+data is too thin the action stays the current state and a reason says why (docs/advisor.md).
 
 Counters cannot show reuse distances; the decisions lean on what they do show:
 - GPU turnover (GPU KV capacity ÷ rate of tokens written into it) says how long an idle prefix

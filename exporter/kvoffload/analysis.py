@@ -1,8 +1,10 @@
-"""From a window of scrapes to the JSON contract shared by `analyze --json` and the sidecar."""
+"""From a window of scrapes to the typed analysis of every group (`result.GroupAnalysis`), whose
+JSON is the contract shared by `analyze --json` and the sidecar."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -21,6 +23,7 @@ from kvoffload.fleet import fleet_effects
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.parse import Exposition
+from kvoffload.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.vllm import extract
 from kvoffload.window import GroupKey, GroupStatic, Window
@@ -41,7 +44,19 @@ def analyze_window(
     events: dict[str, TargetEvents] | None = None,
     event_baselines: dict[GroupKey, dict[str, float]] | None = None,
 ) -> list[dict[str, object]]:
-    """One JSON object per (instance, model_name) group that has at least two points.
+    """The JSON contract (`analyze --json`, /api/v1/status): analyze_groups, serialised."""
+    return [g.to_json() for g in analyze_groups(window, settings, lifetime, events,
+                                                event_baselines)]
+
+
+def analyze_groups(
+    window: Window,
+    settings: Settings | None = None,
+    lifetime: bool = False,
+    events: dict[str, TargetEvents] | None = None,
+    event_baselines: dict[GroupKey, dict[str, float]] | None = None,
+) -> list[GroupAnalysis]:
+    """One analysis per (instance, model_name) group that has at least two points.
 
     lifetime: the figures are totals since the engine started (one snapshot, no clock), so
     per-second rates are undefined and only the amount of traffic says whether it is enough.
@@ -50,87 +65,73 @@ def analyze_window(
     (live); without them the window's increases are the events' period (a recording).
     """
     settings = settings or Settings()
-    groups: list[dict[str, object]] = []
+    groups: list[GroupAnalysis] = []
     for group in window.groups():
         if not group[1]:
             continue  # instance-level series only (cache_config_info); no model to judge
-        entry, ctx, rec = _group_entry(window, group, settings, lifetime)
+        entry, ctx = _group_entry(window, group, settings, lifetime)
         target_events = (events or {}).get(group[0])
         hit_at: Callable[[float], float] | None = None
-        if (ctx is not None and rec is not None and target_events is not None
-                and target_events.messages()
-                and _events_belong_to(window, group, bool(entry["offloading"]))):
+        if (ctx is not None and target_events is not None and target_events.messages()
+                and _events_belong_to(window, group, entry.offloading)):
             missed = _missed_tokens(window, group, ctx, event_baselines)
-            rec, hit_at = _add_event_evidence(
-                entry, rec, window.static(group), target_events, missed, settings)
-        if ctx is not None and rec is not None:
-            _add_ttft_verdict(entry, ctx, rec, settings, hit_at)
+            hit_at = _add_event_evidence(entry, window.static(group), target_events, missed,
+                                         settings)
+        if ctx is not None:
+            _add_ttft_verdict(entry, ctx, settings, hit_at)
         groups.append(entry)
     _add_fleet_evidence(groups, settings)
     return groups
 
 
-def _add_fleet_evidence(groups: list[dict[str, object]], settings: Settings) -> None:
+def _add_fleet_evidence(groups: list[GroupAnalysis], settings: Settings) -> None:
     """Replicas of one model with and without a tier, compared (kvoffload.fleet): where there
     are some, their measured difference decides (basis "fleet")."""
     effects = fleet_effects(groups)
     for entry in groups:
-        labels = entry["labels"]
-        assert isinstance(labels, dict)
-        fleet = effects.get((labels["instance"], labels["model_name"]))
-        verdict = entry.get("ttft")
-        rec = entry["recommendation"]
-        if fleet is None or not isinstance(verdict, dict) or not isinstance(rec, dict):
+        fleet = effects.get(entry.key)
+        if fleet is None or entry.ttft is None:
             continue
-        verdict["fleet"] = fleet.to_json()
-        judged = judge_fleet(Recommendation(**rec), bool(entry["offloading"]),  # type: ignore[arg-type]
-                             float(verdict["mean_ttft_seconds"]), fleet, settings.thresholds)
-        entry["recommendation"] = judged.to_json()
+        entry.ttft.fleet = fleet.to_json()
+        entry.recommendation = judge_fleet(entry.recommendation, entry.offloading,
+                                           entry.ttft.mean_ttft_seconds, fleet,
+                                           settings.thresholds)
 
 
-def _group_entry(
-    window: Window, group: GroupKey, settings: Settings, lifetime: bool
-) -> tuple[dict[str, object], Context | None, Recommendation | None]:
+def _group_entry(window: Window, group: GroupKey, settings: Settings, lifetime: bool
+                 ) -> tuple[GroupAnalysis, Context | None]:
     """The figures and the counter-based advice of one group."""
     instance, model = group
     static = window.static(group)
     delta = window.delta(group)
     offloading = static.offload_families
-    entry: dict[str, object] = {
-        "labels": {"model_name": model, "instance": instance},
-        "offloading": offloading,
-        "window_seconds": delta.seconds if delta else 0.0,
-        "naming": static.naming,
-        "engines": sorted(static.engines),
-    }
     if delta is None:
-        entry["figures"] = dict.fromkeys(FIGURE_KEYS)
-        entry["recommendation"] = Recommendation(
-            "keep" if offloading else "leave_off",
-            reasons=["waiting for a second scrape to compute rates"],
-            insufficient_data=True).to_json()
-        return entry, None, None
+        return GroupAnalysis(
+            instance, model, offloading, 0.0, static.naming, sorted(static.engines),
+            dict.fromkeys(FIGURE_KEYS),
+            Recommendation("keep" if offloading else "leave_off",
+                           reasons=["waiting for a second scrape to compute rates"],
+                           insufficient_data=True)), None
     ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
     figures = compute_figures(ctx)
     rec = advise(figures, offloading, delta.seconds, settings.memory_limit_bytes,
                  settings.thresholds, lifetime=lifetime,
                  prompt_tokens=ctx.inc("prompt_tokens"), engines=len(static.engines),
                  requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None)
-    entry["figures"] = figures
-    entry["recommendation"] = rec.to_json()
-    return entry, ctx, rec
+    return GroupAnalysis(instance, model, offloading, delta.seconds, static.naming,
+                         sorted(static.engines), figures, rec), ctx
 
 
 # Below this many sampled blocks per engine the sampled curve is coarse (docs/sizing.md).
 MIN_SAMPLED_BLOCKS = 1000
 
 
-def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendation,
-                      settings: Settings, hit_at: Callable[[float], float] | None) -> None:
+def _add_ttft_verdict(entry: GroupAnalysis, ctx: Context, settings: Settings,
+                      hit_at: Callable[[float], float] | None) -> None:
     """The TTFT effect (kvoffload.ttft) joins the figures, and the advice is re-judged by it."""
-    figures = entry["figures"]
-    assert isinstance(figures, dict)
-    offloading = bool(entry["offloading"])
+    figures = entry.figures
+    rec = entry.recommendation
+    offloading = entry.offloading
     obs = ttft.observe(ctx, figures.get("kv_bytes_per_token"))
     figures["offload_ttft_effect_seconds"] = None
     if obs is None:
@@ -153,46 +154,45 @@ def _add_ttft_verdict(entry: dict[str, object], ctx: Context, rec: Recommendatio
     proposed = rec.kv_offloading_size_gib
     capacity = figures.get("cpu_capacity_bytes")
     engines = max(len(ctx.static.engines), 1)
-    rec = judge_ttft(rec, offloading, obs.mean_ttft, now, effect_at, t,
-                     figures.get("offload_hit_ratio"), best_case_only=hit_at is None,
-                     current_bytes=capacity / engines if capacity else None)
+    entry.recommendation = judge_ttft(
+        rec, offloading, obs.mean_ttft, now, effect_at, t, figures.get("offload_hit_ratio"),
+        best_case_only=hit_at is None, current_bytes=capacity / engines if capacity else None)
     predicted = None
     if hit_at is not None and proposed is not None:
         at_size = effect_at(proposed * GIB)
         if at_size is not None:
             predicted = {"kv_offloading_size_gib": proposed, **at_size.to_json()}
-    entry["ttft"] = {
-        "mean_ttft_seconds": obs.mean_ttft,
-        "mean_queue_seconds": obs.mean_queue,
-        "mean_prefill_seconds": obs.mean_prefill,
-        "requests": obs.requests,
-        "prompt_tokens_per_request": obs.prompt_tokens,
-        "marginal_recompute_seconds_per_token": obs.cost.to_json() if obs.cost else None,
-        "now": now.to_json() if now else None,
-        "predicted": predicted,
-    }
-    entry["recommendation"] = rec.to_json()
+    cost: dict[str, object] | None = dict(obs.cost.to_json()) if obs.cost else None
+    entry.ttft = TtftVerdict(
+        obs.mean_ttft, obs.mean_queue, obs.mean_prefill, obs.requests, obs.prompt_tokens,
+        cost, now.to_json() if now else None, predicted)
 
 
-def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: GroupStatic,
-                        events: TargetEvents, missed: float | None, settings: Settings,
-                        ) -> tuple[Recommendation, Callable[[float], float] | None]:
+def _add_event_evidence(entry: GroupAnalysis, static: GroupStatic, events: TargetEvents,
+                        missed: float | None, settings: Settings,
+                        ) -> Callable[[float], float] | None:
     """The curve and the exact figures join the entry; the advice is re-decided from the
-    curve (the advisor's preferred evidence). Returns the advice and the curve's hit ratio
-    at a size (bytes per engine), when there is a curve."""
-    figures = entry["figures"]
-    assert isinstance(figures, dict)
+    curve (the advisor's preferred evidence). Returns the curve's hit ratio at a size (bytes
+    per engine), when there is a curve."""
+    figures = entry.figures
     ev = event_evidence(events, static, figures, missed)
-    entry["kv_events"] = ev.json
+    entry.kv_events = ev.json
     curve = ev.curve
     if curve is None:
-        return rec, None
-    entry["curve"] = [p.to_json() for p in curve.points]
+        return None
+    entry.curve = [p.to_json() for p in curve.points]
+    if ev.bytes_per_block and events.block_size:
+        # The histogram at the curve's sizes: computed here, exported as is by /metrics.
+        total, finite = events.histogram_totals()
+        entry.reuse_histogram = ReuseHistogram(
+            (*((p.cpu_bytes, events.hit_tokens(p.cpu_bytes, ev.bytes_per_block))
+               for p in curve.points), (math.inf, total)),
+            finite * ev.bytes_per_block)
 
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
     rec = refine_with_curve(
-        rec, figures, bool(entry["offloading"]), curve.right_size_bytes,
+        entry.recommendation, figures, entry.offloading, curve.right_size_bytes,
         curve.achievable_hit_ratio, lambda size: curve.at(size, events),
         ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
         settings.memory_limit_bytes, settings.thresholds, engines)
@@ -210,12 +210,13 @@ def _add_event_evidence(entry: dict[str, object], rec: Recommendation, static: G
             f"{events.sample_rate_now():.3g}): on the simulator, samples of a few dozen blocks "
             "erred by up to 0.13 in hit ratio, a few thousand by 0.01; raise "
             "--kv-events-sample-rate or --kv-events-sample-budget")
-    entry["recommendation"] = rec.to_json()
+    entry.recommendation = rec
     size = rec.kv_offloading_size_gib
-    predicted = (curve.at(size * GIB, events) if size is not None
-                 else ev.json.get("predicted_offload_hit_ratio_current"))
-    entry["predicted_offload_hit_ratio"] = predicted
-    return rec, lambda size: curve.at(size, events)
+    current = ev.json.get("predicted_offload_hit_ratio_current")
+    entry.predicted_offload_hit_ratio = (
+        curve.at(size * GIB, events) if size is not None
+        else float(current) if isinstance(current, float | int) else None)
+    return lambda size: curve.at(size, events)
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:

@@ -17,7 +17,7 @@ import yaml
 
 from kvoffload import __version__, logrepeat
 from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
-from kvoffload.analysis import Settings, analyze_window, window_from_expositions
+from kvoffload.analysis import Settings, analyze_groups, window_from_expositions
 from kvoffload.errors import InputError
 from kvoffload.overrides import parse_number, split_pair
 from kvoffload.parse import Exposition, parse_text
@@ -318,10 +318,11 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
         if len(instances) != 1:
             raise InputError("--events needs a recording of exactly one target")
         events = {instances[0]: load_event_file(events_file)}
-    groups = analyze_window(win, settings, lifetime, events=events)
+    groups = analyze_groups(win, settings, lifetime, events=events)
     if as_json:
         click.echo(json.dumps({"source": source, "scrapes": scrapes, "lifetime": lifetime,
-                               "groups": groups}, indent=2, allow_nan=False))
+                               "groups": [g.to_json() for g in groups]},
+                              indent=2, allow_nan=False))
         return
     note = (f"{scrapes} scrape(s)" + ("; one snapshot: lifetime totals since the engine "
                                        "started" if lifetime else ""))

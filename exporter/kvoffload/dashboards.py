@@ -4,7 +4,7 @@ Panels read the recording rules of rules.py wherever one exists (so the dashboar
 and the sidecar show the same figure), the sidecar's gauges for what PromQL cannot compute
 (capacities, the recommendation), and raw vLLM series only for per-engine views, with
 `$__rate_interval`. One scope selector per source is injected into every query, like vLLM's
-own generator (tools/generate_grafana_dashboards.py).
+own generator (vLLM's `tools/generate_grafana_dashboards.py`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from kvoffload.analysis import Settings
 from kvoffload.report import format_value
+from kvoffload.result import GroupAnalysis
 from kvoffload.server import make_app as make_sidecar_app
 from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
 
@@ -22,24 +23,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def summary_line(group: dict[str, object]) -> str:
-    f = group["figures"]
-    rec = group["recommendation"]
-    assert isinstance(f, dict) and isinstance(rec, dict)
-    size = rec.get("kv_offloading_size_gib")
-    action = str(rec["action"]) + (f" {size:g} GiB" if size is not None else "")
-    labels = group["labels"]
-    assert isinstance(labels, dict)
+def summary_line(group: GroupAnalysis) -> str:
+    f = group.figures
+    rec = group.recommendation
+    size = rec.kv_offloading_size_gib
+    action = rec.action + (f" {size:g} GiB" if size is not None else "")
     return (
-        f"{labels['model_name']}: hit {format_value(f.get('offload_hit_ratio'), 'ratio')}"
+        f"{group.model_name}: hit {format_value(f.get('offload_hit_ratio'), 'ratio')}"
         f" | load {format_value(f.get('load_gbps'), 'GB/s')}"
         f" | wasted {format_value(f.get('wasted_bytes'), 'bytes')}"
         f" | speedup {format_value(f.get('speedup'), 'x')}"
         + (f" | TTFT {effect * 1000:+.1f} ms with the tier"
            if (effect := f.get("offload_ttft_effect_seconds")) is not None else "")
         + f" | advice: {action}"
-        + (f" (curve: {group['predicted_offload_hit_ratio']:.2f} predicted)"
-           if group.get("predicted_offload_hit_ratio") is not None else "")
+        + (f" (curve: {group.predicted_offload_hit_ratio:.2f} predicted)"
+           if group.predicted_offload_hit_ratio is not None else "")
     )
 
 

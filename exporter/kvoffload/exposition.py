@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from prometheus_client.core import (
@@ -14,6 +15,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvoffload import __version__
 from kvoffload.advisor import ACTIONS, GIB
+from kvoffload.result import GroupAnalysis
 from kvoffload.sidecar import Sidecar
 from kvoffload.signals import FIGURES
 
@@ -156,28 +158,22 @@ class SidecarCollector(Collector):
                                  labels=GROUP_LABELS)
         verdict = _TtftFamilies()
         for g in groups:
-            if g.get("stale"):
+            if g.stale:
                 continue  # its target is down: kvoffload_up says so, old figures would lie
-            labels = g["labels"]
-            assert isinstance(labels, dict)
-            key = [labels["instance"], labels["model_name"]]
-            offloading.add_metric(key, 1.0 if g["offloading"] else 0.0)
-            window.add_metric(key, float(g["window_seconds"]))  # type: ignore[arg-type]
-            figures = g["figures"]
-            assert isinstance(figures, dict)
+            key = [g.instance, g.model_name]
+            offloading.add_metric(key, 1.0 if g.offloading else 0.0)
+            window.add_metric(key, g.window_seconds)
             for fig in FIGURES:
-                value = figures.get(fig.key)
+                value = g.figures.get(fig.key)
                 if value is not None:
                     families[fig.metric].add_metric(
                         key + [v for _, v in fig.labels], value * fig.export_scale
                     )
-            recommendation = g["recommendation"]
-            assert isinstance(recommendation, dict)
+            recommendation = g.recommendation
             for action in ACTIONS:
-                rec.add_metric([*key, action], 1.0 if recommendation["action"] == action else 0.0)
-            size_gib = recommendation.get("kv_offloading_size_gib")
-            if size_gib is not None:
-                size.add_metric(key, float(size_gib) * GIB)
+                rec.add_metric([*key, action], 1.0 if recommendation.action == action else 0.0)
+            if recommendation.kv_offloading_size_gib is not None:
+                size.add_metric(key, recommendation.kv_offloading_size_gib * GIB)
             verdict.add(key, g)
         yield offloading
         yield window
@@ -187,7 +183,7 @@ class SidecarCollector(Collector):
         yield from verdict.families.values()
         yield from self._kv_events(groups)
 
-    def _kv_events(self, groups: list[dict[str, object]]) -> Iterator[Metric]:
+    def _kv_events(self, groups: list[GroupAnalysis]) -> Iterator[Metric]:
         sc = self.sidecar
         if not sc.events:
             return
@@ -212,25 +208,14 @@ class SidecarCollector(Collector):
         predicted = _event_gauge("kvoffload_predicted_offload_hit_ratio")
         provisional = _event_gauge("kvoffload_curve_provisional")
         for g in groups:
-            if g.get("stale"):
+            info = g.kv_events
+            if g.stale or info is None:
                 continue
-            info = g.get("kv_events")
-            labels = g["labels"]
-            assert isinstance(labels, dict)
-            target_state = sc.events.get(labels["instance"])
-            if not isinstance(info, dict) or target_state is None:
-                continue
-            state = target_state
-            key = [labels["instance"], labels["model_name"]]
-            bpb = info.get("bytes_per_block")
-            curve = g.get("curve")
-            if isinstance(bpb, float | int) and bpb > 0 and state.block_size \
-                    and isinstance(curve, list):
-                bounds = sorted({p["cpu_gib"] * 2**30 for p in curve})
-                buckets = [(_le(b), state.hit_tokens(b, bpb)) for b in bounds]
-                total, finite = state.histogram_totals()
-                buckets.append(("+Inf", total))
-                hist.add_metric(key, buckets, finite * bpb)
+            key = [g.instance, g.model_name]
+            if g.reuse_histogram is not None:
+                hist.add_metric(key, [(_le(le), tokens) for le, tokens
+                                      in g.reuse_histogram.buckets],
+                                g.reuse_histogram.sum_bytes)
             pairs: tuple[tuple[GaugeMetricFamily | CounterMetricFamily, str], ...] = (
                 (resident, "cpu_resident_bytes"),
                 (never_evicted, "never_loaded_evicted_bytes"),
@@ -240,17 +225,21 @@ class SidecarCollector(Collector):
                 value = info.get(field_name)
                 if isinstance(value, float | int):
                     family.add_metric(key, float(value))
-            value = g.get("predicted_offload_hit_ratio")
-            if isinstance(value, float | int):
-                predicted.add_metric(key, float(value))
+            if g.predicted_offload_hit_ratio is not None:
+                predicted.add_metric(key, g.predicted_offload_hit_ratio)
             if "provisional" in info:
                 provisional.add_metric(key, float(bool(info["provisional"])))
         yield from (hist, resident, never_evicted, never_resident, achievable, predicted,
                     provisional)
 
 
+def _number(value: object) -> float:
+    assert isinstance(value, float | int), value
+    return float(value)
+
+
 def _le(value: float) -> str:
-    return repr(float(value))
+    return "+Inf" if math.isinf(value) else repr(float(value))
 
 
 def build_registry(sidecar: Sidecar) -> CollectorRegistry:
@@ -272,23 +261,20 @@ class _TtftFamilies:
             if isinstance(value, float | int):
                 self.families[name].add_metric([*key, bound], float(value))
 
-    def add(self, key: list[str], group: dict[str, object]) -> None:
-        verdict = group.get("ttft")
-        verdict = verdict if isinstance(verdict, dict) else {}
-        now = verdict.get("now")
-        if isinstance(now, dict):
-            self._bounds("kvoffload_offload_ttft_effect_seconds", key, now["seconds"],
-                         now["range_seconds"])
-        rec = group.get("recommendation")
-        if isinstance(rec, dict) and rec.get("ttft_change_seconds") is not None:
+    def add(self, key: list[str], group: GroupAnalysis) -> None:
+        verdict = group.ttft
+        if verdict is not None and verdict.now is not None:
+            self._bounds("kvoffload_offload_ttft_effect_seconds", key, verdict.now["seconds"],
+                         verdict.now["range_seconds"])
+        rec = group.recommendation
+        if rec.ttft_change_seconds is not None:
             self._bounds("kvoffload_recommended_ttft_change_seconds",
-                         [*key, str(rec["ttft_change_basis"])], rec["ttft_change_seconds"],
-                         rec.get("ttft_change_range_seconds"))
-        predicted = verdict.get("predicted")
-        if isinstance(predicted, dict):
+                         [*key, str(rec.ttft_change_basis)], rec.ttft_change_seconds,
+                         rec.ttft_change_range_seconds)
+        if verdict is not None and verdict.predicted is not None:
             self.families["kvoffload_predicted_offload_ttft_effect_seconds"].add_metric(
-                key, float(predicted["seconds"]))
-        cost = verdict.get("marginal_recompute_seconds_per_token")
-        if isinstance(cost, dict):
+                key, _number(verdict.predicted["seconds"]))
+        cost = verdict.marginal_recompute_seconds_per_token if verdict is not None else None
+        if cost is not None:
             self.families["kvoffload_marginal_recompute_ttft_seconds"].add_metric(
-                key, float(cost["value"]))
+                key, _number(cost["value"]))

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvoffload.ttft import Effect
+
+if TYPE_CHECKING:
+    from kvoffload.result import GroupAnalysis
 
 _PROMPT_SPREAD = 0.25
 _RATE_SPREAD = 1.5
@@ -36,23 +40,16 @@ class Replica:
     tier_bytes: float | None  # CPU tier per engine (offloading on)
 
 
-def replica(group: dict[str, object]) -> Replica | None:
-    verdict = group.get("ttft")
-    window = float(group.get("window_seconds") or 0.0)  # type: ignore[arg-type]
-    rec = group.get("recommendation")
-    if not isinstance(verdict, dict) or window <= 0 or not isinstance(rec, dict) \
-            or rec.get("insufficient_data") or group.get("stale"):
+def replica(group: GroupAnalysis) -> Replica | None:
+    verdict = group.ttft
+    window = group.window_seconds
+    if verdict is None or window <= 0 or group.recommendation.insufficient_data or group.stale:
         return None
-    labels = group["labels"]
-    figures = group["figures"]
-    assert isinstance(labels, dict) and isinstance(figures, dict)
-    requests = float(verdict["requests"])
-    capacity = figures.get("cpu_capacity_bytes")
-    engines = max(len(group.get("engines") or ()), 1)  # type: ignore[arg-type]
-    return Replica((labels["instance"], labels["model_name"]), bool(group["offloading"]),
-                   float(verdict["mean_ttft_seconds"]), requests, requests / window,
-                   float(verdict["prompt_tokens_per_request"]),
-                   float(capacity) / engines if capacity else None)
+    capacity = group.figures.get("cpu_capacity_bytes")
+    engines = max(len(group.engines), 1)
+    return Replica(group.key, group.offloading, verdict.mean_ttft_seconds, verdict.requests,
+                   verdict.requests / window, verdict.prompt_tokens_per_request,
+                   capacity / engines if capacity else None)
 
 
 def _pool_mean(pool: list[Replica]) -> tuple[float, float]:
@@ -71,7 +68,7 @@ def _comparable(one: Replica, pool: list[Replica]) -> list[Replica]:
             and 1 / _RATE_SPREAD <= r.rate / one.rate <= _RATE_SPREAD]
 
 
-def fleet_effects(groups: list[dict[str, object]]) -> dict[tuple[str, str], Effect]:
+def fleet_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
     """Per replica: the mean TTFT change per request a tier causes (negative = faster), from
     the comparable replicas of the same model on the other side."""
     replicas = [r for r in (replica(g) for g in groups) if r is not None]

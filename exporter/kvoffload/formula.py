@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from kvoffload.vllm import CORE_COUNTERS, GAUGES, OFFLOAD_COUNTERS, SUMMED_GAUGES
 
@@ -112,8 +112,8 @@ def _core_selector(keys: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         if len(keys) != 1:
             raise ValueError(f"keys {keys}: the same unlabelled series twice")
         return _bare(name), ()
-    values = [v for _n, _l, v in sources]
-    matcher = f'{label}="{values[0]}"' if len(values) == 1 else f'{label}=~"{"|".join(values)}"'  # type: ignore[arg-type]
+    values = [v for _n, _l, v in sources if v is not None]
+    matcher = f'{label}="{values[0]}"' if len(values) == 1 else f'{label}=~"{"|".join(values)}"'
     return _bare(name), (matcher,)
 
 
@@ -147,7 +147,12 @@ class Expr:
     """A figure's formula. `value` is its Python rendering, `promql` its PromQL rendering
     (bare: a parent adds parentheses where precedence needs them)."""
 
-    composite = False  # True: an operator at the top, parenthesised inside another operator
+    # An operator at the top of the rendering: parenthesised inside another operator.
+    always_composite: ClassVar[bool] = False
+
+    @property
+    def composite(self) -> bool:
+        return self.always_composite
 
     def value(self, c: Context) -> float | None:
         raise NotImplementedError
@@ -176,7 +181,7 @@ class Rate(Expr):
         object.__setattr__(self, "keys", keys)
 
     @property
-    def composite(self) -> bool:  # type: ignore[override]
+    def composite(self) -> bool:
         return len(self.keys) == 1 and self.keys[0] in OFFLOAD_COUNTERS  # flat `or` legacy
 
     def value(self, c: Context) -> float | None:
@@ -207,7 +212,7 @@ class Total(Expr):
         object.__setattr__(self, "keys", keys)
 
     @property
-    def composite(self) -> bool:  # type: ignore[override]
+    def composite(self) -> bool:
         return len(self.keys) == 1 and self.keys[0] in OFFLOAD_COUNTERS
 
     def value(self, c: Context) -> float | None:
@@ -244,7 +249,7 @@ class Ratio(Expr):
 
     num: Expr
     den: Expr
-    composite = True
+    always_composite: ClassVar[bool] = True
 
     def value(self, c: Context) -> float | None:
         n, d = self.num.value(c), self.den.value(c)
@@ -265,7 +270,7 @@ class Ratio(Expr):
 class Minus(Expr):
     left: Expr
     right: Expr
-    composite = True
+    always_composite: ClassVar[bool] = True
 
     def value(self, c: Context) -> float | None:
         a, b = self.left.value(c), self.right.value(c)
@@ -293,7 +298,7 @@ class Positive(Expr):
     """Only where the value is above zero (a filter, as PromQL's `> 0`)."""
 
     inner: Expr
-    composite = True
+    always_composite: ClassVar[bool] = True
 
     def value(self, c: Context) -> float | None:
         v = self.inner.value(c)
@@ -309,7 +314,7 @@ class FirstOf(Expr):
     PythonOnly operands are skipped in PromQL."""
 
     options: tuple[Expr, ...]
-    composite = True
+    always_composite: ClassVar[bool] = True
 
     def __init__(self, *options: Expr) -> None:
         object.__setattr__(self, "options", options)
@@ -338,7 +343,7 @@ class OrZero(Expr):
 
     inner: Expr
     like: Expr
-    composite = True
+    always_composite: ClassVar[bool] = True
 
     def value(self, c: Context) -> float | None:
         v = self.inner.value(c)
@@ -357,7 +362,7 @@ class PerSecond(Expr):
     inner: Rate
 
     @property
-    def composite(self) -> bool:  # type: ignore[override]
+    def composite(self) -> bool:
         return self.inner.composite
 
     def value(self, c: Context) -> float | None:
@@ -373,7 +378,7 @@ class OrZeroPerSecond(Expr):
     """PerSecond of an OrZero (allocation failures: lazily created, 0 where stores exist)."""
 
     inner: OrZero
-    composite = True
+    always_composite: ClassVar[bool] = True
 
     def value(self, c: Context) -> float | None:
         v = self.inner.value(c)
@@ -390,7 +395,7 @@ class TimesWorldSize(Expr):
     inner: Expr
 
     @property
-    def composite(self) -> bool:  # type: ignore[override]
+    def composite(self) -> bool:
         return self.inner.composite
 
     def value(self, c: Context) -> float | None:
@@ -414,7 +419,7 @@ class WhenOffloading(Expr):
     gate: bool = False
 
     @property
-    def composite(self) -> bool:  # type: ignore[override]
+    def composite(self) -> bool:
         return self.gate or self.inner.composite
 
     def value(self, c: Context) -> float | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from kvoffload.advisor import Thresholds
 from kvoffload.errors import InputError
@@ -164,13 +165,13 @@ class MixinConfig:
     def slow_window_seconds(self) -> float:
         return _seconds(self.slow_window)
 
-    def with_overrides(self, **overrides: object) -> MixinConfig:
+    def with_overrides(self, **overrides: Any) -> MixinConfig:
         known = {f.name for f in fields(self)}
         unknown = set(overrides) - known
         if unknown:
             raise InputError(f"unknown setting(s): {', '.join(sorted(unknown))} "
                              f"(known: {', '.join(sorted(known))})")
-        return replace(self, **overrides)  # type: ignore[arg-type]
+        return replace(self, **overrides)
 
 
 def _seconds(duration: str) -> float:
@@ -232,10 +233,13 @@ def _figure(key: str) -> Callable[[MixinConfig, str], str]:
 
 def _shares(*keys: str) -> Callable[[MixinConfig, str], str]:
     """Figures that differ only in one label's value, rendered as one rule keeping it."""
-    shares = [FIGURES_BY_KEY[k].formula for k in keys]
+    shares: list[Ratio] = []
+    for key in keys:
+        formula = FIGURES_BY_KEY[key].formula
+        assert isinstance(formula, Ratio), key
+        shares.append(formula)
     label = FIGURES_BY_KEY[keys[0]].labels[0][0]
-    assert all(isinstance(f, Ratio) for f in shares)
-    return lambda cfg, w: share_family(cfg, w, shares, label)  # type: ignore[arg-type]
+    return lambda cfg, w: share_family(cfg, w, shares, label)
 
 
 def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:

@@ -1,4 +1,4 @@
-"""Recordings: OpenMetrics 1.0 files with a timestamp on every sample (DESIGN.md §7).
+"""Recordings: OpenMetrics 1.0 files with a timestamp on every sample (README, "Recordings").
 
 `record` writes in two steps. While it runs, scrapes are appended to a journal next to the
 output (`OUT.partial`), whole and flushed one by one: scrape-ordered text that `analyze`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvoffload.result import GroupAnalysis
 from kvoffload.signals import FIGURES
 
 _UNIT_FORMAT = {
@@ -39,67 +40,66 @@ def format_value(value: float | None, unit: str) -> str:
     return _UNIT_FORMAT.get(unit, lambda v: f"{v:g} {unit}")(value)
 
 
-def render_report(groups: list[dict[str, object]], source: str, note: str = "") -> str:
+def render_report(groups: list[GroupAnalysis], source: str, note: str = "") -> str:
     lines = [f"kvoffload analysis of {source}"]
     if note:
         lines.append(note)
     if not groups:
         lines.append("no vLLM engine found in the input")
     for g in groups:
-        labels = g["labels"]
-        assert isinstance(labels, dict)
-        figures = g["figures"]
-        assert isinstance(figures, dict)
-        rec = g["recommendation"]
-        assert isinstance(rec, dict)
+        figures = g.figures
+        rec = g.recommendation
         lines.append("")
-        where = f" @ {labels['instance']}" if labels.get("instance") else ""
-        state = "on" if g["offloading"] else "off"
-        lines.append(f"model {labels['model_name']}{where} — offloading {state}, "
-                     f"{float(g['window_seconds']):.0f} s of data, "  # type: ignore[arg-type]
-                     f"offload metric names: {g.get('naming')}")
+        where = f" @ {g.instance}" if g.instance else ""
+        state = "on" if g.offloading else "off"
+        lines.append(f"model {g.model_name}{where} — offloading {state}, "
+                     f"{g.window_seconds:.0f} s of data, offload metric names: {g.naming}")
         width = max(len(f.key) for f in FIGURES)
         for fig in FIGURES:
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
-        lines.extend(_ttft_lines(g, figures, rec))
-        size = rec.get("kv_offloading_size_gib")
+        lines.extend(_ttft_lines(g))
+        size = rec.kv_offloading_size_gib
         size_text = f" (--kv-offloading-size {size:g})" if size is not None else ""
-        lines.append(f"  recommendation: {str(rec['action']).upper()}{size_text}")
-        for reason in rec.get("reasons", []):  # type: ignore[union-attr]
-            lines.append(f"    - {reason}")
-        for warning in rec.get("warnings", []):  # type: ignore[union-attr]
-            lines.append(f"    ! {warning}")
+        lines.append(f"  recommendation: {rec.action.upper()}{size_text}")
+        lines.extend(f"    - {reason}" for reason in rec.reasons)
+        lines.extend(f"    ! {warning}" for warning in rec.warnings)
     return "\n".join(lines) + "\n"
 
 
 def _ms(value: object) -> str:
-    return f"{float(value) * 1000:+.1f} ms"  # type: ignore[arg-type]
+    assert isinstance(value, float | int), value
+    return f"{float(value) * 1000:+.1f} ms"
 
 
-def _ttft_lines(g: dict[str, object], figures: dict[str, object], rec: dict[str, object]
-                ) -> list[str]:
+def _range(effect: dict[str, object]) -> tuple[object, object]:
+    bounds = effect["range_seconds"]
+    assert isinstance(bounds, list | tuple) and len(bounds) == 2, bounds
+    return bounds[0], bounds[1]
+
+
+def _ttft_lines(g: GroupAnalysis) -> list[str]:
     """The TTFT verdict: mean TTFT, the tier's effect now, the change the advice predicts."""
-    verdict = g.get("ttft")
-    if not isinstance(verdict, dict):
+    verdict = g.ttft
+    if verdict is None:
         return []
-    lines = [f"  mean TTFT {float(verdict['mean_ttft_seconds']) * 1000:.1f} ms over "
-             f"{float(verdict['requests']):.0f} requests (queue "
-             f"{float(verdict['mean_queue_seconds']) * 1000:.1f} ms, prefill "
-             f"{float(verdict['mean_prefill_seconds']) * 1000:.1f} ms)"]
-    effect = figures.get("offload_ttft_effect_seconds")
-    if effect is not None:
-        low, high = verdict["now"]["range_seconds"]  # type: ignore[index]
+    lines = [f"  mean TTFT {verdict.mean_ttft_seconds * 1000:.1f} ms over "
+             f"{verdict.requests:.0f} requests (queue "
+             f"{verdict.mean_queue_seconds * 1000:.1f} ms, prefill "
+             f"{verdict.mean_prefill_seconds * 1000:.1f} ms)"]
+    effect = g.figures.get("offload_ttft_effect_seconds")
+    if effect is not None and verdict.now is not None:
+        low, high = _range(verdict.now)
         lines.append(f"  TTFT effect of the CPU tier now: {_ms(effect)} per request "
                      f"(range {_ms(low)} … {_ms(high)}; negative = faster)")
-    predicted = verdict.get("predicted")
-    if isinstance(predicted, dict) and effect is None:
-        low, high = predicted["range_seconds"]
+    predicted = verdict.predicted
+    if predicted is not None and effect is None:
+        low, high = _range(predicted)
         lines.append(f"  predicted TTFT effect of a {predicted['kv_offloading_size_gib']:g} GiB "
                      f"tier: {_ms(predicted['seconds'])} per request "
                      f"(range {_ms(low)} … {_ms(high)})")
-    change = rec.get("ttft_change_seconds")
-    if change is not None:
-        low, high = rec["ttft_change_range_seconds"]  # type: ignore[misc]
-        lines.append(f"  if applied: mean TTFT {_ms(change)} per request "
-                     f"({rec['ttft_change_basis']}, range {_ms(low)} … {_ms(high)})")
+    rec = g.recommendation
+    if rec.ttft_change_seconds is not None and rec.ttft_change_range_seconds is not None:
+        low, high = rec.ttft_change_range_seconds
+        lines.append(f"  if applied: mean TTFT {_ms(rec.ttft_change_seconds)} per request "
+                     f"({rec.ttft_change_basis}, range {_ms(low)} … {_ms(high)})")
     return lines

@@ -20,13 +20,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from kvoffload.analysis import Settings, analyze_window
+from kvoffload.analysis import Settings, analyze_groups
 from kvoffload.errors import InputError
 from kvoffload.kvevents import persist
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.parse import Exposition, parse_text
+from kvoffload.result import GroupAnalysis
 from kvoffload.scrape import fetch
 from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import GroupKey, Window
@@ -133,7 +134,7 @@ class Sidecar:
                     resume_history_from_seq=engine.history_from_seq if engine else None))
         self._saved_generation: dict[str, int] = {}
         self._generation = 0
-        self._cache: tuple[int, list[dict[str, object]]] | None = None
+        self._cache: tuple[int, list[GroupAnalysis]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -295,19 +296,17 @@ class Sidecar:
                     self.event_baselines[group] = latest
 
     # -- views ------------------------------------------------------------------------------
-    def groups(self) -> list[dict[str, object]]:
+    def groups(self) -> list[GroupAnalysis]:
         """Analysis of every group, recomputed only when a scrape landed since the last call."""
         if self._cache is None or self._cache[0] != self._generation:
-            self._cache = (self._generation, analyze_window(
+            self._cache = (self._generation, analyze_groups(
                 self.window, self.config.settings, events=self.events,
                 event_baselines=self.event_baselines))
         down = {t.name for t in self.targets if not t.up}
         for group in self._cache[1]:
-            labels = group["labels"]
-            assert isinstance(labels, dict)
             # Figures of a target we cannot read any more describe the past: /metrics drops
             # them (Prometheus sees them go stale); the JSON keeps them, flagged.
-            group["stale"] = labels["instance"] in down
+            group.stale = group.instance in down
         return self._cache[1]
 
     @property
@@ -316,7 +315,7 @@ class Sidecar:
 
     def status(self) -> dict[str, object]:
         return {
-            "groups": self.groups(),
+            "groups": [g.to_json() for g in self.groups()],
             "targets": [t.to_json() for t in self.targets],
             "kv_events": [
                 {"endpoint": s.state.endpoint, "rank": s.state.rank,

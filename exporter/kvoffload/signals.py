@@ -1,4 +1,4 @@
-"""The signal catalog: every derived figure, defined once (DESIGN.md §5).
+"""The signal catalog: every derived figure, defined once (docs/architecture.md).
 
 A figure is one formula (`kvoffload.formula`) that the sidecar evaluates over a group's
 window — its `Delta` (counter increases), gauge means and static facts (config-info labels) —

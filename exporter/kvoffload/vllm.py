@@ -1,7 +1,7 @@
 """The vLLM metric catalog: which samples we read, under their current and legacy names.
 
 Everything downstream works on canonical keys (`load_bytes`, `prefix_hits`, ...) so the
-rest of the package never sees the naming history (reference/vllm-metrics.md §3):
+rest of the package never sees the naming history (docs/rules.md, "Conventions"):
 flat `vllm:kv_offload_{load,store}_*` (≥0.24) are preferred; the deprecated
 `vllm:kv_offload_total_*{transfer_type}` series are used only when the flat family is absent,
 so the two are never added together.

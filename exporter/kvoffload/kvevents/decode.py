@@ -1,7 +1,8 @@
 """Decoding vLLM's KV-event batches into plain, version-independent records.
 
 vLLM encodes a `KVEventBatch` with msgspec. The shape has moved between releases: the batch as
-an array `[ts, events, data_parallel_rank]` (reference/vllm-kv-events.md, 0.33) or as a map
+an array `[ts, events, data_parallel_rank]` (vLLM 0.33, `vllm/distributed/kv_events.py`)
+or as a map
 `{"ts", "events", "data_parallel_rank"}` (vLLM main at one point); events as maps with a
 `"type"` tag, or as arrays with the tag first (older `array_like=True` structs). All of them
 decode here into `Event`s; unknown fields are ignored and unknown event types are counted,

@@ -6,8 +6,8 @@ values live here (MetricStore) and a custom collector yields prometheus_client M
 built from them; generate_latest() then renders them exactly like vLLM's own registry
 (`_total` suffix, `_created` gauge families, HELP/TYPE-only families with no children).
 
-Names, HELP strings, label names and buckets are vLLM 0.33.0's (reference/vllm-metrics.md §1,
-reference/vllm-0.33-offload-sample.prom); "0.23" mode keeps only what 0.23.0 had.
+Names, HELP strings, label names and buckets are vLLM 0.33.0's (its `vllm/v1/metrics/loggers.py`;
+tests/fixtures/vllm-0.33-offload-sample.prom); "0.23" mode keeps only what 0.23.0 had.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 
 BASE = ("model_name", "engine")
 
-# --- buckets (vllm/v1/metrics/buckets.py defaults) ---------------------------------------------
+# --- buckets (the defaults of vLLM's vllm/v1/metrics/loggers.py) -------------------------
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 # vLLM's inter-token latency and iteration-token buckets.

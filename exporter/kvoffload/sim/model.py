@@ -3,7 +3,7 @@
 Everything timing-related is derived from a handful of numbers so that a scenario can say
 "Qwen3-8B on an H200 with a slow link" and get consistent KV sizes, prefill speed and transfer
 times. The laptop profile is calibrated to the seed article's measurement (see
-tests/sim/test_calibration.py).
+tests/sim/test_sim_calibration.py).
 """
 
 from __future__ import annotations
@@ -121,8 +121,9 @@ H200_SLOW_LINK = Hardware(
     engine_step_s=0.010,
 )
 
-# The H200 engines of reference/vllm-0.26-h200-ttft (real vLLM 0.26.0), calibrated so that the
-# simulator's versions of its three sets give their TTFT changes (tests/sim/test_sim_ttft.py).
+# The H200 engines of the real vLLM 0.26.0 sets (tests/fixtures/vllm-0.26-h200-ttft),
+# calibrated so that the simulator's versions of its three sets give their TTFT changes
+# (tests/sim/test_sim_ttft.py).
 # Qwen3-0.6B with --enforce-eager: every step costs ~18 ms of launch overhead whatever it
 # computes, and the offloading connector adds ~2.3 ms to every step (the inter-token latency
 # rose 19.7 → 22.0 ms) and ~8 ms to a step that schedules new prefills (lookups, store

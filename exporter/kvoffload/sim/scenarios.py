@@ -347,7 +347,7 @@ _AGENTS = Scenario(
     ),
 )
 
-# The three sets of reference/vllm-0.26-h200-ttft (real vLLM 0.26.0, one H200): 40 documents of
+# The three sets of tests/fixtures/vllm-0.26-h200-ttft (real vLLM 0.26.0, one H200): 40 documents of
 # 1,024 tokens, Zipf popularity, each request a document and a unique 32-token question, 400
 # requests from a closed-loop client; the same requests with and without a CPU tier.
 _REAL_WORKLOAD = Workload(

@@ -1,0 +1,100 @@
+"""The analysis of one (instance, model_name) group, typed: what `analysis` produces and the
+exposition (/metrics), the report, the fleet comparison and the JSON API consume.
+
+`to_json()` is the JSON contract of `analyze --json` and `/api/v1/status` (docs/metrics.md);
+the typed fields are what code reads, so no consumer digs through untyped dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvoffload.advisor import Recommendation
+
+JsonObject = dict[str, object]
+
+
+@dataclass
+class TtftVerdict:
+    """The TTFT the group measured and the tier's effect on it (kvoffload.ttft)."""
+
+    mean_ttft_seconds: float
+    mean_queue_seconds: float
+    mean_prefill_seconds: float
+    requests: float
+    prompt_tokens_per_request: float
+    marginal_recompute_seconds_per_token: JsonObject | None
+    now: JsonObject | None  # the tier's effect now (offloading on), an Effect's JSON
+    predicted: JsonObject | None  # at the recommended size, with `kv_offloading_size_gib`
+    fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.fleet)
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "mean_ttft_seconds": self.mean_ttft_seconds,
+            "mean_queue_seconds": self.mean_queue_seconds,
+            "mean_prefill_seconds": self.mean_prefill_seconds,
+            "requests": self.requests,
+            "prompt_tokens_per_request": self.prompt_tokens_per_request,
+            "marginal_recompute_seconds_per_token": self.marginal_recompute_seconds_per_token,
+            "now": self.now,
+            "predicted": self.predicted,
+        }
+        if self.fleet is not None:
+            out["fleet"] = self.fleet
+        return out
+
+
+@dataclass(frozen=True)
+class ReuseHistogram:
+    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative: the bucket at
+    `le` bytes counts the tokens a tier of that size per engine would have served; the last
+    bucket (`le` = inf) counts every GPU-missed token. `sum_bytes`: Σ distance × tokens."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum_bytes: float
+
+
+@dataclass
+class GroupAnalysis:
+    instance: str
+    model_name: str
+    offloading: bool
+    window_seconds: float
+    naming: str | None
+    engines: list[str]
+    figures: dict[str, float | None]
+    recommendation: Recommendation
+    ttft: TtftVerdict | None = None
+    # With KV events: the exact figures (EventEvidence's JSON), the curve, the predicted hit
+    # ratio at the advised (else current) size and the reuse-distance histogram.
+    kv_events: JsonObject | None = None
+    curve: list[dict[str, float]] | None = None
+    predicted_offload_hit_ratio: float | None = None
+    reuse_histogram: ReuseHistogram | None = None
+    # Set by the sidecar: figures of a target it cannot read any more describe the past.
+    stale: bool | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.instance, self.model_name)
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "labels": {"model_name": self.model_name, "instance": self.instance},
+            "offloading": self.offloading,
+            "window_seconds": self.window_seconds,
+            "naming": self.naming,
+            "engines": self.engines,
+            "figures": self.figures,
+            "recommendation": self.recommendation.to_json(),
+        }
+        if self.kv_events is not None:
+            out["kv_events"] = self.kv_events
+            if self.curve is not None:
+                out["curve"] = self.curve
+                out["predicted_offload_hit_ratio"] = self.predicted_offload_hit_ratio
+        if self.ttft is not None:
+            out["ttft"] = self.ttft.to_json()
+        if self.stale is not None:
+            out["stale"] = self.stale
+        return out
