@@ -20,10 +20,10 @@ from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis import Settings, analyze_groups, window_from_expositions
 from kvoffload.errors import InputError
 from kvoffload.overrides import parse_number, split_pair
-from kvoffload.parse import Exposition, parse_text
+from kvoffload.parse import Exposition
 from kvoffload.recording import read_recording
 from kvoffload.report import render_report
-from kvoffload.scrape import fetch_sync
+from kvoffload.scrape import SyncScraper
 from kvoffload.sidecar import target_name
 from kvoffload.units import parse_duration, parse_size
 from kvoffload.vllm import WANTED_FAMILIES, wanted
@@ -330,19 +330,24 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
 
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:
+    """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.scrape)."""
     name = target_name(url)
     deadline = time.monotonic() + duration
-    while True:
-        started = time.monotonic()
-        result = fetch_sync(url)
-        expo = parse_text(result.body, wanted, WANTED_FAMILIES)
-        expo.timestamp = result.timestamp
-        for i, (sample_name, labels, value, ts) in enumerate(expo.samples):
-            expo.samples[i] = (sample_name, {**labels, "instance": name}, value, ts)
-        yield expo
-        if started + interval > deadline:
-            return
-        time.sleep(max(0.0, started + interval - time.monotonic()))
+    scraper = SyncScraper()
+    try:
+        while True:
+            started = time.monotonic()
+            result = scraper.scrape(url, wanted=wanted, wanted_families=WANTED_FAMILIES)
+            expo = result.exposition
+            expo.timestamp = result.timestamp
+            for i, (sample_name, labels, value, ts) in enumerate(expo.samples):
+                expo.samples[i] = (sample_name, {**labels, "instance": name}, value, ts)
+            yield expo
+            if started + interval > deadline:
+                return
+            time.sleep(max(0.0, started + interval - time.monotonic()))
+    finally:
+        scraper.close()
 
 
 @cli.command()

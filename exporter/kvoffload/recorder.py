@@ -12,9 +12,8 @@ import aiohttp
 from kvoffload.errors import InputError
 from kvoffload.kvevents.eventfile import EventFileWriter
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
-from kvoffload.parse import parse_text
 from kvoffload.recording import Recording, RecordingWriter
-from kvoffload.scrape import fetch
+from kvoffload.scrape import scrape
 
 
 async def record_targets(
@@ -42,8 +41,8 @@ async def record_targets(
                 started = time.monotonic()
                 for url, name in targets:
                     try:
-                        result = await fetch(session, url, scrape_timeout)
-                        writer.write_exposition(parse_text(result.body), result.timestamp, name)
+                        result = await scrape(session, url, scrape_timeout)
+                        writer.write_exposition(result.exposition, result.timestamp, name)
                     except InputError as exc:
                         failures += 1
                         warn(str(exc))

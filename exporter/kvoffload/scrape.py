@@ -1,14 +1,19 @@
-"""Fetching a target's /metrics: bounded in time and size, every failure one line of text."""
+"""Reading a target's /metrics, the one way the sidecar, `record` and `analyze --target` do it:
+a fetch bounded in time and size (every failure one line of text), the parse, and the scrape's
+time — the samples' own timestamps when the target sets them (as Prometheus honours them),
+else the moment of the fetch."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 
 from kvoffload.errors import InputError
+from kvoffload.parse import Exposition, parse_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 USER_AGENT = "kvoffload"
@@ -77,13 +82,59 @@ def _first_line(exc: BaseException | None) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:200]
 
 
-def fetch_sync(
-    url: str, timeout_seconds: float = 10.0, max_bytes: int = 16 * 2**20
-) -> ScrapeResult:
-    """One blocking scrape (for `record` and `analyze --target`)."""
+@dataclass
+class Scrape:
+    exposition: Exposition
+    timestamp: float  # the scrape's time (see scrape_time)
+    fetched_at: float  # wall clock when the request went out
+    duration_seconds: float
+    payload_bytes: int
 
-    async def run() -> ScrapeResult:
-        async with aiohttp.ClientSession() as session:
-            return await fetch(session, url, timeout_seconds, max_bytes)
 
-    return asyncio.run(run())
+def scrape_time(expo: Exposition, fetched_at: float) -> float:
+    """Honour sample timestamps when the target sets them (Prometheus does by default): a
+    simulator on a virtual clock stamps its samples with virtual time."""
+    stamped = [s[3] for s in expo.samples if s[3] is not None]
+    return max(stamped) if stamped else fetched_at
+
+
+async def scrape(
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout_seconds: float = 10.0,
+    max_bytes: int = 16 * 2**20,
+    wanted: Callable[[str], bool] | None = None,
+    wanted_families: frozenset[str] | None = None,
+) -> Scrape:
+    """Fetch and parse one /metrics body (`wanted`: keep only those samples)."""
+    result = await fetch(session, url, timeout_seconds, max_bytes)
+    try:
+        expo = parse_text(result.body, wanted, wanted_families)
+    except InputError as exc:
+        raise ScrapeError(f"{url}: {exc}") from None
+    return Scrape(expo, scrape_time(expo, result.timestamp), result.timestamp,
+                  result.duration_seconds, len(result.body))
+
+
+class SyncScraper:
+    """`scrape` from synchronous code (`analyze --target`), one connection pool for all."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._session: aiohttp.ClientSession | None = None
+
+    def scrape(self, url: str, timeout_seconds: float = 10.0, max_bytes: int = 16 * 2**20,
+               wanted: Callable[[str], bool] | None = None,
+               wanted_families: frozenset[str] | None = None) -> Scrape:
+        async def run() -> Scrape:
+            if self._session is None:
+                self._session = aiohttp.ClientSession()
+            return await scrape(self._session, url, timeout_seconds, max_bytes, wanted,
+                                wanted_families)
+
+        return self._loop.run_until_complete(run())
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._loop.run_until_complete(self._session.close())
+        self._loop.close()

@@ -26,9 +26,8 @@ from kvoffload.kvevents import persist
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
-from kvoffload.parse import Exposition, parse_text
 from kvoffload.result import GroupAnalysis
-from kvoffload.scrape import fetch
+from kvoffload.scrape import scrape
 from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
 from kvoffload.window import GroupKey, Window
 
@@ -43,13 +42,6 @@ def target_name(url: str) -> str:
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     return f"{host}:{port}"
-
-
-def _scrape_time(expo: Exposition, fetched_at: float) -> float:
-    """Honour sample timestamps when the target sets them (as Prometheus does by default):
-    a simulator running on a fast virtual clock stamps its samples with virtual time."""
-    stamped = [s[3] for s in expo.samples if s[3] is not None]
-    return max(stamped) if stamped else fetched_at
 
 
 @dataclass
@@ -251,15 +243,12 @@ class Sidecar:
         target.scrapes += 1
         started = time.monotonic()
         try:
-            result = await fetch(
+            result = await scrape(
                 self._session, target.url, self.config.timeout_seconds,
-                self.config.max_payload_bytes,
+                self.config.max_payload_bytes, wanted, WANTED_FAMILIES,
             )
-            try:
-                expo = parse_text(result.body, wanted, WANTED_FAMILIES)
-            except InputError as exc:
-                raise InputError(f"{target.url}: {exc}") from None
-            ex = extract(expo, _scrape_time(expo, result.timestamp), target.name)
+            expo = result.exposition
+            ex = extract(expo, result.timestamp, target.name)
             if not ex.counters and not ex.gauges:
                 raise InputError(f"{target.url}: no vLLM metrics in the payload "
                                  "(is this vLLM's /metrics? is --disable-log-stats set?)")
@@ -280,8 +269,8 @@ class Sidecar:
         target.last_error = None
         # Fetch, parse and ingest: what a scrape costs from request to updated figures.
         target.last_duration_seconds = time.monotonic() - started
-        target.last_success_timestamp = result.timestamp
-        target.payload_bytes = len(result.body)
+        target.last_success_timestamp = result.fetched_at
+        target.payload_bytes = result.payload_bytes
         self._note_event_baselines(target.name)
         self._generation += 1
 
