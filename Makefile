@@ -49,7 +49,7 @@ lint: deps
 ## The reference goes through a temporary file so a failing render leaves the old one whole.
 generate: deps
 	$(BIN)/kvoffload generate --out .
-	$(BIN)/python -m kvoffload.reference > docs/metrics.md.tmp || { rm -f docs/metrics.md.tmp; exit 1; }
+	$(BIN)/python -m kvoffload.sidecar.reference > docs/metrics.md.tmp || { rm -f docs/metrics.md.tmp; exit 1; }
 	mv docs/metrics.md.tmp docs/metrics.md
 	$(BIN)/python tests/rules/promtool_cases.py
 

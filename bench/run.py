@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from payloads import PAYLOADS, bodies, epoch
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis import analyze_window
-from kvoffload.parse import parse_text
-from kvoffload.recording import RecordingWriter
-from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
-from kvoffload.window import Window
+from kvoffload.analysis.analyze import analyze_window
+from kvoffload.analysis.window import Window
+from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
+from kvoffload.ingest.parse import parse_text
+from kvoffload.ingest.recording import RecordingWriter
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -110,7 +110,7 @@ def _time(fn, repeats: int) -> float:
 
 # -- 2. scale: one sidecar, N targets ---------------------------------------------------------
 def bench_scale(ns: list[int], seconds: float, interval: float) -> list[dict[str, object]]:
-    from kvoffload.sidecar import Sidecar, SidecarConfig
+    from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
     payloads = bodies("1-engine", 40)
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from kvoffload.parse import Exposition, parse_text
-from kvoffload.recording import RecordingWriter
+from kvoffload.ingest.parse import Exposition, parse_text
+from kvoffload.ingest.recording import RecordingWriter
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLE = FIXTURES / "vllm-0.33-offload-sample.prom"

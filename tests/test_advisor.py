@@ -2,13 +2,13 @@
 
 import pytest
 
-from kvoffload.advisor import GIB, Thresholds, advise, judge_ttft, round_size_gib
-from kvoffload.analysis import analyze_window
-from kvoffload.parse import parse_text
+from kvoffload.analysis.advisor import GIB, Thresholds, advise, judge_ttft, round_size_gib
+from kvoffload.analysis.analyze import analyze_window
+from kvoffload.analysis.ttft import Effect
+from kvoffload.analysis.window import Window
+from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
+from kvoffload.ingest.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
-from kvoffload.ttft import Effect
-from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
-from kvoffload.window import Window
 
 
 def run_scenario(name: str, interval: float | None = None) -> list[dict]:
@@ -168,7 +168,7 @@ def test_the_enable_rule_is_the_alerts_condition():
     """advisor `enable` ⇔ conditions.ENABLE, which KVOffloadRecommendEnable renders (the
     promtool cases check the PromQL side on the same shapes): GPU turnover under the reuse
     horizon alone is pressure on both sides."""
-    from kvoffload.conditions import ENABLE
+    from kvoffload.analysis.conditions import ENABLE
 
     t = Thresholds()
     quiet = {**BASE, "gpu_kv_usage_ratio": 0.3, "preemptions_per_second": 0.0,

@@ -4,9 +4,9 @@ import io
 
 import pytest
 
-from kvoffload.analysis import analyze_window, window_from_expositions
-from kvoffload.parse import iter_openmetrics, parse_text
-from kvoffload.vllm import WANTED_FAMILIES, wanted
+from kvoffload.analysis.analyze import analyze_window, window_from_expositions
+from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
+from kvoffload.ingest.parse import iter_openmetrics, parse_text
 
 from helpers import SAMPLE, h200_scrapes, recording_text, restarted
 
@@ -138,8 +138,8 @@ def test_window_keeps_only_the_last_part():
 def test_nan_and_inf_samples_are_absent_not_poison():
     import json
 
-    from kvoffload.vllm import extract
-    from kvoffload.window import Window
+    from kvoffload.analysis.window import Window
+    from kvoffload.ingest.catalog import extract
 
     win = Window(30.0)
     for t in range(0, 120, 10):
@@ -166,8 +166,8 @@ def test_tiering_secondary_tier_series_do_not_hide_the_cpu_tier():
 
 
 def test_request_gauges_are_summed_over_engines_ratios_averaged():
-    from kvoffload.vllm import extract
-    from kvoffload.window import Window
+    from kvoffload.analysis.window import Window
+    from kvoffload.ingest.catalog import extract
 
     win = Window(None)
     for t in (0, 60):
@@ -183,8 +183,8 @@ def test_request_gauges_are_summed_over_engines_ratios_averaged():
 
 
 def test_engines_are_those_of_the_latest_scrape():
-    from kvoffload.vllm import extract
-    from kvoffload.window import Window
+    from kvoffload.analysis.window import Window
+    from kvoffload.ingest.catalog import extract
 
     win = Window(None)
     for t, engines in ((0, (0, 1)), (60, (0, 1)), (120, (0,))):  # DP 2 → 1

@@ -13,14 +13,14 @@ import time
 import aiohttp
 import pytest
 
-from kvoffload.analysis import analyze_window
-from kvoffload.parse import parse_text
-from kvoffload.server import make_app as make_sidecar_app
-from kvoffload.sidecar import Sidecar, SidecarConfig
+from kvoffload.analysis.analyze import analyze_window
+from kvoffload.analysis.window import Window
+from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
+from kvoffload.ingest.parse import parse_text
+from kvoffload.sidecar.http import make_app as make_sidecar_app
+from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.server import make_app as make_sim_app
-from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
-from kvoffload.window import Window
 
 from helpers import running
 

@@ -1,7 +1,7 @@
 import pytest
 
-from kvoffload.parse import ParseError, iter_openmetrics, parse_text
-from kvoffload.vllm import WANTED_FAMILIES, wanted
+from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
+from kvoffload.ingest.parse import ParseError, iter_openmetrics, parse_text
 
 from helpers import SAMPLE
 
@@ -98,7 +98,7 @@ def test_filtered_streaming_keeps_exactly_what_a_full_parse_keeps(chunk_size):
     # whatever the chunk boundaries. Real vLLM bodies (H200), several scrapes.
     import io
 
-    from kvoffload.parse import read_chunks
+    from kvoffload.ingest.parse import read_chunks
 
     from helpers import h200_scrapes, recording_text
 
@@ -126,7 +126,7 @@ def test_a_filter_decides_for_itself_whatever_another_filter_cached():
     assert [s[0] for s in parse_text(body).samples] == ["a_total", "b_total"]
     for i in range(20):  # fresh filters every call: the per-filter caches stay bounded
         parse_text(body, lambda name, i=i: name == "a_total")
-    from kvoffload import parse
+    from kvoffload.ingest import parse
     assert len(parse._HEAD_CACHES) <= 8
 
 

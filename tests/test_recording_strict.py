@@ -35,9 +35,9 @@ import pytest
 from aiohttp import web
 from prometheus_client.openmetrics import parser as om_parser
 
-from kvoffload import extsort
-from kvoffload.parse import iter_openmetrics, parse_text, read_chunks
-from kvoffload.recording import Recording, RecordingWriter, finalize_journal, read_recording
+from kvoffload.ingest import extsort
+from kvoffload.ingest.parse import iter_openmetrics, parse_text, read_chunks
+from kvoffload.ingest.recording import Recording, RecordingWriter, finalize_journal, read_recording
 
 from helpers import free_port, h200_scrapes
 

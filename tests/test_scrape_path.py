@@ -1,4 +1,4 @@
-"""One scrape path (kvoffload.scrape) for the sidecar, `record` and `analyze --target`: a
+"""One scrape path (kvoffload.ingest.scrape) for the sidecar, `record` and `analyze --target`: a
 target that stamps its samples (a simulator on a virtual clock: 60 virtual seconds per scrape)
 gives the same per-second figures everywhere — per second of the target's clock."""
 
@@ -9,10 +9,10 @@ import threading
 
 from aiohttp import web
 
-from kvoffload.analysis import analyze_window, window_from_expositions
+from kvoffload.analysis.analyze import analyze_window, window_from_expositions
 from kvoffload.cli import _sample_live
-from kvoffload.recording import read_recording
-from kvoffload.sidecar import Sidecar, SidecarConfig
+from kvoffload.ingest.recording import read_recording
+from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
 from helpers import running
 

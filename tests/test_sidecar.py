@@ -6,10 +6,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from kvoffload.exposition import build_registry
-from kvoffload.parse import parse_text
-from kvoffload.server import make_app
-from kvoffload.sidecar import Sidecar, SidecarConfig
+from kvoffload.ingest.parse import parse_text
+from kvoffload.sidecar.http import make_app
+from kvoffload.sidecar.metrics import build_registry
+from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
 from badserver import make_bad_app
 from helpers import free_port
@@ -99,7 +99,7 @@ def test_own_metrics_follow_prometheus_conventions():
     sidecar = Sidecar(SidecarConfig(["http://127.0.0.1:1/metrics"]))
     from prometheus_client import generate_latest
 
-    from kvoffload.exposition import build_registry
+    from kvoffload.sidecar.metrics import build_registry
 
     text = generate_latest(build_registry(sidecar)).decode()
     helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
@@ -130,7 +130,7 @@ def test_readyz_is_503_before_any_successful_scrape():
 def test_metrics_reference_is_generated_and_current():
     from pathlib import Path
 
-    from kvoffload.reference import metrics_markdown
+    from kvoffload.sidecar.reference import metrics_markdown
 
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
     assert doc == metrics_markdown(), "regenerate: make generate"

@@ -9,8 +9,8 @@ from aiohttp import web
 
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.server import make_app
-from kvoffload.sidecar import Sidecar, SidecarConfig
+from kvoffload.sidecar.http import make_app
+from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import encode_batch
 from kvoffload.sim.server import make_app as make_sim_app

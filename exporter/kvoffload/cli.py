@@ -16,17 +16,17 @@ import click
 import yaml
 
 from kvoffload import __version__, logrepeat
-from kvoffload.advisor import Thresholds, read_cgroup_memory_limit
-from kvoffload.analysis import Settings, analyze_groups, window_from_expositions
+from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
+from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_expositions
 from kvoffload.errors import InputError
+from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
+from kvoffload.ingest.parse import Exposition
+from kvoffload.ingest.recording import read_recording
+from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.overrides import parse_number, split_pair
-from kvoffload.parse import Exposition
-from kvoffload.recording import read_recording
 from kvoffload.report import render_report
-from kvoffload.scrape import SyncScraper
-from kvoffload.sidecar import target_name
+from kvoffload.sidecar.service import target_name
 from kvoffload.units import parse_duration, parse_size
-from kvoffload.vllm import WANTED_FAMILIES, wanted
 
 EXIT_BAD_INPUT = 2
 
@@ -176,8 +176,8 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
     """Run the sidecar next to `vllm serve`."""
     from aiohttp import web
 
-    from kvoffload.server import make_app
-    from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
+    from kvoffload.sidecar.http import make_app
+    from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 
     host, port = _listen(listen)
     if len(kv_events) > len(targets) or len(kv_events_replay) > len(kv_events):
@@ -230,9 +230,9 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
            kv_events_replay: str | None, kv_events_dp: int, events_output: str | None,
            finalize: str | None) -> None:
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
+    from kvoffload.ingest.record import record_targets
+    from kvoffload.ingest.recording import JOURNAL_SUFFIX, Recording, finalize_journal
     from kvoffload.kvevents.eventfile import open_writer
-    from kvoffload.recorder import record_targets
-    from kvoffload.recording import JOURNAL_SUFFIX, Recording, finalize_journal
 
     if finalize is not None:
         if targets:
@@ -330,7 +330,7 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
 
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:
-    """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.scrape)."""
+    """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.ingest.scrape)."""
     name = target_name(url)
     deadline = time.monotonic() + duration
     scraper = SyncScraper()
@@ -369,7 +369,7 @@ def generate(out_dir: str, selector: str | None, sidecar_selector: str | None,
              rate_window: str | None, slow_window: str | None, settings: tuple[str, ...],
              check: bool) -> None:
     """Write the Prometheus rules and Grafana dashboards for your labels and thresholds."""
-    from kvoffload import generate as gen
+    from kvoffload.mixin import generate as gen
 
     overrides = gen.parse_overrides(settings)
     for key, value in (("sidecar_selector", sidecar_selector), ("rate_window", rate_window),

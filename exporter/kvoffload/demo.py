@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from kvoffload.analysis import Settings
+from kvoffload.analysis.analyze import Settings
+from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.report import format_value
-from kvoffload.result import GroupAnalysis
-from kvoffload.server import make_app as make_sidecar_app
-from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
+from kvoffload.sidecar.http import make_app as make_sidecar_app
+from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 
 
 def free_port(host: str = "127.0.0.1") -> int:

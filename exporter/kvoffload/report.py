@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvoffload.result import GroupAnalysis
-from kvoffload.signals import FIGURES
+from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.signals import FIGURES
 
 _UNIT_FORMAT = {
     "ratio": lambda v: f"{v:.3f}",

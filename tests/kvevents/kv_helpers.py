@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvoffload.analysis.window import Window
+from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
+from kvoffload.ingest.parse import parse_text
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.config import Scenario
 from kvoffload.sim.kv_events import encode_batch
-from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
-from kvoffload.window import Window
 
 INSTANCE = "sim:8000"
 

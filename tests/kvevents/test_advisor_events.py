@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvoffload.analysis import analyze_window
+from kvoffload.analysis.analyze import analyze_window
 from kvoffload.sim import scenarios
 from kvoffload.sim.oracle import run_point, sweep
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvoffload.advisor import GIB
+from kvoffload.analysis.advisor import GIB
 from kvoffload.kvevents.curve import build_curve
 from kvoffload.kvevents.stackdist import StackDistanceTracker
 from kvoffload.kvevents.state import TargetEvents

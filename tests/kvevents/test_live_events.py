@@ -9,9 +9,9 @@ import sys
 import aiohttp
 import pytest
 
-from kvoffload.parse import parse_text
-from kvoffload.server import make_app as make_sidecar_app
-from kvoffload.sidecar import KVEventsSource, Sidecar, SidecarConfig
+from kvoffload.ingest.parse import parse_text
+from kvoffload.sidecar.http import make_app as make_sidecar_app
+from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.server import make_app as make_sim_app
 

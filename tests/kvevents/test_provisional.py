@@ -6,7 +6,7 @@ and /metrics flag it."""
 import lzma
 from pathlib import Path
 
-from kvoffload.advisor import Thresholds
+from kvoffload.analysis.advisor import Thresholds
 from kvoffload.kvevents.decode import STORED, Batch, Event
 from kvoffload.kvevents.eventfile import read_event_file
 from kvoffload.kvevents.evidence import provisional_reasons

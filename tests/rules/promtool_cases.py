@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvoffload.promql import MixinConfig
-from kvoffload.rules import ALERTS_FILE, RULES_FILE, alerting_rules, to_yaml
+from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.rules import ALERTS_FILE, RULES_FILE, alerting_rules, to_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_FILE = ROOT / "alerts" / "tests" / "kvoffload-alerts.test.yaml"

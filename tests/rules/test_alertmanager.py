@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from kvoffload import rules
-from kvoffload.promql import ALERT_NAMES, MixinConfig
+from kvoffload.mixin import rules
+from kvoffload.mixin.promql import ALERT_NAMES, MixinConfig
 
 from helpers import H200
 from promtool_cases import render

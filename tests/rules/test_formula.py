@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.formula import PythonOnly, Rate, Ratio, share_family
-from kvoffload.promql import NOT_IN_PROMQL, MixinConfig, rendering_for
-from kvoffload.signals import FIGURES
+from kvoffload.analysis.formula import PythonOnly, Rate, Ratio, share_family
+from kvoffload.analysis.signals import FIGURES
+from kvoffload.mixin.promql import NOT_IN_PROMQL, MixinConfig, rendering_for
 
 SRC = Path(__file__).resolve().parents[2] / "exporter" / "kvoffload"
 CONFIGS = [MixinConfig(), MixinConfig(rate_window="30s", slow_window="2h", world_size=4,
@@ -43,9 +43,9 @@ def test_python_only_parts_say_why(fig):
 
 
 def test_the_figures_name_no_vllm_series_only_catalog_keys():
-    """vLLM's spellings (current, legacy, escaped) live in the metric catalog (vllm.py) and
+    """vLLM's spellings (current, legacy, escaped) live in the metric catalog (catalog.py) and
     formula.py renders them; the figure definitions use catalog keys only."""
-    text = (SRC / "signals.py").read_text()
+    text = (SRC / "analysis" / "signals.py").read_text()
     assert not re.search(r"vllm[:_][a-z]", text)
     assert "transfer_type" not in text and "_total" not in text
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvoffload.analysis.signals import FIGURES
 from kvoffload.errors import InputError
-from kvoffload.generate import check, generate, parse_overrides, render_all
-from kvoffload.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, figure_expr, record_name
-from kvoffload.signals import FIGURES
+from kvoffload.mixin.generate import check, generate, parse_overrides, render_all
+from kvoffload.mixin.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, figure_expr, record_name
 
 from rules_procs import PROMTOOL, need
 
@@ -37,7 +37,7 @@ def test_no_stray_generated_files() -> None:
 
 def test_generation_is_deterministic() -> None:
     """Another process with other hash seeds (set and dict orders) writes the same bytes."""
-    code = ("import json; from kvoffload.generate import render_all; "
+    code = ("import json; from kvoffload.mixin.generate import render_all; "
             "print(json.dumps(render_all(), sort_keys=True))")
     outputs = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

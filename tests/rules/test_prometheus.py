@@ -29,15 +29,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvoffload import dashboards, rules
-from kvoffload.advisor import Thresholds
-from kvoffload.analysis import Settings
+from kvoffload.analysis.advisor import Thresholds
+from kvoffload.analysis.analyze import Settings
+from kvoffload.analysis.signals import FIGURES
 from kvoffload.kvevents.decode import Batch, decode_batch
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, rendering_for
-from kvoffload.server import make_app
-from kvoffload.sidecar import Sidecar, SidecarConfig
-from kvoffload.signals import FIGURES
+from kvoffload.mixin import dashboards, rules
+from kvoffload.mixin.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, rendering_for
+from kvoffload.sidecar.http import make_app
+from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import encode_batch
 

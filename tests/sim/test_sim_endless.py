@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvoffload.parse import parse_text
+from kvoffload.ingest.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim import simulator as simulator_mod
 from kvoffload.sim.server import make_app

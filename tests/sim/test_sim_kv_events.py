@@ -392,7 +392,7 @@ def test_restart_and_dp2_over_the_app() -> None:
 
 
 def test_record_writes_the_event_stream(tmp_path: Path) -> None:
-    pytest.importorskip("kvoffload.recording")
+    pytest.importorskip("kvoffload.ingest.recording")
     from kvoffload.kvevents.eventfile import read_event_file
     from kvoffload.sim.record import record_scenario
 

@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvoffload.parse import parse_text
+from kvoffload.ingest.parse import parse_text
 from kvoffload.sim import scenarios
 
 from helpers import free_port

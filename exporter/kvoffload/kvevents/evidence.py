@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvoffload.analysis.signals import static_bytes_per_token
+from kvoffload.analysis.window import GroupStatic
+from kvoffload.ingest.catalog import label_number
 from kvoffload.kvevents.curve import Curve, build_curve
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.signals import static_bytes_per_token
-from kvoffload.vllm import label_number
-from kvoffload.window import GroupStatic
 
 
 def provisional_reasons(events: TargetEvents, gpu_blocks_per_engine: float | None,

@@ -1,7 +1,7 @@
 """Write a scenario's /metrics as a recording (OpenMetrics, a timestamp on every sample).
 
 The simulator is scraped on its virtual clock every `interval_s`, like Prometheus would, and
-each body goes through kvoffload.recording.RecordingWriter (which adds instance/job labels).
+each body goes through kvoffload.ingest.recording.RecordingWriter (which adds instance/job labels).
 With `events_path`, the KV event stream a subscriber would have received goes to a raw event
 file (kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again
 from 0 after a restart), received at the batch's virtual time, empty topic. A recording
@@ -28,7 +28,9 @@ def record_scenario(
     """Scrape at t = 0, interval, 2·interval, … ≤ duration_s; returns the number of scrapes.
 
     `events_path` also writes the KV events published up to the last scrape."""
-    from kvoffload.recording import RecordingWriter  # the package's writer, shared with `record`
+    from kvoffload.ingest.recording import (
+        RecordingWriter,  # the package's writer, shared with `record`
+    )
 
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")

@@ -19,9 +19,9 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvoffload.conditions import GPU_MISSES_REUSE, GPU_PRESSURE, REUSE_EVIDENCE
-from kvoffload.signals import GIB
-from kvoffload.ttft import Effect
+from kvoffload.analysis.conditions import GPU_MISSES_REUSE, GPU_PRESSURE, REUSE_EVIDENCE
+from kvoffload.analysis.signals import GIB
+from kvoffload.analysis.ttft import Effect
 
 ACTIONS = ("enable", "leave_off", "keep", "grow", "shrink", "store_threshold", "disable")
 
@@ -47,7 +47,7 @@ class Thresholds:
     # Host-link rate assumed for a TTFT estimate before any load was measured (offloading
     # off): below what a PCIe Gen4 x16 link moves in practice, so savings are not oversold.
     assumed_load_bytes_per_second: float = 10e9
-    # The TTFT verdict (kvoffload.ttft): a tier must save at least this much mean TTFT per
+    # The TTFT verdict (kvoffload.analysis.ttft): a tier must save at least this much mean TTFT per
     # request, beyond its uncertainty, to be enabled, kept or grown.
     min_ttft_saving_seconds: float = 0.005
     min_ttft_saving_ratio: float = 0.05
@@ -396,7 +396,7 @@ def judge_ttft(
     best_case_only: bool = False,
     current_bytes: float | None = None,
 ) -> Recommendation:
-    """Re-decide by the TTFT the tier saves or costs (kvoffload.ttft), not by its hit ratio.
+    """Re-decide by the TTFT the tier saves or costs (analysis.ttft), not by its hit ratio.
 
     now: the tier's effect on this server (offloading on). effect_at(size in bytes): the
     effect of a tier of that size against none, predicted. enable / keep / grow stand only
@@ -507,7 +507,7 @@ def judge_ttft(
 
 def judge_fleet(rec: Recommendation, offloading: bool, mean_ttft: float, fleet: Effect,
                 t: Thresholds) -> Recommendation:
-    """Re-decide from replicas of the same model with and without a tier (kvoffload.fleet):
+    """Re-decide from replicas of the same model with and without a tier (kvoffload.analysis.fleet):
     measured TTFT, not a model of it, so it outranks judge_ttft's estimate."""
     floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
     n = int(fleet.parts.get("replicas_compared", 0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvoffload.parse import Exposition
+from kvoffload.ingest.parse import Exposition
 
 # Canonical counter key → (sample name, required label, value). Label None: no filter.
 _CounterSource = tuple[str, str | None, str | None]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvoffload.errors import InputError
-from kvoffload.parse import Exposition, parse_text
+from kvoffload.ingest.parse import Exposition, parse_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 USER_AGENT = "kvoffload"

@@ -1,6 +1,6 @@
 """The signal catalog: every derived figure, defined once (docs/architecture.md).
 
-A figure is one formula (`kvoffload.formula`) that the sidecar evaluates over a group's
+A figure is one formula (`kvoffload.analysis.formula`) that the sidecar evaluates over a group's
 window — its `Delta` (counter increases), gauge means and static facts (config-info labels) —
 and that the recording rules and dashboards render as PromQL (`promql.RENDERINGS`). What PromQL
 cannot compute (label values turned into numbers) is a `PythonOnly` part with its reason.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvoffload.formula import (
+from kvoffload.analysis.formula import (
     ClampMin,
     Expr,
     FirstOf,
@@ -32,8 +32,8 @@ from kvoffload.formula import (
     Total,
     WhenOffloading,
 )
-from kvoffload.vllm import label_number
-from kvoffload.window import Delta, GroupStatic
+from kvoffload.analysis.window import Delta, GroupStatic
+from kvoffload.ingest.catalog import label_number
 
 GIB = 2**30
 

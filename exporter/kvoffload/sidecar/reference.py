@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvoffload.exposition import KV_EVENT_METRICS, TTFT_METRICS
-from kvoffload.signals import FIGURES
+from kvoffload.analysis.signals import FIGURES
+from kvoffload.sidecar.metrics import KV_EVENT_METRICS, TTFT_METRICS
 
 _TARGET_ROWS = [
     ("kvoffload_build_info{version}", "gauge", "kvoffload version (always 1)."),
@@ -33,8 +33,8 @@ def metrics_markdown() -> str:
     lines = [
         "# Metrics the sidecar exports",
         "",
-        "Generated from `exporter/kvoffload/signals.py` by `kvoffload.reference` (a test fails "
-        "when this file drifts).",
+        "Generated from `exporter/kvoffload/analysis/signals.py` by "
+        "`kvoffload.sidecar.reference` (a test fails when this file drifts).",
         "Every series carries `target` (the vLLM scrape target, host:port); derived figures add",
         "`model_name`. Figures are computed over the sidecar's `--window` (5m by default), summed",
         "over engines (ratios are ratios of sums). An undefined figure has no sample.",

@@ -14,7 +14,7 @@ model, per request, with x = tokens reloaded from CPU:
     store  the offload path's cost on the critical path: bytes stored per request ÷
            `store_critical_bytes_per_second` (every computed block is copied out)
     β      the marginal TTFT of one recomputed token, fitted over scrape intervals
-           (kvoffload.intervals): batching, queueing and step overhead included; shrunk by
+           (kvoffload.analysis.intervals): batching, queueing and step overhead included; shrunk by
            its noise and × κ = 1.5, local to global (a tier changes every request at once)
 
 Negative = faster with the tier. Every estimate carries a range: β ± 2 standard errors with κ
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvoffload.intervals import Coefficient, marginal_recompute_cost
-from kvoffload.signals import Context, loaded_tokens
+from kvoffload.analysis.intervals import Coefficient, marginal_recompute_cost
+from kvoffload.analysis.signals import Context, loaded_tokens
 
 # β is fitted on local variation (one interval recomputes more than the next); a tier changes
 # every request at once, and the engine's queueing feeds that back: on real vLLM the TTFT
@@ -55,7 +55,7 @@ class Observed:
     stored_bytes: float | None  # bytes copied to the CPU tier per request (offloading on)
     bytes_per_token: float | None
     waiting_for_capacity: float
-    cost: Coefficient | None  # β: TTFT per recomputed token (kvoffload.intervals)
+    cost: Coefficient | None  # β: TTFT per recomputed token (kvoffload.analysis.intervals)
 
     @property
     def missed_tokens(self) -> float:

@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kvoffload.advisor import Thresholds
-from kvoffload.errors import InputError
-from kvoffload.formula import (  # noqa: F401 (the text helpers rules and dashboards use)
+from kvoffload.analysis.advisor import Thresholds
+from kvoffload.analysis.formula import (  # noqa: F401 (the text helpers rules and dashboards use)
     GATE_RECORD,
     Expr,
     Rate,
@@ -40,7 +39,8 @@ from kvoffload.formula import (  # noqa: F401 (the text helpers rules and dashbo
     target_by,
     vllm,
 )
-from kvoffload.signals import FIGURES, FIGURES_BY_KEY, LOADED
+from kvoffload.analysis.signals import FIGURES, FIGURES_BY_KEY, LOADED
+from kvoffload.errors import InputError
 from kvoffload.units import parse_duration
 
 _ADVISOR = Thresholds()  # alert thresholds default to the sidecar advisor's, so both agree

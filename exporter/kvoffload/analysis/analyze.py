@@ -8,8 +8,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvoffload import ttft
-from kvoffload.advisor import (
+from kvoffload.analysis import ttft
+from kvoffload.analysis.advisor import (
     GIB,
     Recommendation,
     Thresholds,
@@ -18,15 +18,15 @@ from kvoffload.advisor import (
     judge_ttft,
     refine_with_curve,
 )
+from kvoffload.analysis.fleet import fleet_effects
+from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
+from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
+from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
-from kvoffload.fleet import fleet_effects
+from kvoffload.ingest.catalog import extract
+from kvoffload.ingest.parse import Exposition
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.parse import Exposition
-from kvoffload.result import GroupAnalysis, ReuseHistogram, TtftVerdict
-from kvoffload.signals import FIGURE_KEYS, Context, compute_figures
-from kvoffload.vllm import extract
-from kvoffload.window import GroupKey, GroupStatic, Window
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def analyze_groups(
 
 
 def _add_fleet_evidence(groups: list[GroupAnalysis], settings: Settings) -> None:
-    """Replicas of one model with and without a tier, compared (kvoffload.fleet): where there
+    """Replicas of one model with and without a tier, compared (analysis.fleet): where there
     are some, their measured difference decides (basis "fleet")."""
     effects = fleet_effects(groups)
     for entry in groups:
@@ -128,7 +128,7 @@ MIN_SAMPLED_BLOCKS = 1000
 
 def _add_ttft_verdict(entry: GroupAnalysis, ctx: Context, settings: Settings,
                       hit_at: Callable[[float], float] | None) -> None:
-    """The TTFT effect (kvoffload.ttft) joins the figures, and the advice is re-judged by it."""
+    """The TTFT effect (analysis.ttft) joins the figures, and the advice is re-judged by it."""
     figures = entry.figures
     rec = entry.recommendation
     offloading = entry.offloading

@@ -14,9 +14,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from kvoffload import dashboards, rules
+from kvoffload.mixin import dashboards, rules
+from kvoffload.mixin.promql import MixinConfig
 from kvoffload.overrides import parse_number, refuse, split_pair
-from kvoffload.promql import MixinConfig
 
 ALERTS_DIR = "alerts"
 DASHBOARDS_DIR = "dashboards"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvoffload import grafana as g
-from kvoffload.advisor import Thresholds
-from kvoffload.formula import counter_series
-from kvoffload.promql import MixinConfig, helper_record, record_name
+from kvoffload.analysis.advisor import Thresholds
+from kvoffload.analysis.formula import counter_series
+from kvoffload.mixin import grafana as g
+from kvoffload.mixin.promql import MixinConfig, helper_record, record_name
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds
 

@@ -14,10 +14,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvoffload import __version__
-from kvoffload.advisor import ACTIONS, GIB
-from kvoffload.result import GroupAnalysis
-from kvoffload.sidecar import Sidecar
-from kvoffload.signals import FIGURES
+from kvoffload.analysis.advisor import ACTIONS, GIB
+from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.signals import FIGURES
+from kvoffload.sidecar.service import Sidecar
 
 GROUP_LABELS = ["target", "model_name"]
 
@@ -60,7 +60,7 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
         "Predicted offload hit ratio at the recommended (else the current) CPU tier size."),
 }
 
-# The TTFT verdict (kvoffload.ttft), per group: name → (extra labels, help). One table for the
+# The TTFT verdict (analysis.ttft), per group: name → (extra labels, help). One table for the
 # exposition and for docs/metrics.md. Negative = faster.
 TTFT_METRICS: dict[str, tuple[list[str], str]] = {
     "kvoffload_offload_ttft_effect_seconds": (
@@ -249,7 +249,7 @@ def build_registry(sidecar: Sidecar) -> CollectorRegistry:
 
 
 class _TtftFamilies:
-    """The TTFT verdict (kvoffload.ttft) of every group, as gauges (TTFT_METRICS)."""
+    """The TTFT verdict (kvoffload.analysis.ttft) of every group, as gauges (TTFT_METRICS)."""
 
     def __init__(self) -> None:
         self.families = {name: GaugeMetricFamily(name, help_text, labels=GROUP_LABELS + extra)

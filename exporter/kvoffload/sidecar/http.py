@@ -12,14 +12,14 @@ from prometheus_client.openmetrics.exposition import (
 )
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from kvoffload.exposition import build_registry
-from kvoffload.sidecar import Sidecar
+from kvoffload.sidecar.metrics import build_registry
+from kvoffload.sidecar.service import Sidecar
 
 SIDECAR_KEY = web.AppKey("sidecar", Sidecar)
 
 
 def _page() -> bytes:
-    return importlib.resources.files("kvoffload").joinpath("web/index.html").read_bytes()
+    return importlib.resources.files("kvoffload.sidecar").joinpath("web/index.html").read_bytes()
 
 
 def make_app(sidecar: Sidecar, manage_lifecycle: bool = True) -> web.Application:

@@ -20,16 +20,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from kvoffload.analysis import Settings, analyze_groups
+from kvoffload.analysis.analyze import Settings, analyze_groups
+from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.window import GroupKey, Window
 from kvoffload.errors import InputError
+from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
+from kvoffload.ingest.scrape import scrape
 from kvoffload.kvevents import persist
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
-from kvoffload.result import GroupAnalysis
-from kvoffload.scrape import scrape
-from kvoffload.vllm import WANTED_FAMILIES, extract, wanted
-from kvoffload.window import GroupKey, Window
 
 log = logging.getLogger("kvoffload")
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kvoffload.vllm import CORE_COUNTERS, GAUGES, OFFLOAD_COUNTERS, SUMMED_GAUGES
+from kvoffload.ingest.catalog import CORE_COUNTERS, GAUGES, OFFLOAD_COUNTERS, SUMMED_GAUGES
 
 if TYPE_CHECKING:
-    from kvoffload.promql import MixinConfig
-    from kvoffload.signals import Context
+    from kvoffload.analysis.signals import Context
+    from kvoffload.mixin.promql import MixinConfig
 
 GATE_RECORD = "instance:vllm_kv_offload_configured:group"
 

@@ -5,7 +5,7 @@ output (`OUT.partial`), whole and flushed one by one: scrape-ordered text that `
 streams, and all that a recorder killed with SIGKILL leaves. On a clean end (duration reached,
 SIGTERM, Ctrl-C) the journal is rewritten into OUT as strict OpenMetrics — each family once and
 contiguous, each series' points contiguous and in time order, `# EOF` — through an on-disk sort
-(kvoffload.extsort), so a 24-hour recording needs no more memory than a short one; then the
+(kvoffload.ingest.extsort), so a 24-hour recording needs no more memory than a short one; then the
 journal goes. OUT is what prometheus_client's parser and `promtool tsdb create-blocks-from
 openmetrics` accept. Like Prometheus, the writer adds `instance` and `job` to every series.
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from kvoffload.errors import InputError
-from kvoffload.parse import (
+from kvoffload.ingest.parse import (
     Exposition,
     ParseError,
     Sample,
@@ -228,7 +228,7 @@ def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
     default: next to `out`, where the room for the result is). `out` appears whole or not at
     all (written aside, then renamed). A journal without '# EOF' (its recorder was killed)
     loses its last, possibly partial scrape. Returns the number of scrapes written."""
-    from kvoffload.extsort import sorted_lines
+    from kvoffload.ingest.extsort import sorted_lines
 
     try:
         fh = open(journal, encoding="utf-8")  # noqa: SIM115
@@ -273,7 +273,7 @@ class _JournalScan:
         self.scrapes = 0
 
     def keyed(self, fh: TextIO, path: str) -> Iterator[str]:
-        from kvoffload.extsort import float_key
+        from kvoffload.ingest.extsort import float_key
 
         fam_index: dict[str, int] = {}
         prefixes: dict[tuple[int, str], str] = {}  # (family, sample head) → key prefix

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvoffload.intervals import FIT_SIZE, add_interval
-from kvoffload.vllm import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
+from kvoffload.analysis.intervals import FIT_SIZE, add_interval
+from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 
@@ -38,7 +38,7 @@ class Point:
     counters: dict[str, float]
     gauge_sums: dict[str, float]
     gauge_n: dict[str, float]
-    # Running sums over scrape intervals (kvoffload.intervals): a window's share is a
+    # Running sums over scrape intervals (kvoffload.analysis.intervals): a window's share is a
     # subtraction, like the counters'.
     fit: tuple[float, ...] = (0.0,) * FIT_SIZE
 
@@ -64,7 +64,7 @@ class Delta:
     inc: dict[str, float]
     gauge_avg: dict[str, float]
     points: int
-    # Sums over the window's scrape intervals (kvoffload.intervals), for marginal costs.
+    # Sums over the window's scrape intervals (kvoffload.analysis.intervals), for marginal costs.
     fit: tuple[float, ...] = (0.0,) * FIT_SIZE
 
 

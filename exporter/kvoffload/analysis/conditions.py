@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvoffload.formula import by_labels, paren
+from kvoffload.analysis.formula import by_labels, paren
 
 if TYPE_CHECKING:
-    from kvoffload.promql import MixinConfig
+    from kvoffload.mixin.promql import MixinConfig
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le,
@@ -58,7 +58,7 @@ class Compare(Condition):
         return value is not None and _OPS[self.op](value, self.limit(thresholds))
 
     def promql(self, cfg: MixinConfig) -> str:
-        from kvoffload.promql import record_name  # promql renders the figures' rules
+        from kvoffload.mixin.promql import record_name  # promql renders the figures' rules
 
         return f"{record_name(self.figure, cfg)} {self.op} {_num(self.limit(cfg))}"
 

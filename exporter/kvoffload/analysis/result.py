@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvoffload.advisor import Recommendation
+from kvoffload.analysis.advisor import Recommendation
 
 JsonObject = dict[str, object]
 
 
 @dataclass
 class TtftVerdict:
-    """The TTFT the group measured and the tier's effect on it (kvoffload.ttft)."""
+    """The TTFT the group measured and the tier's effect on it (kvoffload.analysis.ttft)."""
 
     mean_ttft_seconds: float
     mean_queue_seconds: float
@@ -26,7 +26,7 @@ class TtftVerdict:
     marginal_recompute_seconds_per_token: JsonObject | None
     now: JsonObject | None  # the tier's effect now (offloading on), an Effect's JSON
     predicted: JsonObject | None  # at the recommended size, with `kv_offloading_size_gib`
-    fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.fleet)
+    fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.analysis.fleet)
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {

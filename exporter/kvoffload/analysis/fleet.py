@@ -16,10 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvoffload.ttft import Effect
+from kvoffload.analysis.ttft import Effect
 
 if TYPE_CHECKING:
-    from kvoffload.result import GroupAnalysis
+    from kvoffload.analysis.result import GroupAnalysis
 
 _PROMPT_SPREAD = 0.25
 _RATE_SPREAD = 1.5

@@ -1,0 +1,1 @@
+"""From a window of scrapes to figures, a verdict and advice."""

@@ -1,0 +1,1 @@
+"""Reading vLLM: scraping /metrics, parsing, the metric catalog, recordings."""

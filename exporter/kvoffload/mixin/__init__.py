@@ -1,0 +1,1 @@
+"""Prometheus rules and Grafana dashboards generated from the figures' formulas."""
