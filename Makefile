@@ -37,12 +37,14 @@ demo: deps
 ## module on one worker (its simulator runs and fixtures are shared).
 test: deps system-deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n auto --dist loadfile
 
-## Lint: ruff, and mypy over the package (pyproject.toml's [tool.mypy] says what it checks).
+## Lint: ruff (rules and formatting), and mypy over the package (pyproject.toml's [tool.mypy]).
 lint: deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 ## Regenerate alerts/, dashboards/ and docs/metrics.md from the signal catalog (commit the result).

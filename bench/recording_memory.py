@@ -50,9 +50,12 @@ def write_journal(path: Path, hours: float, interval: float) -> int:
 def measure(args: list[str]) -> tuple[float, float]:
     """(seconds, peak RSS in MB) of one kvoffload command."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "kvoffload", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "exporter")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvoffload", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "exporter")},
+    )
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - start
     if os.waitstatus_to_exitcode(status) != 0:
@@ -65,12 +68,17 @@ def run(hours: float, interval: float, tmp: str) -> dict[str, float]:
     journal = Path(tmp) / f"rec-{hours:g}h.om.partial"
     out = Path(tmp) / f"rec-{hours:g}h.om"
     scrapes = write_journal(journal, hours, interval)
-    row: dict[str, float] = {"hours": hours, "scrapes": scrapes,
-                             "journal_mb": journal.stat().st_size / 1e6}
+    row: dict[str, float] = {
+        "hours": hours,
+        "scrapes": scrapes,
+        "journal_mb": journal.stat().st_size / 1e6,
+    }
     row["analyze_journal_s"], row["analyze_journal_mb"] = measure(
-        ["analyze", str(journal), "--json"])
+        ["analyze", str(journal), "--json"]
+    )
     row["finalize_s"], row["finalize_mb"] = measure(
-        ["record", "--finalize", str(journal), "-o", str(out)])
+        ["record", "--finalize", str(journal), "-o", str(out)]
+    )
     row["file_mb"] = out.stat().st_size / 1e6
     row["analyze_file_s"], row["analyze_file_mb"] = measure(["analyze", str(out), "--json"])
     out.unlink()
@@ -81,26 +89,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, nargs="+", default=[1.0, 6.0])
     ap.add_argument("--interval", type=float, default=15.0)
-    ap.add_argument("--tmp", default=os.environ.get("KVO_BENCH_TMP"),
-                    help="Directory for the recordings (default: $TMPDIR).")
+    ap.add_argument(
+        "--tmp",
+        default=os.environ.get("KVO_BENCH_TMP"),
+        help="Directory for the recordings (default: $TMPDIR).",
+    )
     opts = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(dir=opts.tmp) as tmp:
         for hours in opts.hours:
             rows.append(run(hours, opts.interval, tmp))
             r = rows[-1]
-            print(f"{r['hours']:g} h, {r['scrapes']:.0f} scrapes, journal {r['journal_mb']:.0f} "
-                  f"MB, file {r['file_mb']:.0f} MB: finalize {r['finalize_s']:.1f} s "
-                  f"{r['finalize_mb']:.0f} MB peak; analyze journal {r['analyze_journal_s']:.1f}"
-                  f" s {r['analyze_journal_mb']:.0f} MB, file {r['analyze_file_s']:.1f} s "
-                  f"{r['analyze_file_mb']:.0f} MB", flush=True)
+            print(
+                f"{r['hours']:g} h, {r['scrapes']:.0f} scrapes, journal {r['journal_mb']:.0f} "
+                f"MB, file {r['file_mb']:.0f} MB: finalize {r['finalize_s']:.1f} s "
+                f"{r['finalize_mb']:.0f} MB peak; analyze journal {r['analyze_journal_s']:.1f}"
+                f" s {r['analyze_journal_mb']:.0f} MB, file {r['analyze_file_s']:.1f} s "
+                f"{r['analyze_file_mb']:.0f} MB",
+                flush=True,
+            )
     short, long = rows[0], rows[-1]
     if long is not short:
-        print(f"ratios {long['hours']:g} h / {short['hours']:g} h: file "
-              f"{long['file_mb'] / short['file_mb']:.1f}x; peak RSS finalize "
-              f"{long['finalize_mb'] / short['finalize_mb']:.2f}x, analyze journal "
-              f"{long['analyze_journal_mb'] / short['analyze_journal_mb']:.2f}x, analyze file "
-              f"{long['analyze_file_mb'] / short['analyze_file_mb']:.2f}x")
+        print(
+            f"ratios {long['hours']:g} h / {short['hours']:g} h: file "
+            f"{long['file_mb'] / short['file_mb']:.1f}x; peak RSS finalize "
+            f"{long['finalize_mb'] / short['finalize_mb']:.2f}x, analyze journal "
+            f"{long['analyze_journal_mb'] / short['analyze_journal_mb']:.2f}x, analyze file "
+            f"{long['analyze_file_mb'] / short['analyze_file_mb']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -86,16 +86,18 @@ def bench_parse(repeats: int, rounds: int) -> list[dict[str, object]]:
             ours_s.append(a)
             ref_s.append(b)
             ratios.append(b / a)
-        rows.append({
-            "payload": kind,
-            "bytes": len(payloads[-1]),
-            "lines": payloads[-1].count(b"\n"),
-            "ours_parse_derive_ms": statistics.median(ours_s) * 1e3,
-            "reference_parse_ms": statistics.median(ref_s) * 1e3,
-            "ratio": statistics.median(ratios),
-            "goal_ratio_met": statistics.median(ratios) >= 10,
-            "goal_1ms_met": None if kind != "1-engine" else statistics.median(ours_s) < 1e-3,
-        })
+        rows.append(
+            {
+                "payload": kind,
+                "bytes": len(payloads[-1]),
+                "lines": payloads[-1].count(b"\n"),
+                "ours_parse_derive_ms": statistics.median(ours_s) * 1e3,
+                "reference_parse_ms": statistics.median(ref_s) * 1e3,
+                "ratio": statistics.median(ratios),
+                "goal_ratio_met": statistics.median(ratios) >= 10,
+                "goal_1ms_met": None if kind != "1-engine" else statistics.median(ours_s) < 1e-3,
+            }
+        )
     return rows
 
 
@@ -117,22 +119,25 @@ def bench_scale(ns: list[int], seconds: float, interval: float) -> list[dict[str
         blob = Path(tmp) / "bodies.pkl"
         blob.write_bytes(pickle.dumps(payloads))
         port = free_port()
-        server = subprocess.Popen([sys.executable, str(HERE / "targets.py"), "--port", str(port),
-                                   "--bodies", str(blob)])
+        server = subprocess.Popen(
+            [sys.executable, str(HERE / "targets.py"), "--port", str(port), "--bodies", str(blob)]
+        )
         try:
             _wait_port(port)
             rows = []
             for n in ns:
-                rows.append(asyncio.run(_scale_once(Sidecar, SidecarConfig, port, n, seconds,
-                                                    interval)))
+                rows.append(
+                    asyncio.run(_scale_once(Sidecar, SidecarConfig, port, n, seconds, interval))
+                )
             return rows
         finally:
             server.terminate()
             server.wait(10)
 
 
-async def _scale_once(sidecar_cls, config_cls, port: int, n: int, seconds: float,
-                      interval: float) -> dict[str, object]:
+async def _scale_once(
+    sidecar_cls, config_cls, port: int, n: int, seconds: float, interval: float
+) -> dict[str, object]:
     targets = [f"http://127.0.0.1:{port}/t/{i}/metrics" for i in range(n)]
     # Distinct instance names: the path makes each target its own series set.
     sidecar = sidecar_cls(config_cls(targets[:1], interval, 300.0, 10.0))
@@ -160,7 +165,8 @@ async def _scale_once(sidecar_cls, config_cls, port: int, n: int, seconds: float
     p99 = durations[int(0.99 * (len(durations) - 1))] if durations else None
     core_share = cpu / wall
     return {
-        "targets": n, "scrapes": scrapes,
+        "targets": n,
+        "scrapes": scrapes,
         "cpu_ms_per_scrape": cpu / max(scrapes, 1) * 1e3,
         "p99_scrape_to_figure_ms": p99 * 1e3 if p99 is not None else None,
         "core_share": core_share,
@@ -197,8 +203,13 @@ def bench_memory(scrapes: int) -> dict[str, object]:
     gc.collect()
     rss_end = rss_mb()[0]
     growth = (rss_end - rss_at_100) / rss_at_100  # type: ignore[operator]
-    return {"scrapes": scrapes, "rss_mb_after_100": rss_at_100, "rss_mb_after_all": rss_end,
-            "growth": growth, "flat_within_5pct": abs(growth) <= 0.05}
+    return {
+        "scrapes": scrapes,
+        "rss_mb_after_100": rss_at_100,
+        "rss_mb_after_all": rss_end,
+        "growth": growth,
+        "flat_within_5pct": abs(growth) <= 0.05,
+    }
 
 
 def bench_sidecar_peak_rss(seconds: float) -> dict[str, object]:
@@ -208,17 +219,32 @@ def bench_sidecar_peak_rss(seconds: float) -> dict[str, object]:
         blob = Path(tmp) / "bodies.pkl"
         blob.write_bytes(pickle.dumps(payloads))
         port, side_port = free_port(), free_port()
-        server = subprocess.Popen([sys.executable, str(HERE / "targets.py"), "--port", str(port),
-                                   "--bodies", str(blob)])
+        server = subprocess.Popen(
+            [sys.executable, str(HERE / "targets.py"), "--port", str(port), "--bodies", str(blob)]
+        )
         _wait_port(port)
         sidecar = subprocess.Popen(
-            [sys.executable, "-m", "kvoffload", "--log-level", "error", "serve", "--target",
-             f"http://127.0.0.1:{port}/t/0/metrics", "--interval", "0.5s",
-             "--listen", f"127.0.0.1:{side_port}"], stdout=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "kvoffload",
+                "--log-level",
+                "error",
+                "serve",
+                "--target",
+                f"http://127.0.0.1:{port}/t/0/metrics",
+                "--interval",
+                "0.5s",
+                "--listen",
+                f"127.0.0.1:{side_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         try:
             _wait_port(side_port)
             end = time.time() + seconds
             import urllib.request
+
             while time.time() < end:  # exercise the HTTP side too
                 urllib.request.urlopen(f"http://127.0.0.1:{side_port}/metrics").read()
                 urllib.request.urlopen(f"http://127.0.0.1:{side_port}/api/v1/status").read()
@@ -249,13 +275,23 @@ def bench_analyze(hours_list: list[float], interval: float) -> list[dict[str, ob
                 writer.close()
             size = path.stat().st_size
             start = time.monotonic()
-            proc = subprocess.Popen([sys.executable, "-m", "kvoffload", "analyze", str(path),
-                                     "--json"], stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvoffload", "analyze", str(path), "--json"],
+                stdout=subprocess.DEVNULL,
+            )
             peak = _poll_peak_rss(proc)
             wall = time.monotonic() - start
-            rows.append({"hours": hours, "scrapes": n, "file_mb": size / 1e6, "wall_s": wall,
-                         "peak_rss_mb": peak, "ok": proc.returncode == 0,
-                         "under_10s": wall < 10})
+            rows.append(
+                {
+                    "hours": hours,
+                    "scrapes": n,
+                    "file_mb": size / 1e6,
+                    "wall_s": wall,
+                    "peak_rss_mb": peak,
+                    "ok": proc.returncode == 0,
+                    "under_10s": wall < 10,
+                }
+            )
     return rows
 
 
@@ -284,8 +320,11 @@ def bench_events(blocks_total: int) -> dict[str, object]:
     payloads = [encode_batch(ts, evs, rank) for rank, ts, evs in sim.drain_kv_events()]
     blocks = sum(len(e.block_hashes) for p in payloads for e in decode_batch(p).events)
     rows: dict[str, object] = {"wire_messages": len(payloads), "wire_blocks": blocks}
-    for label, rate, budget in (("exact", 1.0, None), ("sampled 1%", 0.01, None),
-                                ("budget 100k", 1.0, 100_000)):
+    for label, rate, budget in (
+        ("exact", 1.0, None),
+        ("sampled 1%", 0.01, None),
+        ("budget 100k", 1.0, 100_000),
+    ):
         runs = []
         for _ in range(3):
             state = TargetEvents(rate, budget)
@@ -307,8 +346,9 @@ def bench_events(blocks_total: int) -> dict[str, object]:
         done = 0
         while done < blocks_total:
             doc = rng.randrange(rng_docs)
-            hashes = tuple((doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1)
-                           for j in range(64))
+            hashes = tuple(
+                (doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1) for j in range(64)
+            )
             eng._gpu_stored(hashes, None)
             gpu.append(hashes)
             if len(gpu) > 256:
@@ -329,19 +369,25 @@ def machine() -> dict[str, object]:
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh
-                       if line.startswith("model name"))
+            cpu = next(
+                line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--only", choices=["parse", "scale", "memory", "analyze", "events"],
-                    action="append")
+    ap.add_argument(
+        "--only", choices=["parse", "scale", "memory", "analyze", "events"], action="append"
+    )
     args = ap.parse_args()
     quick = args.quick
     only = set(args.only or ["parse", "scale", "memory", "analyze", "events"])
@@ -351,15 +397,19 @@ def main() -> None:
         rows = bench_parse(repeats=3 if quick else 7, rounds=3 if quick else 5)
         results["parse"] = rows
         print("\n1. parse + derive per scrape vs prometheus_client's parser (parse only)")
-        print(f"{'payload':10} {'bytes':>8} {'lines':>6} {'ours ms':>8} {'ref ms':>8} {'ratio':>6}"
-              "  goals")
+        print(
+            f"{'payload':10} {'bytes':>8} {'lines':>6} {'ours ms':>8} {'ref ms':>8} {'ratio':>6}"
+            "  goals"
+        )
         for r in rows:
             goals = "≥10x " + ("met" if r["goal_ratio_met"] else "MISSED")
             if r["goal_1ms_met"] is not None:
                 goals += ", <1 ms " + ("met" if r["goal_1ms_met"] else "MISSED")
-            print(f"{r['payload']:10} {r['bytes']:>8} {r['lines']:>6} "
-                  f"{r['ours_parse_derive_ms']:>8.3f} {r['reference_parse_ms']:>8.3f} "
-                  f"{r['ratio']:>6.1f}  {goals}")
+            print(
+                f"{r['payload']:10} {r['bytes']:>8} {r['lines']:>6} "
+                f"{r['ours_parse_derive_ms']:>8.3f} {r['reference_parse_ms']:>8.3f} "
+                f"{r['ratio']:>6.1f}  {goals}"
+            )
     if "scale" in only:
         ns = [1, 16, 64] if quick else [1, 16, 64, 256]
         rows = bench_scale(ns, seconds=6 if quick else 30, interval=5.0)
@@ -368,9 +418,11 @@ def main() -> None:
         print(f"{'N':>4} {'scrapes':>7} {'cpu ms/scrape':>13} {'p99 ms':>8} {'core':>6}  budget")
         for r in rows:
             p99 = r["p99_scrape_to_figure_ms"]
-            print(f"{r['targets']:>4} {r['scrapes']:>7} {r['cpu_ms_per_scrape']:>13.2f} "
-                  f"{p99 if p99 is None else f'{p99:8.2f}':>8} {r['core_share']:>6.1%}  "
-                  + ("<25% met" if r["within_budget"] else "over 25%"))
+            print(
+                f"{r['targets']:>4} {r['scrapes']:>7} {r['cpu_ms_per_scrape']:>13.2f} "
+                f"{p99 if p99 is None else f'{p99:8.2f}':>8} {r['core_share']:>6.1%}  "
+                + ("<25% met" if r["within_budget"] else "over 25%")
+            )
         under = [r["targets"] for r in rows if r["within_budget"]]
         results["largest_n_within_budget"] = max(under) if under else None
         print(f"largest N within 25% of one core: {results['largest_n_within_budget']}")
@@ -379,20 +431,26 @@ def main() -> None:
         peak = bench_sidecar_peak_rss(5 if quick else 20)
         results["memory"] = {"window": mem, "sidecar": peak}
         print("\n3. memory (large payload)")
-        print(f"RSS after 100 scrapes {mem['rss_mb_after_100']:.1f} MB, after "
-              f"{mem['scrapes']} {mem['rss_mb_after_all']:.1f} MB: growth {mem['growth']:+.1%} "
-              + ("(flat within 5%: met)" if mem["flat_within_5pct"] else "(MISSED)"))
-        print(f"kvoffload serve, one target: peak RSS {peak['peak_rss_mb']:.1f} MB "
-              + ("(<60 MB: met)" if peak["under_60mb"] else "(MISSED)"))
+        print(
+            f"RSS after 100 scrapes {mem['rss_mb_after_100']:.1f} MB, after "
+            f"{mem['scrapes']} {mem['rss_mb_after_all']:.1f} MB: growth {mem['growth']:+.1%} "
+            + ("(flat within 5%: met)" if mem["flat_within_5pct"] else "(MISSED)")
+        )
+        print(
+            f"kvoffload serve, one target: peak RSS {peak['peak_rss_mb']:.1f} MB "
+            + ("(<60 MB: met)" if peak["under_60mb"] else "(MISSED)")
+        )
     if "analyze" in only:
         hours = [0.5, 2.0] if quick else [6.0, 24.0]
         rows = bench_analyze(hours, 15.0)
         results["analyze"] = rows
         print("\n4. analyze a recording at 15 s (large payload)")
         for r in rows:
-            print(f"{r['hours']:>5.1f} h: {r['scrapes']} scrapes, {r['file_mb']:.0f} MB, "
-                  f"{r['wall_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB "
-                  + ("(<10 s: met)" if r["under_10s"] else "(<10 s: MISSED)"))
+            print(
+                f"{r['hours']:>5.1f} h: {r['scrapes']} scrapes, {r['file_mb']:.0f} MB, "
+                f"{r['wall_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB "
+                + ("(<10 s: met)" if r["under_10s"] else "(<10 s: MISSED)")
+            )
     if "events" in only:
         ev = bench_events(1_000_000 if quick else 10_000_000)
         results["events"] = ev

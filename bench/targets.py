@@ -24,8 +24,9 @@ def main() -> None:
         key = request.match_info["i"]
         n = served.get(key, 0)
         served[key] = n + 1
-        return web.Response(body=bodies[n % len(bodies)],
-                            content_type="text/plain", charset="utf-8")
+        return web.Response(
+            body=bodies[n % len(bodies)], content_type="text/plain", charset="utf-8"
+        )
 
     app = web.Application()
     app.router.add_get("/t/{i}/metrics", metrics)

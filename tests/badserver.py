@@ -48,8 +48,13 @@ def make_bad_app() -> web.Application:
         return web.Response(text="# HELP up x\n# TYPE up gauge\nup 1\n")
 
     for path, handler in {
-        "/ok": ok, "/500": error500, "/slow": slow, "/truncated": truncated,
-        "/garbage": garbage, "/huge": huge, "/notvllm": not_vllm,
+        "/ok": ok,
+        "/500": error500,
+        "/slow": slow,
+        "/truncated": truncated,
+        "/garbage": garbage,
+        "/huge": huge,
+        "/notvllm": not_vllm,
     }.items():
         app.router.add_get(path, handler)
     return app

@@ -40,8 +40,9 @@ def h200_scrapes(server: str = "8b-offload") -> list[tuple[float, str]]:
     return out
 
 
-def recording_text(scrapes: list[tuple[float, Exposition | str]], instance: str = "vllm:8000"
-                   ) -> str:
+def recording_text(
+    scrapes: list[tuple[float, Exposition | str]], instance: str = "vllm:8000"
+) -> str:
     buf = io.StringIO()
     writer = RecordingWriter(buf, instance=instance, job="vllm")
     for ts, body in scrapes:

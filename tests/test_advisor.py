@@ -20,8 +20,11 @@ def run_scenario(name: str, interval: float | None = None) -> list[dict]:
     t = 0.0
     while t <= sc.duration_s:
         sim.advance_to(t)
-        window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
-                              sc.start_epoch + t, "sim:8000"))
+        window.update(
+            extract(
+                parse_text(sim.render(), wanted, WANTED_FAMILIES), sc.start_epoch + t, "sim:8000"
+            )
+        )
         t += interval
     return analyze_window(window)
 
@@ -62,11 +65,18 @@ def test_two_models_in_one_process_are_judged_apart():
 
 
 BASE = {
-    "prompt_tokens_per_second": 1000.0, "gpu_prefix_hit_ratio": 0.3, "speedup": 5.0,
-    "reuse_ratio": 0.5, "cpu_fill_seconds": 600.0, "cpu_capacity_tokens": 40_000.0,
-    "gpu_capacity_tokens": 10_000.0, "cpu_capacity_bytes": 4 * GIB,
-    "gpu_capacity_bytes": 1 * GIB, "gpu_turnover_seconds": 30.0,
-    "cpu_fill_ratio_since_start": 3.0, "offload_hit_ratio": 0.4,
+    "prompt_tokens_per_second": 1000.0,
+    "gpu_prefix_hit_ratio": 0.3,
+    "speedup": 5.0,
+    "reuse_ratio": 0.5,
+    "cpu_fill_seconds": 600.0,
+    "cpu_capacity_tokens": 40_000.0,
+    "gpu_capacity_tokens": 10_000.0,
+    "cpu_capacity_bytes": 4 * GIB,
+    "gpu_capacity_bytes": 1 * GIB,
+    "gpu_turnover_seconds": 30.0,
+    "cpu_fill_ratio_since_start": 3.0,
+    "offload_hit_ratio": 0.4,
 }
 
 
@@ -83,15 +93,24 @@ def test_the_counter_speedup_is_a_figure_not_the_judge():
 
 
 def _effect(seconds: float, low: float, high: float) -> Effect:
-    return Effect(seconds, low, high, {"reload_wait_seconds": 0.012, "store_seconds": 0.01,
-                                       "recompute_saved_seconds": 0.001,
-                                       "reloaded_tokens_per_request": 400.0})
+    return Effect(
+        seconds,
+        low,
+        high,
+        {
+            "reload_wait_seconds": 0.012,
+            "store_seconds": 0.01,
+            "recompute_saved_seconds": 0.001,
+            "reloaded_tokens_per_request": 400.0,
+        },
+    )
 
 
 def test_a_tier_that_hits_but_costs_ttft_is_disabled():
     rec = advise(BASE, True, 3600, prompt_tokens=1e6)
-    judged = judge_ttft(rec, True, 0.084, _effect(0.024, 0.020, 0.028), None, Thresholds(),
-                        hit_ratio_now=0.72)
+    judged = judge_ttft(
+        rec, True, 0.084, _effect(0.024, 0.020, 0.028), None, Thresholds(), hit_ratio_now=0.72
+    )
     assert judged.action == "disable"
     assert judged.ttft_change_seconds == -0.024 and judged.ttft_change_basis == "measured"
     assert judged.ttft_change_range_seconds == [-0.028, -0.020]
@@ -101,11 +120,18 @@ def test_a_tier_that_hits_but_costs_ttft_is_disabled():
 
 def test_a_saving_within_its_uncertainty_or_under_the_bar_does_not_keep_a_tier():
     for effect in (_effect(-0.02, -0.06, 0.01), _effect(-0.004, -0.006, -0.002)):
-        rec = judge_ttft(advise(BASE, True, 3600, prompt_tokens=1e6), True, 0.084, effect,
-                         None, Thresholds())
+        rec = judge_ttft(
+            advise(BASE, True, 3600, prompt_tokens=1e6), True, 0.084, effect, None, Thresholds()
+        )
         assert rec.action == "disable" and "saves too little" in rec.reasons[0]
-    rec = judge_ttft(advise(BASE, True, 3600, prompt_tokens=1e6), True, 0.084,
-                     _effect(-0.03, -0.05, -0.01), None, Thresholds())
+    rec = judge_ttft(
+        advise(BASE, True, 3600, prompt_tokens=1e6),
+        True,
+        0.084,
+        _effect(-0.03, -0.05, -0.01),
+        None,
+        Thresholds(),
+    )
     assert rec.action == "keep" and rec.ttft_change_seconds is None
     assert any("the CPU tier pays" in r for r in rec.reasons)
 
@@ -114,13 +140,13 @@ def test_enable_only_when_the_predicted_saving_clears_its_range():
     off = {**BASE, "gpu_kv_usage_ratio": 0.9, "gpu_prefix_hit_ratio": 0.2}
     rec = advise(off, False, 3600, prompt_tokens=1e6)
     assert rec.action == "enable"
-    saving = judge_ttft(rec, False, 0.1, None, lambda size: _effect(-0.03, -0.05, -0.01),
-                        Thresholds())
+    saving = judge_ttft(
+        rec, False, 0.1, None, lambda size: _effect(-0.03, -0.05, -0.01), Thresholds()
+    )
     assert saving.action == "enable" and saving.ttft_change_seconds == -0.03
     assert saving.ttft_change_basis == "predicted"
     rec = advise(off, False, 3600, prompt_tokens=1e6)
-    cost = judge_ttft(rec, False, 0.1, None, lambda size: _effect(0.015, 0.005, 0.02),
-                      Thresholds())
+    cost = judge_ttft(rec, False, 0.1, None, lambda size: _effect(0.015, 0.005, 0.02), Thresholds())
     assert cost.action == "leave_off" and cost.ttft_change_seconds is None
     assert "would hit, but" in cost.reasons[0] and "worse" in cost.reasons[0]
 
@@ -142,21 +168,32 @@ def test_thresholds_are_configurable():
     rec = advise(BASE, True, 3600, prompt_tokens=1e6, t=Thresholds(low_reuse_ratio=0.6))
     assert rec.action == "store_threshold"  # BASE's reuse ratio is 0.5
     strict = Thresholds(min_ttft_saving_seconds=0.05)
-    rec = judge_ttft(advise(BASE, True, 3600, prompt_tokens=1e6), True, 0.084,
-                     _effect(-0.03, -0.05, -0.01), None, strict)
+    rec = judge_ttft(
+        advise(BASE, True, 3600, prompt_tokens=1e6),
+        True,
+        0.084,
+        _effect(-0.03, -0.05, -0.01),
+        None,
+        strict,
+    )
     assert rec.action == "disable"  # 30 ms saved is under a 50 ms bar
 
 
-@pytest.mark.parametrize("gib, rounded", [(0.1, 0.25), (0.26, 0.5), (3.9, 4.0), (4.2, 5.0),
-                                          (33, 36.0)])
+@pytest.mark.parametrize(
+    "gib, rounded", [(0.1, 0.25), (0.26, 0.5), (3.9, 4.0), (4.2, 5.0), (33, 36.0)]
+)
 def test_round_size(gib, rounded):
     assert round_size_gib(gib * GIB) == rounded
 
 
 def test_sizes_are_per_engine_and_the_memory_check_counts_every_engine():
     # Two DP engines, 4 GiB of CPU tier each (8 GiB summed): grow is sized per engine.
-    two = {**BASE, "cpu_capacity_bytes": 8 * GIB, "gpu_capacity_bytes": 2 * GIB,
-           "allocation_failures_per_second": 0.5}
+    two = {
+        **BASE,
+        "cpu_capacity_bytes": 8 * GIB,
+        "gpu_capacity_bytes": 2 * GIB,
+        "allocation_failures_per_second": 0.5,
+    }
     rec = advise(two, True, 3600, prompt_tokens=1e6, engines=2)
     assert rec.action == "grow" and rec.kv_offloading_size_gib == 10.0
     # 2 × 10 GiB + 20% > 16 GiB: the pod OOMs although one engine's tier would fit.
@@ -171,14 +208,22 @@ def test_the_enable_rule_is_the_alerts_condition():
     from kvoffload.analysis.conditions import ENABLE
 
     t = Thresholds()
-    quiet = {**BASE, "gpu_kv_usage_ratio": 0.3, "preemptions_per_second": 0.0,
-             "waiting_for_capacity": 0.0}
-    for figures in ({**quiet, "gpu_turnover_seconds": 62.5},
-                    {**quiet, "gpu_turnover_seconds": 6250.0},
-                    {**quiet, "gpu_turnover_seconds": None, "gpu_kv_usage_ratio": 0.95},
-                    {**quiet, "gpu_turnover_seconds": 62.5, "gpu_prefix_hit_ratio": 0.8},
-                    {**quiet, "gpu_turnover_seconds": 62.5, "gpu_prefix_hit_ratio": 0.0}):
+    quiet = {
+        **BASE,
+        "gpu_kv_usage_ratio": 0.3,
+        "preemptions_per_second": 0.0,
+        "waiting_for_capacity": 0.0,
+    }
+    for figures in (
+        {**quiet, "gpu_turnover_seconds": 62.5},
+        {**quiet, "gpu_turnover_seconds": 6250.0},
+        {**quiet, "gpu_turnover_seconds": None, "gpu_kv_usage_ratio": 0.95},
+        {**quiet, "gpu_turnover_seconds": 62.5, "gpu_prefix_hit_ratio": 0.8},
+        {**quiet, "gpu_turnover_seconds": 62.5, "gpu_prefix_hit_ratio": 0.0},
+    ):
         rec = advise(figures, False, 3600, prompt_tokens=1e6)
         assert (rec.action == "enable") == ENABLE.holds(figures, t), figures
-    assert advise({**quiet, "gpu_turnover_seconds": 62.5}, False, 3600,
-                  prompt_tokens=1e6).action == "enable"
+    assert (
+        advise({**quiet, "gpu_turnover_seconds": 62.5}, False, 3600, prompt_tokens=1e6).action
+        == "enable"
+    )

@@ -12,9 +12,18 @@ from helpers import FIXTURES, SAMPLE, free_port
 
 KVO = [sys.executable, "-m", "kvoffload"]
 CONTRACT_FIGURES = {
-    "offload_hit_ratio", "gpu_prefix_hit_ratio", "load_gbps", "store_gbps", "reuse_ratio",
-    "wasted_bytes", "kv_bytes_per_token", "recompute_tokens_per_second",
-    "load_tokens_per_second", "speedup", "cpu_capacity_tokens", "gpu_capacity_tokens",
+    "offload_hit_ratio",
+    "gpu_prefix_hit_ratio",
+    "load_gbps",
+    "store_gbps",
+    "reuse_ratio",
+    "wasted_bytes",
+    "kv_bytes_per_token",
+    "recompute_tokens_per_second",
+    "load_tokens_per_second",
+    "speedup",
+    "cpu_capacity_tokens",
+    "gpu_capacity_tokens",
 }
 
 
@@ -38,8 +47,15 @@ def test_analyze_json_contract():
     assert group["offloading"] is True
     assert set(group["figures"]) >= CONTRACT_FIGURES
     rec = group["recommendation"]
-    assert rec["action"] in {"enable", "leave_off", "keep", "grow", "shrink",
-                             "store_threshold", "disable"}
+    assert rec["action"] in {
+        "enable",
+        "leave_off",
+        "keep",
+        "grow",
+        "shrink",
+        "store_threshold",
+        "disable",
+    }
     assert set(rec) >= {"action", "kv_offloading_size_gib", "reasons"}
 
 
@@ -53,14 +69,17 @@ def garbage_files(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("name, words", [
-    ("missing.om", "no such file"),
-    ("binary.om", "not a text file"),
-    ("empty.om", "empty file"),
-    ("truncated.om", "truncated recording"),
-    ("broken.prom", "unterminated label set"),
-    ("html.prom", "not a metric line"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("missing.om", "no such file"),
+        ("binary.om", "not a text file"),
+        ("empty.om", "empty file"),
+        ("truncated.om", "truncated recording"),
+        ("broken.prom", "unterminated label set"),
+        ("html.prom", "not a metric line"),
+    ],
+)
 def test_bad_files_exit_2_with_one_line(garbage_files, name, words):
     r = kvo("analyze", str(garbage_files / name))
     assert r.returncode == 2
@@ -70,9 +89,12 @@ def test_bad_files_exit_2_with_one_line(garbage_files, name, words):
 
 
 def test_bad_arguments_exit_2():
-    for args in (["analyze"], ["analyze", str(SAMPLE), "--window", "soon"],
-                 ["analyze", "--target", f"http://127.0.0.1:{free_port()}/metrics"],
-                 ["serve", "--target", "not-a-url"]):
+    for args in (
+        ["analyze"],
+        ["analyze", str(SAMPLE), "--window", "soon"],
+        ["analyze", "--target", f"http://127.0.0.1:{free_port()}/metrics"],
+        ["serve", "--target", "not-a-url"],
+    ):
         r = kvo(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
@@ -82,11 +104,23 @@ def test_bad_arguments_exit_2():
 def static_server():
     """Serves the fixtures directory over HTTP, as if each file were a /metrics endpoint."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
-                             "127.0.0.1", "--directory", str(FIXTURES)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(FIXTURES),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 10
     import urllib.request
+
     while time.time() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
@@ -100,8 +134,17 @@ def static_server():
 
 def test_record_then_analyze_then_promtool_backfill(static_server, tmp_path):
     out = tmp_path / "rec.om"
-    r = kvo("record", "--target", f"{static_server}/{SAMPLE.name}", "--interval", "0.3s",
-            "--duration", "1s", "-o", str(out))
+    r = kvo(
+        "record",
+        "--target",
+        f"{static_server}/{SAMPLE.name}",
+        "--interval",
+        "0.3s",
+        "--duration",
+        "1s",
+        "-o",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert text.endswith("# EOF\n") and not (tmp_path / "rec.om.partial").exists()
@@ -117,15 +160,27 @@ def test_record_then_analyze_then_promtool_backfill(static_server, tmp_path):
 
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed by `make test` (Debian package prometheus)"
-    r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(out),
-                        str(tmp_path / "tsdb")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(out), str(tmp_path / "tsdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "NUM SAMPLES" in r.stdout
 
 
 def test_analyze_live_target(static_server):
-    r = kvo("analyze", "--target", f"{static_server}/{SAMPLE.name}", "--duration", "0.6s",
-            "--interval", "0.3s", "--json")
+    r = kvo(
+        "analyze",
+        "--target",
+        f"{static_server}/{SAMPLE.name}",
+        "--duration",
+        "0.6s",
+        "--interval",
+        "0.3s",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     (group,) = json.loads(r.stdout)["groups"]
     assert group["labels"]["instance"].startswith("127.0.0.1:")
@@ -183,17 +238,40 @@ def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_p
     both give the same JSON."""
     import signal
 
-    sim = subprocess.Popen([*KVO, "sim", "--scenario", "laptop-eviction", "--speed", "60",
-                            "--listen", f"127.0.0.1:{(port := free_port())}"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sim = subprocess.Popen(
+        [
+            *KVO,
+            "sim",
+            "--scenario",
+            "laptop-eviction",
+            "--speed",
+            "60",
+            "--listen",
+            f"127.0.0.1:{(port := free_port())}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for sig, name in ((signal.SIGTERM, "term.om"), (signal.SIGKILL, "kill.om")):
             out = tmp_path / name
             journal = tmp_path / (name + ".partial")
-            rec = subprocess.Popen([*KVO, "record", "--target",
-                                    f"http://127.0.0.1:{port}/metrics", "--interval", "0.2s",
-                                    "--duration", "1h", "-o", str(out)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            rec = subprocess.Popen(
+                [
+                    *KVO,
+                    "record",
+                    "--target",
+                    f"http://127.0.0.1:{port}/metrics",
+                    "--interval",
+                    "0.2s",
+                    "--duration",
+                    "1h",
+                    "-o",
+                    str(out),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             time.sleep(3)
             rec.send_signal(sig)
             rec.wait(timeout=20)

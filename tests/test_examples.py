@@ -12,8 +12,12 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 def test_prometheus_example_config_and_its_rule_files_check():
     promtool = shutil.which("promtool")
     assert promtool, "make test installs Debian's prometheus (promtool)"
-    r = subprocess.run([promtool, "check", "config", str(EXAMPLES / "prometheus.yml")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [promtool, "check", "config", str(EXAMPLES / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout + r.stderr and "rules found" in r.stdout + r.stderr
 
@@ -21,8 +25,12 @@ def test_prometheus_example_config_and_its_rule_files_check():
 def test_alertmanager_example_config_checks():
     amtool = shutil.which("amtool")
     assert amtool, "make test installs Debian's prometheus-alertmanager (amtool)"
-    r = subprocess.run([amtool, "check-config", str(EXAMPLES / "alertmanager.yml")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [amtool, "check-config", str(EXAMPLES / "alertmanager.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -33,8 +41,9 @@ def test_compose_and_kubernetes_examples_run_the_sidecar_with_real_flags():
 
     compose = yaml.safe_load((EXAMPLES / "docker-compose.yml").read_text())
     pod = yaml.safe_load((EXAMPLES / "kubernetes" / "vllm-with-kvoffload.yaml").read_text())
-    (sidecar,) = [c for c in pod["spec"]["template"]["spec"]["containers"]
-                  if c["name"] == "kvoffload"]
+    (sidecar,) = [
+        c for c in pod["spec"]["template"]["spec"]["containers"] if c["name"] == "kvoffload"
+    ]
     for args in (compose["services"]["kvoffload"]["command"], sidecar["args"]):
         assert args[0] == "serve"
         # Every flag the examples use exists: --help parses them without running the server.

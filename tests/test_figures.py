@@ -82,7 +82,7 @@ def test_flat_family_without_samples_is_zero_so_far_not_legacy():
 
 
 def test_offloading_off_gives_undefined_not_zero():
-    body = (h200_scrapes("8b-nooffload")[-1][1])
+    body = h200_scrapes("8b-nooffload")[-1][1]
     g = figures_of([parse_text(body, wanted, WANTED_FAMILIES)])
     f = g["figures"]
     assert g["offloading"] is False
@@ -98,7 +98,7 @@ def _h200_expositions(restart_at: int | None = None):
     if restart_at is not None:
         base_ts, base = parsed[restart_at]
         parsed = parsed[: restart_at + 1] + [
-            (ts, restarted(expo, base, base_ts + 0.01)) for ts, expo in parsed[restart_at + 1:]
+            (ts, restarted(expo, base, base_ts + 0.01)) for ts, expo in parsed[restart_at + 1 :]
         ]
     text = recording_text(parsed)
     return list(iter_openmetrics(io.StringIO(text), wanted, WANTED_FAMILIES))
@@ -145,8 +145,10 @@ def test_nan_and_inf_samples_are_absent_not_poison():
     for t in range(0, 120, 10):
         usage = "NaN" if t == 20 else "+Inf" if t == 30 else "0.5"
         tokens = "NaN" if t == 40 else t
-        body = (f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
-                f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {tokens}\n')
+        body = (
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
+            f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {tokens}\n'
+        )
         win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), 1000.0 + t, "i"))
     (group,) = analyze_window(win)
     assert group["figures"]["gpu_kv_usage_ratio"] == 0.5
@@ -160,7 +162,8 @@ def test_tiering_secondary_tier_series_do_not_hide_the_cpu_tier():
         'vllm:kv_offload_config_info{cpu_blocks_per_chunk="",cpu_kv_cache_size_bytes="",'
         'cpu_kv_cache_size_tokens="",cpu_num_chunks="",engine="0",'
         'model_name="Qwen/Qwen3-Reranker-0.6B",tier="1:fs"} 1.0\n'
-        'vllm:kv_offload_config_info{cpu_blocks_per_chunk="1",tier="0:primary"')
+        'vllm:kv_offload_config_info{cpu_blocks_per_chunk="1",tier="0:primary"',
+    )
     f = figures_of([parse_text(text, wanted, WANTED_FAMILIES)])["figures"]
     assert f["cpu_capacity_tokens"] == 4_672 and f["cpu_capacity_bytes"] == 535_822_336
 
@@ -175,7 +178,8 @@ def test_request_gauges_are_summed_over_engines_ratios_averaged():
             f'vllm:num_requests_waiting_by_reason{{engine="{e}",model_name="m",'
             f'reason="capacity"}} 4\nvllm:kv_cache_usage_perc{{engine="{e}",model_name="m"}} '
             f'{0.2 * (e + 1)}\nvllm:prompt_tokens_total{{engine="{e}",model_name="m"}} {t}\n'
-            for e in (0, 1))
+            for e in (0, 1)
+        )
         win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), 1000.0 + t, "i"))
     (group,) = analyze_window(win)
     assert group["figures"]["waiting_for_capacity"] == 8
@@ -188,8 +192,9 @@ def test_engines_are_those_of_the_latest_scrape():
 
     win = Window(None)
     for t, engines in ((0, (0, 1)), (60, (0, 1)), (120, (0,))):  # DP 2 → 1
-        body = "".join(f'vllm:prompt_tokens_total{{engine="{e}",model_name="m"}} {t}\n'
-                       for e in engines)
+        body = "".join(
+            f'vllm:prompt_tokens_total{{engine="{e}",model_name="m"}} {t}\n' for e in engines
+        )
         win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), 1000.0 + t, "i"))
     (group,) = analyze_window(win)
     assert group["engines"] == ["0"]

@@ -24,8 +24,16 @@ from kvoffload.sim.server import make_app as make_sim_app
 
 from helpers import running
 
-SCENARIOS = ["laptop-eviction", "rag-hot-set-fits", "buffer-too-small", "no-reuse", "dp2",
-             "restart", "legacy-0.23", "recompute-wins"]
+SCENARIOS = [
+    "laptop-eviction",
+    "rag-hot-set-fits",
+    "buffer-too-small",
+    "no-reuse",
+    "dp2",
+    "restart",
+    "legacy-0.23",
+    "recompute-wins",
+]
 
 
 def whole_run(name: str, interval: float | None = None):
@@ -36,14 +44,22 @@ def whole_run(name: str, interval: float | None = None):
     t = 0.0
     while True:
         sim.advance_to(t)
-        window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
-                              sc.start_epoch + t, "sim:8000"))
+        window.update(
+            extract(
+                parse_text(sim.render(), wanted, WANTED_FAMILIES), sc.start_epoch + t, "sim:8000"
+            )
+        )
         if t >= sc.duration_s:
             break
         t = min(t + interval, sc.duration_s)
     sim.advance_to(sc.duration_s + 60)  # let the last stores land, as a late scrape would
-    window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
-                          sc.start_epoch + sc.duration_s + 60, "sim:8000"))
+    window.update(
+        extract(
+            parse_text(sim.render(), wanted, WANTED_FAMILIES),
+            sc.start_epoch + sc.duration_s + 60,
+            "sim:8000",
+        )
+    )
     (group,) = analyze_window(window)
     return group, sim.ground_truth(include_requests=False)
 
@@ -66,17 +82,20 @@ def test_figures_match_ground_truth(name):
 
 def test_wasted_proxy_is_exact_when_each_reload_reads_once():
     group, truth = whole_run("laptop-eviction")
-    assert group["figures"]["wasted_bytes"] == pytest.approx(truth["never_reloaded_bytes"],
-                                                             rel=0.01)
+    assert group["figures"]["wasted_bytes"] == pytest.approx(
+        truth["never_reloaded_bytes"], rel=0.01
+    )
 
 
 async def _live(speed: float, seconds: float):
     sim = SimServer(scenarios.get("laptop-eviction"))
     async with running(make_sim_app(sim, speed=speed)) as sim_port:
-        sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{sim_port}/metrics"],
-                                        interval_seconds=0.25, window_seconds=3600))
-        async with running(make_sidecar_app(sidecar)) as side_port, \
-                aiohttp.ClientSession() as s:
+        sidecar = Sidecar(
+            SidecarConfig(
+                [f"http://127.0.0.1:{sim_port}/metrics"], interval_seconds=0.25, window_seconds=3600
+            )
+        )
+        async with running(make_sidecar_app(sidecar)) as side_port, aiohttp.ClientSession() as s:
             await asyncio.sleep(seconds)
             async with s.get(f"http://127.0.0.1:{side_port}/api/v1/status") as r:
                 status = await r.json()

@@ -20,7 +20,9 @@ def test_repeats_are_held_back_and_counted(monkeypatch):
         log("scrape failed: http://vllm:8000/metrics: cannot connect")
         clock[0] += 1
     log("another target failed")
-    assert records == ["scrape failed: http://vllm:8000/metrics: cannot connect",
-                       "scrape failed: http://vllm:8000/metrics: cannot connect "
-                       "(and 59 more times in the last 60 s)",
-                       "another target failed"]
+    assert records == [
+        "scrape failed: http://vllm:8000/metrics: cannot connect",
+        "scrape failed: http://vllm:8000/metrics: cannot connect "
+        "(and 59 more times in the last 60 s)",
+        "another target failed",
+    ]

@@ -26,25 +26,28 @@ def test_filter_keeps_only_catalog_samples():
 
 def test_labels_with_escapes_and_commas():
     body = 'm{a="x,\\"y\\"",b="back\\\\slash",c="new\\nline"} 1.5\n'
-    (name, labels, value, ts), = parse_text(body).samples
+    ((name, labels, value, ts),) = parse_text(body).samples
     assert labels == {"a": 'x,"y"', "b": "back\\slash", "c": "new\nline"}
     assert (name, value, ts) == ("m", 1.5, None)
 
 
 def test_colon_escaped_names_are_canonical():
-    (name, *_), = parse_text("vllm_kv_offload_load_bytes_total 3\n").samples
+    ((name, *_),) = parse_text("vllm_kv_offload_load_bytes_total 3\n").samples
     assert name == "vllm:kv_offload_load_bytes_total"
 
 
-@pytest.mark.parametrize("body, message", [
-    (b"\x00\x01\x02garbage", "NUL"),
-    (b"\xff\xfe\xfd", "UTF-8"),
-    ("vllm:x{engine=\"0\" 1\n", "label"),
-    ("vllm:x{engine=\"0\"} abc\n", "bad number"),
-    ("<html><body>oops</body></html>\n", "not a metric line"),
-    ("vllm:x\n", "without a value"),
-    ("# TYPE broken\n", "TYPE"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"\x00\x01\x02garbage", "NUL"),
+        (b"\xff\xfe\xfd", "UTF-8"),
+        ('vllm:x{engine="0" 1\n', "label"),
+        ('vllm:x{engine="0"} abc\n', "bad number"),
+        ("<html><body>oops</body></html>\n", "not a metric line"),
+        ("vllm:x\n", "without a value"),
+        ("# TYPE broken\n", "TYPE"),
+    ],
+)
 def test_garbage_is_one_line_error(body, message):
     with pytest.raises(ParseError) as err:
         parse_text(body)
@@ -54,8 +57,14 @@ def test_garbage_is_one_line_error(body, message):
 
 def test_openmetrics_stream_splits_scrapes_by_timestamp():
     text = [
-        "# TYPE a counter\n", 'a_total{x="1"} 1 10.0\n', "# TYPE b gauge\n", "b 2 10.0\n",
-        "# TYPE a counter\n", 'a_total{x="1"} 3 20.0\n', "# TYPE b gauge\n", "b 4 20.0\n",
+        "# TYPE a counter\n",
+        'a_total{x="1"} 1 10.0\n',
+        "# TYPE b gauge\n",
+        "b 2 10.0\n",
+        "# TYPE a counter\n",
+        'a_total{x="1"} 3 20.0\n',
+        "# TYPE b gauge\n",
+        "b 4 20.0\n",
         "# EOF\n",
     ]
     scrapes = list(iter_openmetrics(text))
@@ -74,15 +83,18 @@ def test_openmetrics_time_going_back_is_rejected():
         list(iter_openmetrics(["a 1 10.0\n", "b 1 5.0\n", "# EOF\n"]))
 
 
-@pytest.mark.parametrize("label_text, expected", [
-    ('a="1",b="2"', {"a": "1", "b": "2"}),
-    ('a="1",', {"a": "1"}),
-    ('a="1", b="x,y"', {"a": "1", "b": "x,y"}),
-    ('a="say \\"hi\\"",b="2"', {"a": 'say "hi"', "b": "2"}),
-    ('a="",b="=\\""', {"a": "", "b": '="'}),
-])
+@pytest.mark.parametrize(
+    "label_text, expected",
+    [
+        ('a="1",b="2"', {"a": "1", "b": "2"}),
+        ('a="1",', {"a": "1"}),
+        ('a="1", b="x,y"', {"a": "1", "b": "x,y"}),
+        ('a="say \\"hi\\"",b="2"', {"a": 'say "hi"', "b": "2"}),
+        ('a="",b="=\\""', {"a": "", "b": '="'}),
+    ],
+)
 def test_label_sets_fast_and_slow_paths_agree(label_text, expected):
-    (_, labels, value, _), = parse_text(f"m{{{label_text}}} 2\n").samples
+    ((_, labels, value, _),) = parse_text(f"m{{{label_text}}} 2\n").samples
     assert labels == expected and value == 2
 
 
@@ -106,8 +118,10 @@ def test_filtered_streaming_keeps_exactly_what_a_full_parse_keeps(chunk_size):
 
     def scrapes(wanted_fn, families):
         chunks = read_chunks(io.StringIO(text), chunk_size)
-        return [[(n, lb, v, ts) for n, lb, v, ts in e.samples if wanted(n)]
-                for e in iter_openmetrics(chunks, wanted_fn, families)]
+        return [
+            [(n, lb, v, ts) for n, lb, v, ts in e.samples if wanted(n)]
+            for e in iter_openmetrics(chunks, wanted_fn, families)
+        ]
 
     filtered = scrapes(wanted, WANTED_FAMILIES)
     assert filtered == scrapes(None, None)
@@ -127,6 +141,7 @@ def test_a_filter_decides_for_itself_whatever_another_filter_cached():
     for i in range(20):  # fresh filters every call: the per-filter caches stay bounded
         parse_text(body, lambda name, i=i: name == "a_total")
     from kvoffload.ingest import parse
+
     assert len(parse._HEAD_CACHES) <= 8
 
 

@@ -31,8 +31,11 @@ def relayout(text: str, mode: str) -> str:
     for type_line, series in families.values():
         out.append(type_line)
         if mode == "family":
-            rows = [(float(line.rsplit(" ", 1)[1]), i, line)
-                    for i, lines in enumerate(series.values()) for line in lines]
+            rows = [
+                (float(line.rsplit(" ", 1)[1]), i, line)
+                for i, lines in enumerate(series.values())
+                for line in lines
+            ]
             out += [line for _ts, _i, line in sorted(rows)]
         else:
             out += [line for lines in series.values() for line in lines]
@@ -40,8 +43,21 @@ def relayout(text: str, mode: str) -> str:
 
 
 def analyze(path: Path, events: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "kvoffload", "analyze", str(path), "--events",
-                        str(events), "--json"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "analyze",
+            str(path),
+            "--events",
+            str(events),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     out.pop("source")

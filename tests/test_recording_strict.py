@@ -79,8 +79,12 @@ def promtool_samples(path: Path, tmp: Path) -> int:
     the samples it ingested."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed by `make test` (Debian package prometheus)"
-    r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(path),
-                        str(tmp)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(path), str(tmp)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if re.match(r"[0-9A-Z]{26}\s", line)]
     assert rows, r.stdout
@@ -88,6 +92,7 @@ def promtool_samples(path: Path, tmp: Path) -> int:
 
 
 # -- a recording against real vLLM bodies ------------------------------------------------------
+
 
 def _serve(bodies: dict[str, list[str]]) -> Iterator[dict[str, str]]:
     """One loopback server per name, each answering /metrics with its next body (the last one
@@ -157,18 +162,23 @@ def analyze_json(path: Path) -> dict:
 
 
 def test_record_writes_openmetrics_that_prometheus_client_and_promtool_accept(
-        vllm_targets, tmp_path):
+    vllm_targets, tmp_path
+):
     out = tmp_path / "run.om"
-    r = kvo("record", *targets(vllm_targets), "--interval", "0.15s", "--duration", "3s",
-            "-o", str(out))
+    r = kvo(
+        "record", *targets(vllm_targets), "--interval", "0.15s", "--duration", "3s", "-o", str(out)
+    )
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "run.om.partial").exists()
     text = out.read_text()
     samples = assert_strict(text)
     assert text.count("# TYPE vllm:kv_offload_size histogram\n") == 1
     times = {line.rsplit(" ", 1)[1] for line in text.splitlines() if line[:1] != "#"}
-    offload = {line.rsplit(" ", 1)[1] for line in text.splitlines()
-               if line.startswith("vllm:kv_offload_size_count{")}
+    offload = {
+        line.rsplit(" ", 1)[1]
+        for line in text.splitlines()
+        if line.startswith("vllm:kv_offload_size_count{")
+    }
     engine1 = {line.rsplit(" ", 1)[1] for line in text.splitlines() if 'engine="1"' in line}
     assert 1 < len(offload) < len(times) / 2 and 1 < len(engine1) < len(times) / 3
     assert promtool_samples(out, tmp_path / "tsdb") == samples
@@ -178,17 +188,31 @@ def test_record_writes_openmetrics_that_prometheus_client_and_promtool_accept(
 
 
 def test_killed_record_leaves_a_journal_analyze_reads_like_the_finished_file(
-        vllm_targets, tmp_path):
+    vllm_targets, tmp_path
+):
     out = tmp_path / "killed.om"
     journal = tmp_path / "killed.om.partial"
-    rec = subprocess.Popen([*KVO, "record", *targets(vllm_targets), "--interval", "0.15s",
-                            "--duration", "1h", "-o", str(out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rec = subprocess.Popen(
+        [
+            *KVO,
+            "record",
+            *targets(vllm_targets),
+            "--interval",
+            "0.15s",
+            "--duration",
+            "1h",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (
-                not journal.exists() or journal.read_text().count("# TYPE python_gc_objects_"
-                                                                  "collected counter") < 12):
+            not journal.exists()
+            or journal.read_text().count("# TYPE python_gc_objects_collected counter") < 12
+        ):
             time.sleep(0.1)
     finally:
         rec.send_signal(signal.SIGKILL)
@@ -208,6 +232,7 @@ def test_killed_record_leaves_a_journal_analyze_reads_like_the_finished_file(
 
 
 # -- the rewrite and the regroup, in process ---------------------------------------------------
+
 
 def _fixture(set_name: str, server: str) -> str:
     return lzma.decompress((SETS / set_name / f"{server}.om.xz").read_bytes()).decode()
@@ -242,8 +267,12 @@ def test_spilling_to_disk_changes_nothing(tmp_path, monkeypatch):
     finalize_journal(str(src), str(spilled), tmp_dir=str(tmp_path))
     assert spilled.read_bytes() == in_memory.read_bytes()
     with open(in_memory) as fh:
-        regrouped = [(e.timestamp, e.samples) for e in iter_openmetrics(
-            read_chunks(fh, 50_000), unordered=True, tmp_dir=str(tmp_path))]
+        regrouped = [
+            (e.timestamp, e.samples)
+            for e in iter_openmetrics(
+                read_chunks(fh, 50_000), unordered=True, tmp_dir=str(tmp_path)
+            )
+        ]
     monkeypatch.undo()
     assert regrouped == [(e.timestamp, e.samples) for e in read_recording(str(in_memory))]
     assert [(ts, sorted(samples, key=repr)) for ts, samples in regrouped] == _scrapes(src)

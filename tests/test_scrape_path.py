@@ -27,9 +27,11 @@ def stamped_app() -> web.Application:
         state["n"] += 1
         n = state["n"]
         ts = 1_800_000_000.0 + VIRTUAL_SECONDS_PER_SCRAPE * n
-        body = ("# TYPE vllm:prompt_tokens_total counter\n"
-                f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} '
-                f"{TOKENS_PER_SCRAPE * n} {ts * 1000:.0f}\n")
+        body = (
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} '
+            f"{TOKENS_PER_SCRAPE * n} {ts * 1000:.0f}\n"
+        )
         return web.Response(text=body, content_type="text/plain")
 
     app = web.Application()
@@ -75,8 +77,11 @@ def test_analyze_target_honours_the_targets_clock():
 def test_the_sidecar_honours_the_targets_clock():
     async def run() -> float:
         async with running(stamped_app()) as port:
-            sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{port}/metrics"],
-                                            interval_seconds=0.1, window_seconds=3600))
+            sidecar = Sidecar(
+                SidecarConfig(
+                    [f"http://127.0.0.1:{port}/metrics"], interval_seconds=0.1, window_seconds=3600
+                )
+            )
             await sidecar.start()
             try:
                 await asyncio.sleep(0.6)
@@ -94,10 +99,25 @@ def test_record_writes_the_targets_clock(tmp_path):
     port, stop = _serve_in_thread()
     out = tmp_path / "run.om"
     try:
-        r = subprocess.run([sys.executable, "-m", "kvoffload", "record", "--target",
-                            f"http://127.0.0.1:{port}/metrics", "--interval", "0.1s",
-                            "--duration", "0.5s", "-o", str(out)],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvoffload",
+                "record",
+                "--target",
+                f"http://127.0.0.1:{port}/metrics",
+                "--interval",
+                "0.1s",
+                "--duration",
+                "0.5s",
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         stop.set()
     assert r.returncode == 0, r.stderr

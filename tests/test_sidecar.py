@@ -39,8 +39,15 @@ async def _sidecar_against_bad_targets():
     # Each misbehaving route gets its own loopback address so instances stay distinct.
     targets += [f"http://{h}:{bad_port}/{p}" for h, p in zip(hosts[:5], BAD[1:], strict=True)]
     targets.append(f"http://127.0.0.1:{dead_port}/metrics")
-    sidecar = Sidecar(SidecarConfig(targets, interval_seconds=0.2, window_seconds=60,
-                                    timeout_seconds=1.0, max_payload_bytes=1_000_000))
+    sidecar = Sidecar(
+        SidecarConfig(
+            targets,
+            interval_seconds=0.2,
+            window_seconds=60,
+            timeout_seconds=1.0,
+            max_payload_bytes=1_000_000,
+        )
+    )
     runner, port = await _serve(make_app(sidecar))
     try:
         async with aiohttp.ClientSession() as s:
@@ -48,8 +55,11 @@ async def _sidecar_against_bad_targets():
                 await asyncio.sleep(0.2)
                 async with s.get(f"http://127.0.0.1:{port}/api/v1/status") as r:
                     status = await r.json()
-                if all(t["scrapes"] >= 2 for t in status["targets"]) and status["groups"] and \
-                        status["groups"][0]["window_seconds"] > 0:
+                if (
+                    all(t["scrapes"] >= 2 for t in status["targets"])
+                    and status["groups"]
+                    and status["groups"][0]["window_seconds"] > 0
+                ):
                     break
             async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
                 metrics = await r.text()
@@ -70,8 +80,12 @@ def test_bad_targets_are_down_with_one_line_errors_and_the_good_one_serves():
     by_url = {t["url"].rsplit("/", 1)[1]: t for t in status["targets"]}
     assert by_url["ok"]["up"] is True and by_url["ok"]["last_error"] is None
     expected = {
-        "500": "HTTP 500", "slow": "timed out", "truncated": "truncated",
-        "garbage": "not text", "huge": "exceeds", "notvllm": "no vLLM metrics",
+        "500": "HTTP 500",
+        "slow": "timed out",
+        "truncated": "truncated",
+        "garbage": "not text",
+        "huge": "exceeds",
+        "notvllm": "no vLLM metrics",
         "metrics": "cannot connect",
     }
     for route, words in expected.items():
@@ -103,8 +117,9 @@ def test_own_metrics_follow_prometheus_conventions():
 
     text = generate_latest(build_registry(sidecar)).decode()
     helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
-    types = {line.split()[2]: line.split()[3] for line in text.splitlines()
-             if line.startswith("# TYPE")}
+    types = {
+        line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE")
+    }
     assert helps == set(types)
     for name, mtype in types.items():
         assert name.startswith("kvoffload_"), name
@@ -113,8 +128,9 @@ def test_own_metrics_follow_prometheus_conventions():
 
 
 async def _readyz_before_first_scrape():
-    sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{free_port()}/metrics"],
-                                    interval_seconds=60))
+    sidecar = Sidecar(
+        SidecarConfig([f"http://127.0.0.1:{free_port()}/metrics"], interval_seconds=60)
+    )
     runner, port = await _serve(make_app(sidecar, manage_lifecycle=False))
     try:
         async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/readyz") as r:
@@ -147,8 +163,11 @@ async def _target_goes_down():
 
     app.router.add_get("/metrics", metrics)
     async with running(app) as vllm_port:
-        sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{vllm_port}/metrics"],
-                                        interval_seconds=0.1, timeout_seconds=0.5))
+        sidecar = Sidecar(
+            SidecarConfig(
+                [f"http://127.0.0.1:{vllm_port}/metrics"], interval_seconds=0.1, timeout_seconds=0.5
+            )
+        )
         await sidecar.start()
         await asyncio.sleep(0.5)
         before = generate_latest(build_registry(sidecar)).decode()

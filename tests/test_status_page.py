@@ -38,15 +38,23 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     await web.TCPSite(fx_runner, "127.0.0.1", fx_port).start()
     # A simulated real H200 set (Qwen3-0.6B eager with a 4 GiB tier that hits but costs TTFT),
     # 4x faster than real time: 400 requests in ~2.5 s, enough for the TTFT verdict.
-    sim_runner = web.AppRunner(make_sim_app(
-        SimServer(scenarios.get("h200-0.6b-eager-prefill-cpu4")), speed=4.0))
+    sim_runner = web.AppRunner(
+        make_sim_app(SimServer(scenarios.get("h200-0.6b-eager-prefill-cpu4")), speed=4.0)
+    )
     await sim_runner.setup()
     sim_port = free_port()
     await web.TCPSite(sim_runner, "127.0.0.1", sim_port).start()
-    sidecar = Sidecar(SidecarConfig([f"http://127.0.0.1:{fx_port}/{SAMPLE.name}",
-                                     f"http://127.0.0.1:{free_port()}/metrics",
-                                     f"http://127.0.0.1:{sim_port}/metrics"],
-                                    interval_seconds=0.2, timeout_seconds=1))
+    sidecar = Sidecar(
+        SidecarConfig(
+            [
+                f"http://127.0.0.1:{fx_port}/{SAMPLE.name}",
+                f"http://127.0.0.1:{free_port()}/metrics",
+                f"http://127.0.0.1:{sim_port}/metrics",
+            ],
+            interval_seconds=0.2,
+            timeout_seconds=1,
+        )
+    )
     # KV events of the laptop scenario (the sample's shapes), as if subscribed, with a gap
     # vLLM could not replay: the curve is provisional.
     events = laptop_events()
@@ -58,21 +66,39 @@ async def _dump_dom(screenshot: str | None = None) -> str:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         for _ in range(100):
-            judged = [g for g in sidecar.groups() if g.model_name == "Qwen/Qwen3-0.6B"
-                      and not g.recommendation.insufficient_data]
+            judged = [
+                g
+                for g in sidecar.groups()
+                if g.model_name == "Qwen/Qwen3-0.6B" and not g.recommendation.insufficient_data
+            ]
             if sidecar.ready and all(t.scrapes for t in sidecar.targets) and judged:
                 break
             await asyncio.sleep(0.1)
         with tempfile.TemporaryDirectory() as profile:
-            args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={profile}", "--virtual-time-budget=5000"]
-            args += [f"--screenshot={screenshot}", "--window-size=1200,1400"] if screenshot \
+            args = [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=5000",
+            ]
+            args += (
+                [f"--screenshot={screenshot}", "--window-size=1200,1400"]
+                if screenshot
                 else ["--dump-dom"]
+            )
             proc = await asyncio.create_subprocess_exec(
-                *args, f"http://127.0.0.1:{port}/",
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                *args,
+                f"http://127.0.0.1:{port}/",
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
             out, _ = await asyncio.wait_for(proc.communicate(), 60)
         return out.decode()
     finally:

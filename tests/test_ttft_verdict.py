@@ -30,18 +30,32 @@ CASES = {
 # Judged after the model was set (bench/real, Qwen3-0.6B with CUDA graphs, the RAG workload):
 # actions and signs are held, sizes are documented (docs/advisor.md), not tuned for.
 LATER = {"graphs": ("G-nooffload", ("G-cpu4", "G-cpu2"))}
-OFF_ACTION = {"live": "leave_off", "B": "enable", "E": "leave_off", "long": "enable",
-              "graphs": "leave_off"}
-ON_ACTIONS = {"cpu2g": {"disable"}, "cpu4g": {"disable"}, "B-cpu5": {"keep", "grow"},
-              "B-cpu10": {"keep", "shrink"}, "E-cpu4": {"disable"},
-              "L-cpu16": {"keep", "grow"}, "L-cpu8": {"keep", "grow"},
-              "G-cpu4": {"disable"}, "G-cpu2": {"disable"}}
+OFF_ACTION = {
+    "live": "leave_off",
+    "B": "enable",
+    "E": "leave_off",
+    "long": "enable",
+    "graphs": "leave_off",
+}
+ON_ACTIONS = {
+    "cpu2g": {"disable"},
+    "cpu4g": {"disable"},
+    "B-cpu5": {"keep", "grow"},
+    "B-cpu10": {"keep", "shrink"},
+    "E-cpu4": {"disable"},
+    "L-cpu16": {"keep", "grow"},
+    "L-cpu8": {"keep", "grow"},
+    "G-cpu4": {"disable"},
+    "G-cpu2": {"disable"},
+}
 
 
 # The sets run by bench/real are read from its results (not copied into fixtures).
 REAL = Path(__file__).parents[1] / "bench" / "real" / "results"
-_BENCH = {"long": ("qwen3-8b-long-cudagraph-kv5g", "L-"),
-          "graphs": ("qwen3-0.6b-rag-cudagraph-kv1.5g", "G-")}
+_BENCH = {
+    "long": ("qwen3-8b-long-cudagraph-kv5g", "L-"),
+    "graphs": ("qwen3-0.6b-rag-cudagraph-kv1.5g", "G-"),
+}
 
 
 def files(set_name: str, server: str) -> tuple[Path, Path]:
@@ -65,8 +79,11 @@ def analyze(tmp_path_factory: pytest.TempPathFactory, set_name: str, server: str
     events = TargetEvents()
     for message in read_event_file(str(events_file)):
         events.ingest_message(message)
-    (group,) = [g for g in analyze_window(window, Settings(), lifetime, {instance: events})
-                if g["labels"]["model_name"]]
+    (group,) = [
+        g
+        for g in analyze_window(window, Settings(), lifetime, {instance: events})
+        if g["labels"]["model_name"]
+    ]
     return group
 
 
@@ -77,8 +94,11 @@ def within(estimate: float, truth: float) -> bool:
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory):
-    return {(s, srv): analyze(tmp_path_factory, s, srv)
-            for s, (off, ons) in {**CASES, **LATER}.items() for srv in (off, *ons)}
+    return {
+        (s, srv): analyze(tmp_path_factory, s, srv)
+        for s, (off, ons) in {**CASES, **LATER}.items()
+        for srv in (off, *ons)
+    }
 
 
 @pytest.mark.parametrize("set_name", sorted(CASES))
@@ -116,8 +136,9 @@ def _tier_gib(group: dict) -> float:
     return group["figures"]["cpu_capacity_bytes"] / 2**30
 
 
-@pytest.mark.parametrize("set_name,server",
-                         [(s, srv) for s, (_off, ons) in CASES.items() for srv in ons])
+@pytest.mark.parametrize(
+    "set_name,server", [(s, srv) for s, (_off, ons) in CASES.items() for srv in ons]
+)
 def test_with_a_tier_the_measured_effect_and_the_action(judged, set_name, server):
     off = CASES[set_name][0]
     group = judged[(set_name, server)]
@@ -152,14 +173,21 @@ def test_fleet_ab_on_a_multi_instance_recording(tmp_path, set_name):
     """The set's servers in one recording (as one Prometheus would see replicas of a model):
     their measured difference decides, basis "fleet", and it is the clients' difference."""
     off, ons = CASES[set_name]
-    text = "".join(
-        lzma.decompress(files(set_name, srv)[0].read_bytes()).decode()
-        .replace("# EOF\n", "") for srv in (off, *ons)) + "# EOF\n"
+    text = (
+        "".join(
+            lzma.decompress(files(set_name, srv)[0].read_bytes()).decode().replace("# EOF\n", "")
+            for srv in (off, *ons)
+        )
+        + "# EOF\n"
+    )
     path = tmp_path / "fleet.om"
     path.write_text(text)
     window, _, lifetime = window_from_expositions(read_recording(str(path)))
-    groups = {g["labels"]["instance"].split(":")[1]: g
-              for g in analyze_window(window, Settings(), lifetime) if g["labels"]["model_name"]}
+    groups = {
+        g["labels"]["instance"].split(":")[1]: g
+        for g in analyze_window(window, Settings(), lifetime)
+        if g["labels"]["model_name"]
+    }
     assert sorted(groups) == sorted((off, *ons))
     pays = set_name == "B"
     rec = groups[off]["recommendation"]
@@ -186,7 +214,9 @@ def test_bytes_per_token_from_a_window_that_opens_mid_run(tmp_path):
     seen = []
     for start in range(1, len(scrapes) - 3):
         window, _, lifetime = window_from_expositions(scrapes[start:], window_seconds=3)
-        seen += [g["figures"]["kv_bytes_per_token"]
-                 for g in analyze_window(window, Settings(), lifetime)
-                 if g["labels"]["model_name"] and g["figures"]["kv_bytes_per_token"]]
+        seen += [
+            g["figures"]["kv_bytes_per_token"]
+            for g in analyze_window(window, Settings(), lifetime)
+            if g["labels"]["model_name"] and g["figures"]["kv_bytes_per_token"]
+        ]
     assert seen and set(seen) == {114_688}

@@ -16,6 +16,7 @@ Fields that an older or newer kvoffload lacks print as '–'; every other field 
 usage: .venv/bin/python bench/real/compare.py bench/real/results/<config> [--no-analyze]
        [--kvoffload 'CMD'] [--threshold KEY=VALUE ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,11 @@ TTFT_COLUMNS = [
     ("recommendation", "ttft_change_basis"),
     ("recommendation", "ttft_change_range_seconds"),
 ]
-HISTS = {"ttft": "vllm:time_to_first_token_seconds",
-         "queue": "vllm:request_queue_time_seconds",
-         "prefill": "vllm:request_prefill_time_seconds"}
+HISTS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+}
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+(\S+))?\s*$")
 
 
@@ -56,8 +59,11 @@ def find(path: str) -> str | None:
 
 
 def opened(path: str):
-    return lzma.open(path, "rt", encoding="utf-8") if path.endswith(".xz") else open(
-        path, encoding="utf-8")
+    return (
+        lzma.open(path, "rt", encoding="utf-8")
+        if path.endswith(".xz")
+        else open(path, encoding="utf-8")
+    )
 
 
 def plain_copy(path: str, tmp: str) -> str:
@@ -88,8 +94,9 @@ def client_ttft(folder: str, server: str) -> dict:
         for r in csv.DictReader(f):
             if r["server"] == server and r["phase"] == "measure":
                 rows.append(r)
-    by_req = {int(r["req"]): float(r["ttft_ms"]) / 1e3 for r in rows
-              if not r["error"] and r["ttft_ms"]}
+    by_req = {
+        int(r["req"]): float(r["ttft_ms"]) / 1e3 for r in rows if not r["error"] and r["ttft_ms"]
+    }
     ok = sorted(by_req.values())
     prompt = sum(int(r["prompt_tokens"] or 0) for r in rows)
     cached = sum(int(r["cached_tokens"] or 0) for r in rows)
@@ -98,14 +105,25 @@ def client_ttft(folder: str, server: str) -> dict:
 
     def pct(q):  # nearest rank, as orch.py logs it
         return ok[min(len(ok) - 1, int(q * len(ok)))]
-    return dict(n=len(ok), errors=len(rows) - len(ok), mean=sum(ok) / len(ok), p50=pct(0.5),
-                p90=pct(0.9), cached_share=cached / prompt if prompt else None, by_req=by_req)
+
+    return dict(
+        n=len(ok),
+        errors=len(rows) - len(ok),
+        mean=sum(ok) / len(ok),
+        p50=pct(0.5),
+        p90=pct(0.9),
+        cached_share=cached / prompt if prompt else None,
+        by_req=by_req,
+    )
 
 
 def histogram_means(om_path: str) -> dict:
     """Δsum/Δcount of vLLM's histograms between the first and last scrape of the recording."""
-    wanted = {f"{base}_{suffix}": (key, suffix) for key, base in HISTS.items()
-              for suffix in ("sum", "count")}
+    wanted = {
+        f"{base}_{suffix}": (key, suffix)
+        for key, base in HISTS.items()
+        for suffix in ("sum", "count")
+    }
     series: dict[tuple[str, str], dict[float, float]] = {}
     with opened(om_path) as f:
         for line in f:
@@ -115,7 +133,8 @@ def histogram_means(om_path: str) -> dict:
             if not m or m.group(1) not in wanted or m.group(4) is None:
                 continue
             series.setdefault((m.group(1), m.group(2) or ""), {})[float(m.group(4))] = float(
-                m.group(3))
+                m.group(3)
+            )
     stamps = sorted({t for v in series.values() for t in v})
     out: dict = {"scrapes": len(stamps)}
     if len(stamps) < 2:
@@ -143,7 +162,8 @@ def run_analyze(cmd: list[str], om: str, kvev: str | None, thresholds: list[str]
         args += ["--threshold", t]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "exporter") + (
-        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
         return {"error": f"rc={r.returncode}: {r.stderr.strip()[-400:]}", "command": args}
@@ -180,9 +200,14 @@ def advice(group: dict | None) -> dict:
     if group is None:
         return {}
     rec = group.get("recommendation") or {}
-    out = dict(action=rec.get("action"), size_gib=rec.get("kv_offloading_size_gib"),
-               reasons=rec.get("reasons") or [], warnings=rec.get("warnings") or [],
-               offloading=group.get("offloading"), window_seconds=group.get("window_seconds"))
+    out = dict(
+        action=rec.get("action"),
+        size_gib=rec.get("kv_offloading_size_gib"),
+        reasons=rec.get("reasons") or [],
+        warnings=rec.get("warnings") or [],
+        offloading=group.get("offloading"),
+        window_seconds=group.get("window_seconds"),
+    )
     for section, key in TTFT_COLUMNS:
         sec = group.get(section) or {}
         out[key] = sec[key] if isinstance(sec, dict) and key in sec else None
@@ -234,11 +259,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder")
     ap.add_argument("--no-analyze", action="store_true", help="skip `kvoffload analyze`")
-    ap.add_argument("--kvoffload", default=None,
-                    help="command that runs kvoffload (default: this python -m kvoffload, "
-                         "with the checkout's exporter/ on PYTHONPATH)")
-    ap.add_argument("--threshold", action="append", default=None,
-                    help="passed to analyze (default: min_window_seconds=10, as the sidecar ran)")
+    ap.add_argument(
+        "--kvoffload",
+        default=None,
+        help="command that runs kvoffload (default: this python -m kvoffload, "
+        "with the checkout's exporter/ on PYTHONPATH)",
+    )
+    ap.add_argument(
+        "--threshold",
+        action="append",
+        default=None,
+        help="passed to analyze (default: min_window_seconds=10, as the sidecar ran)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
     folder = a.folder.rstrip("/")
@@ -263,8 +295,9 @@ def main() -> int:
             r["sidecar"] = advice(first_group(side))
             if om and not a.no_analyze:
                 print(f"analyze {name} ...", file=sys.stderr, flush=True)
-                doc = run_analyze(cmd, plain_copy(om, tmp),
-                                  plain_copy(kvev, tmp) if kvev else None, thresholds)
+                doc = run_analyze(
+                    cmd, plain_copy(om, tmp), plain_copy(kvev, tmp) if kvev else None, thresholds
+                )
                 r["analyze_error"] = doc.get("error")
                 r["analyze_command"] = " ".join(shlex.quote(c) for c in doc.get("command", []))
                 r["analyze"] = advice(first_group(doc))
@@ -275,36 +308,67 @@ def main() -> int:
     base = next((r for r in results if not r["cpu_gib"] and r["client"].get("n")), None)
     for r in results:
         c = r["client"]
-        r["measured_delta_mean_s"] = (c["mean"] - base["client"]["mean"]
-                                      if base and c.get("n") and r is not base else None)
-        r["measured_delta_p50_s"] = (c["p50"] - base["client"]["p50"]
-                                     if base and c.get("n") and r is not base else None)
+        r["measured_delta_mean_s"] = (
+            c["mean"] - base["client"]["mean"] if base and c.get("n") and r is not base else None
+        )
+        r["measured_delta_p50_s"] = (
+            c["p50"] - base["client"]["p50"] if base and c.get("n") and r is not base else None
+        )
         # the same requests on both servers (a workload cut short by the deadline has fewer)
-        common = sorted(set(c.get("by_req", {})) & set(base["client"].get("by_req", {}))
-                        ) if base and r is not base else []
+        common = (
+            sorted(set(c.get("by_req", {})) & set(base["client"].get("by_req", {})))
+            if base and r is not base
+            else []
+        )
         r["common_requests"] = len(common)
         r["measured_delta_mean_common_s"] = (
             sum(c["by_req"][q] - base["client"]["by_req"][q] for q in common) / len(common)
-            if common else None)
+            if common
+            else None
+        )
 
     rows1 = []
     for r in results:
         c, v = r["client"], r["vllm"]
-        rows1.append([
-            r["server"], f"{r['cpu_gib']} GiB" if r["cpu_gib"] else "none",
-            str(c.get("n", 0)) + (f" ({c['errors']} err)" if c.get("errors") else ""),
-            ms(c.get("mean")), ms(c.get("p50")), ms(c.get("p90")),
-            ms(r["measured_delta_mean_s"]) if r["measured_delta_mean_s"] is not None else DASH,
-            (f"{ms(r['measured_delta_mean_common_s'])} ({r['common_requests']})"
-             if r["measured_delta_mean_common_s"] is not None else DASH),
-            val(c.get("cached_share")),
-            ms(v.get("ttft")), ms(v.get("queue")), ms(v.get("prefill")),
-            f"{v['window_s']:.0f} s / {v['scrapes']}" if "window_s" in v else DASH,
-        ])
-    t1 = table(["server", "CPU tier", "measured req", "client TTFT mean (ms)", "p50", "p90",
-                "Δ mean vs no-offload (ms)", "Δ mean, same requests (ms, n)",
-                "cached share (client)", "vLLM TTFT mean (ms)",
-                "vLLM queue mean", "vLLM prefill mean", "recording window / scrapes"], rows1)
+        rows1.append(
+            [
+                r["server"],
+                f"{r['cpu_gib']} GiB" if r["cpu_gib"] else "none",
+                str(c.get("n", 0)) + (f" ({c['errors']} err)" if c.get("errors") else ""),
+                ms(c.get("mean")),
+                ms(c.get("p50")),
+                ms(c.get("p90")),
+                ms(r["measured_delta_mean_s"]) if r["measured_delta_mean_s"] is not None else DASH,
+                (
+                    f"{ms(r['measured_delta_mean_common_s'])} ({r['common_requests']})"
+                    if r["measured_delta_mean_common_s"] is not None
+                    else DASH
+                ),
+                val(c.get("cached_share")),
+                ms(v.get("ttft")),
+                ms(v.get("queue")),
+                ms(v.get("prefill")),
+                f"{v['window_s']:.0f} s / {v['scrapes']}" if "window_s" in v else DASH,
+            ]
+        )
+    t1 = table(
+        [
+            "server",
+            "CPU tier",
+            "measured req",
+            "client TTFT mean (ms)",
+            "p50",
+            "p90",
+            "Δ mean vs no-offload (ms)",
+            "Δ mean, same requests (ms, n)",
+            "cached share (client)",
+            "vLLM TTFT mean (ms)",
+            "vLLM queue mean",
+            "vLLM prefill mean",
+            "recording window / scrapes",
+        ],
+        rows1,
+    )
 
     rows2 = []
     for r in results:
@@ -313,8 +377,10 @@ def main() -> int:
             label = "sidecar (live)" if src == "sidecar" else "analyze (now)"
             if not ad:
                 err = r.get("analyze_error") if src == "analyze" else None
-                rows2.append([r["server"], label, err[:80] if err else "(none)"]
-                             + [DASH] * (3 + len(TTFT_COLUMNS)))
+                rows2.append(
+                    [r["server"], label, err[:80] if err else "(none)"]
+                    + [DASH] * (3 + len(TTFT_COLUMNS))
+                )
                 continue
             cells = [r["server"], label, val(ad.get("action")), val(ad.get("size_gib"))]
             for _sec, key in TTFT_COLUMNS:
@@ -323,9 +389,12 @@ def main() -> int:
             cells.append(f"{d:+.4f}" if d is not None else DASH)
             cells.append(counterpart(r, ad, results))
             rows2.append(cells)
-    t2 = table(["server", "source", "action", "size GiB"] + [k for _s, k in TTFT_COLUMNS]
-               + ["measured effect of this tier (s)", "measured change for the action (s)"],
-               rows2)
+    t2 = table(
+        ["server", "source", "action", "size GiB"]
+        + [k for _s, k in TTFT_COLUMNS]
+        + ["measured effect of this tier (s)", "measured change for the action (s)"],
+        rows2,
+    )
 
     detail = []
     for r in results:
@@ -333,28 +402,46 @@ def main() -> int:
             ad = r[src]
             if not ad:
                 continue
-            extra = {k: v for k, v in ad["ttft_fields"].items()
-                     if k not in {f"{s}.{k2}" for s, k2 in TTFT_COLUMNS}}
-            detail.append(f"- **{r['server']} / {src}**: reasons: "
-                          + ("; ".join(ad["reasons"]) or DASH)
-                          + (f" — warnings: {'; '.join(ad['warnings'])}" if ad["warnings"] else "")
-                          + (" — other ttft fields: " + ", ".join(
-                              f"`{k}` = {val(v)}" for k, v in extra.items()) if extra else ""))
+            extra = {
+                k: v
+                for k, v in ad["ttft_fields"].items()
+                if k not in {f"{s}.{k2}" for s, k2 in TTFT_COLUMNS}
+            }
+            detail.append(
+                f"- **{r['server']} / {src}**: reasons: "
+                + ("; ".join(ad["reasons"]) or DASH)
+                + (f" — warnings: {'; '.join(ad['warnings'])}" if ad["warnings"] else "")
+                + (
+                    " — other ttft fields: "
+                    + ", ".join(f"`{k}` = {val(v)}" for k, v in extra.items())
+                    if extra
+                    else ""
+                )
+            )
 
-    md = [f"# {os.path.basename(folder)}: kvoffload's advice vs measured TTFT", "",
-          "Client TTFT: measured requests only (no warm-up). vLLM means: Δsum/Δcount of its "
-          "histograms between the first and last scrape of the recording. Δ: this server's mean "
-          "minus the no-offload server's (negative = offloading faster).", "", t1, "",
-          "Advice: the live sidecar (its /api/v1/status 3 s after the last response) and "
-          "`kvoffload analyze <rec>.om --events <rec>.om.kvev --json "
-          + " ".join(f"--threshold {t}" for t in thresholds)
-          + "` run with this checkout's code. '–': the field is not in that JSON. "
-          "Measured effect of this tier: client mean TTFT of this server minus the no-offload "
-          "server's (compare with `offload_ttft_effect_seconds`). Measured change for the "
-          "action: client mean TTFT of the server that ran the advised CPU size (0 for disable) "
-          "minus this server's (compare with `ttft_change_seconds`), when that size was run.",
-          "", t2, "",
-          *detail, ""]
+    md = [
+        f"# {os.path.basename(folder)}: kvoffload's advice vs measured TTFT",
+        "",
+        "Client TTFT: measured requests only (no warm-up). vLLM means: Δsum/Δcount of its "
+        "histograms between the first and last scrape of the recording. Δ: this server's mean "
+        "minus the no-offload server's (negative = offloading faster).",
+        "",
+        t1,
+        "",
+        "Advice: the live sidecar (its /api/v1/status 3 s after the last response) and "
+        "`kvoffload analyze <rec>.om --events <rec>.om.kvev --json "
+        + " ".join(f"--threshold {t}" for t in thresholds)
+        + "` run with this checkout's code. '–': the field is not in that JSON. "
+        "Measured effect of this tier: client mean TTFT of this server minus the no-offload "
+        "server's (compare with `offload_ttft_effect_seconds`). Measured change for the "
+        "action: client mean TTFT of the server that ran the advised CPU size (0 for disable) "
+        "minus this server's (compare with `ttft_change_seconds`), when that size was run.",
+        "",
+        t2,
+        "",
+        *detail,
+        "",
+    ]
     for r in results:
         if r.get("skipped"):
             md.append(f"- {r['server']}: skipped ({r['skipped']})")

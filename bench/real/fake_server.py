@@ -6,6 +6,7 @@
 ZPORT with replay on RPORT). Needs aiohttp and the project's `kvoffload` (KVOFFLOAD_BIN, default
 the checkout's .venv/bin/kvoffload).  usage: fake_server.py PORT ZPORT RPORT
 """
+
 import asyncio
 import json
 import os
@@ -18,10 +19,22 @@ from aiohttp import ClientSession, web
 PORT, ZPORT, RPORT = (int(a) for a in sys.argv[1:4])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KVO = os.environ.get("KVOFFLOAD_BIN", os.path.join(ROOT, ".venv", "bin", "kvoffload"))
-SIM = subprocess.Popen([KVO, "sim", "--scenario", "rag-hot-set-fits", "--speed", "10",
-                        "--listen", f"127.0.0.1:{PORT + 1000}",
-                        "--kv-events", f"tcp://127.0.0.1:{ZPORT}",
-                        "--kv-events-replay", f"tcp://127.0.0.1:{RPORT}"])
+SIM = subprocess.Popen(
+    [
+        KVO,
+        "sim",
+        "--scenario",
+        "rag-hot-set-fits",
+        "--speed",
+        "10",
+        "--listen",
+        f"127.0.0.1:{PORT + 1000}",
+        "--kv-events",
+        f"tcp://127.0.0.1:{ZPORT}",
+        "--kv-events-replay",
+        f"tcp://127.0.0.1:{RPORT}",
+    ]
+)
 T0 = time.time()
 
 
@@ -45,8 +58,12 @@ async def completions(req):
         ev = {"choices": [{"text": "x", "index": 0}], "usage": None}
         await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
         await asyncio.sleep(0.002)
-    usage = {"prompt_tokens": plen, "completion_tokens": n, "total_tokens": plen + n,
-             "prompt_tokens_details": {"cached_tokens": plen // 2}}
+    usage = {
+        "prompt_tokens": plen,
+        "completion_tokens": n,
+        "total_tokens": plen + n,
+        "prompt_tokens_details": {"cached_tokens": plen // 2},
+    }
     await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
     return resp

@@ -25,6 +25,7 @@ vLLM), NREQ_MAX (fewer requests), ONLY (comma-separated server names), KV_TOPIC 
 Layout: $RESDIR/<cfg>/{commands.txt,requests.csv,servers.json,logs/,rec/,sidecar/,snapshots/}
         $RESDIR/<cfg>/common/{orch.log,env...}; packed to $RESDIR/out/<cfg>.tar.xz; $RESDIR/DONE.
 """
+
 import contextlib
 import csv
 import gzip
@@ -54,15 +55,39 @@ KVO_PYTHONPATH = os.environ.get("KVO_PYTHONPATH", "")
 # CONFIG (environment) picks one: (common settings, [(name, CPU GiB, optional)]).
 CONFIGS = {
     "qwen3-8b-long-cudagraph-kv5g": (
-        dict(model="qwen3-8b", kv_gib=5.0, maxlen=8192, util=0.1, eager=False, wl="long",
-             nreq=200, max_tokens=32, conc=4, cap_s=110, est_s=75),
-        [("nooffload", None, False), ("cpu16", 16, False), ("cpu8", 8, True)]),
+        dict(
+            model="qwen3-8b",
+            kv_gib=5.0,
+            maxlen=8192,
+            util=0.1,
+            eager=False,
+            wl="long",
+            nreq=200,
+            max_tokens=32,
+            conc=4,
+            cap_s=110,
+            est_s=75,
+        ),
+        [("nooffload", None, False), ("cpu16", 16, False), ("cpu8", 8, True)],
+    ),
     # Qwen3-0.6B with CUDA graphs on the RAG workload of the shared sets (which ran it eager):
     # does a small model pay the connector's cost without eager mode's launch overhead?
     "qwen3-0.6b-rag-cudagraph-kv1.5g": (
-        dict(model="qwen3-0.6b", kv_gib=1.5, maxlen=2048, util=0.1, eager=False, wl="rag",
-             nreq=400, max_tokens=64, conc=8, cap_s=110, est_s=40),
-        [("nooffload", None, False), ("cpu4", 4, False), ("cpu2", 2, True)]),
+        dict(
+            model="qwen3-0.6b",
+            kv_gib=1.5,
+            maxlen=2048,
+            util=0.1,
+            eager=False,
+            wl="rag",
+            nreq=400,
+            max_tokens=64,
+            conc=8,
+            cap_s=110,
+            est_s=40,
+        ),
+        [("nooffload", None, False), ("cpu4", 4, False), ("cpu2", 2, True)],
+    ),
 }
 CFG = os.environ.get("CONFIG", "qwen3-8b-long-cudagraph-kv5g")
 SERVED = {"qwen3-8b": "qwen3-8b-dummy", "qwen3-0.6b": "qwen3-0.6b-dummy"}
@@ -71,9 +96,19 @@ SERVERS = {}
 
 
 def mk(idx, name, cpu_gib, optional=False):
-    s = dict(COMMON, idx=idx, cfg=CFG, name=name, cpu_gib=cpu_gib, optional=optional,
-             kv_bytes=int(COMMON["kv_gib"] * GIB), port=8100 + idx, zport=5600 + idx,
-             rport=5700 + idx, sideport=9400 + idx)
+    s = dict(
+        COMMON,
+        idx=idx,
+        cfg=CFG,
+        name=name,
+        cpu_gib=cpu_gib,
+        optional=optional,
+        kv_bytes=int(COMMON["kv_gib"] * GIB),
+        port=8100 + idx,
+        zport=5600 + idx,
+        rport=5700 + idx,
+        sideport=9400 + idx,
+    )
     SERVERS[name] = s
 
 
@@ -92,12 +127,24 @@ LOGF = open(os.path.join(CDIR, "common", "orch.log"), "a")  # noqa: SIM115
 with gzip.open(os.path.join(HERE, f"wl_{COMMON['wl']}.json.gz"), "rt") as _f:
     WLS = {COMMON["wl"]: json.load(_f)}
 if os.environ.get("NREQ_MAX"):  # local dry run only
-    WLS[COMMON["wl"]]["order"] = WLS[COMMON["wl"]]["order"][:int(os.environ["NREQ_MAX"])]
+    WLS[COMMON["wl"]]["order"] = WLS[COMMON["wl"]]["order"][: int(os.environ["NREQ_MAX"])]
 
-INFO = {n: dict(cfg=s["cfg"], cpu_gib=s["cpu_gib"], kv_gib=s["kv_gib"], port=s["port"],
-                zport=s["zport"], rport=s["rport"], sideport=s["sideport"], conc=s["conc"],
-                max_tokens=s["max_tokens"], maxlen=s["maxlen"], workload=s["wl"])
-        for n, s in SERVERS.items()}
+INFO = {
+    n: dict(
+        cfg=s["cfg"],
+        cpu_gib=s["cpu_gib"],
+        kv_gib=s["kv_gib"],
+        port=s["port"],
+        zport=s["zport"],
+        rport=s["rport"],
+        sideport=s["sideport"],
+        conc=s["conc"],
+        max_tokens=s["max_tokens"],
+        maxlen=s["maxlen"],
+        workload=s["wl"],
+    )
+    for n, s in SERVERS.items()
+}
 CMDS = {}
 
 
@@ -111,7 +158,8 @@ def left():
 
 def log(*a):
     line = f"[{time.strftime('%H:%M:%S')} {now():.3f} left={left():.0f}s] " + " ".join(
-        str(x) for x in a)
+        str(x) for x in a
+    )
     print(line, flush=True)
     LOGF.write(line + "\n")
     LOGF.flush()
@@ -130,8 +178,11 @@ def shq(c):
 def note_cmd(tag, cmd, env_note):
     CMDS[tag] = cmd
     with open(os.path.join(CDIR, "commands.txt"), "a") as f:
-        f.write(f"# {tag} launched t={now():.3f}  env: {env_note}\n"
-                + " ".join(shq(c) for c in cmd) + "\n\n")
+        f.write(
+            f"# {tag} launched t={now():.3f}  env: {env_note}\n"
+            + " ".join(shq(c) for c in cmd)
+            + "\n\n"
+        )
 
 
 def default_sigint():
@@ -143,21 +194,53 @@ def default_sigint():
 
 # ------------------------------------------------------------------ vLLM servers
 def evcfg(s):
-    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                       "endpoint": f"tcp://*:{s['zport']}",
-                       "replay_endpoint": f"tcp://*:{s['rport']}", "topic": KV_TOPIC})
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{s['zport']}",
+            "replay_endpoint": f"tcp://*:{s['rport']}",
+            "topic": KV_TOPIC,
+        }
+    )
 
 
 def server_cmd(s):
     if FAKE:  # local dry run only
-        return [PY, os.path.join(HERE, "fake_server.py"), str(s["port"]), str(s["zport"]),
-                str(s["rport"])]
-    cmd = [PY, "-m", "vllm.entrypoints.cli.main", "serve", os.path.join(HERE, "models", s["model"]),
-           "--served-model-name", SERVED[s["model"]], "--host", "127.0.0.1",
-           "--port", str(s["port"]), "--load-format", "dummy", "--skip-tokenizer-init",
-           "--max-model-len", str(s["maxlen"]), "--kv-cache-memory-bytes", str(s["kv_bytes"]),
-           "--gpu-memory-utilization", str(s["util"]), "--enable-prompt-tokens-details",
-           "--seed", "0", "--kv-events-config", evcfg(s)]
+        return [
+            PY,
+            os.path.join(HERE, "fake_server.py"),
+            str(s["port"]),
+            str(s["zport"]),
+            str(s["rport"]),
+        ]
+    cmd = [
+        PY,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        os.path.join(HERE, "models", s["model"]),
+        "--served-model-name",
+        SERVED[s["model"]],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(s["port"]),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--max-model-len",
+        str(s["maxlen"]),
+        "--kv-cache-memory-bytes",
+        str(s["kv_bytes"]),
+        "--gpu-memory-utilization",
+        str(s["util"]),
+        "--enable-prompt-tokens-details",
+        "--seed",
+        "0",
+        "--kv-events-config",
+        evcfg(s),
+    ]
     if s["cpu_gib"]:
         cmd += ["--kv-offloading-size", str(s["cpu_gib"]), "--kv-offloading-backend", "native"]
     if s["eager"]:
@@ -173,8 +256,15 @@ def spawn_server(s):
         env.pop(k, None)
     note_cmd(s["name"], cmd, f"VLLM_CACHE_ROOT={env['VLLM_CACHE_ROOT']} (+ common env, README)")
     logf = open(os.path.join(CDIR, "logs", f"{s['name']}.log"), "w")  # noqa: SIM115
-    p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                         start_new_session=True, cwd="/tmp", preexec_fn=default_sigint)
+    p = subprocess.Popen(
+        cmd,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        cwd="/tmp",
+        preexec_fn=default_sigint,
+    )
     log(f"spawned {s['name']} pid={p.pid}")
     return p
 
@@ -195,14 +285,43 @@ def kvo_env():
 
 def kvo_cmds(s):
     metrics = f"http://127.0.0.1:{s['port']}/metrics"
-    ev = ["--kv-events", f"tcp://127.0.0.1:{s['zport']}",
-          "--kv-events-replay", f"tcp://127.0.0.1:{s['rport']}"]
-    rec = [*KVO_PY, "-m", "kvoffload", "record", "--target", metrics, "--interval", "1s",
-           "--duration", "1200s", "-o", os.path.join(CDIR, "rec", f"{s['name']}.om"), *ev]
+    ev = [
+        "--kv-events",
+        f"tcp://127.0.0.1:{s['zport']}",
+        "--kv-events-replay",
+        f"tcp://127.0.0.1:{s['rport']}",
+    ]
+    rec = [
+        *KVO_PY,
+        "-m",
+        "kvoffload",
+        "record",
+        "--target",
+        metrics,
+        "--interval",
+        "1s",
+        "--duration",
+        "1200s",
+        "-o",
+        os.path.join(CDIR, "rec", f"{s['name']}.om"),
+        *ev,
+    ]
     # `record` has no --kv-events-topic: it subscribes to every topic (vLLM publishes on one).
-    side = [*KVO_PY, "-m", "kvoffload", "serve", "--target", metrics,
-            "--web.listen-address", f"127.0.0.1:{s['sideport']}", "--interval", "1s",
-            "--window", "300s", *ev]
+    side = [
+        *KVO_PY,
+        "-m",
+        "kvoffload",
+        "serve",
+        "--target",
+        metrics,
+        "--web.listen-address",
+        f"127.0.0.1:{s['sideport']}",
+        "--interval",
+        "1s",
+        "--window",
+        "300s",
+        *ev,
+    ]
     if KV_TOPIC:
         side += ["--kv-events-topic", KV_TOPIC]
     side += ["--threshold", "min_window_seconds=10"]
@@ -216,10 +335,17 @@ def start_kvo(s):
     for tag, cmd in (("record", rec), ("sidecar", side)):
         note_cmd(f"{s['name']}.{tag}", cmd, f"PYTHONPATH={env['PYTHONPATH']}")
         logf = open(  # noqa: SIM115
-            os.path.join(CDIR, "logs", f"{s['name']}.{tag}.log"), "w")
-        procs[tag] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True, cwd="/tmp",
-                                      preexec_fn=default_sigint)
+            os.path.join(CDIR, "logs", f"{s['name']}.{tag}.log"), "w"
+        )
+        procs[tag] = subprocess.Popen(
+            cmd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd="/tmp",
+            preexec_fn=default_sigint,
+        )
         log(f"{s['name']}: kvoffload {tag} pid={procs[tag].pid}")
     # wait for the sidecar to answer (and the recorder to be alive)
     t0 = now()
@@ -237,8 +363,10 @@ def start_kvo(s):
     INFO[s["name"]]["kvo_start_s"] = round(now() - t0, 2)
     INFO[s["name"]]["kvo_ok"] = ok and all(p.poll() is None for p in procs.values())
     if not INFO[s["name"]]["kvo_ok"]:
-        log(f"{s['name']}: kvoffload processes not up: record rc={procs['record'].poll()} "
-            f"sidecar rc={procs['sidecar'].poll()} (see logs/)")
+        log(
+            f"{s['name']}: kvoffload processes not up: record rc={procs['record'].poll()} "
+            f"sidecar rc={procs['sidecar'].poll()} (see logs/)"
+        )
     return procs
 
 
@@ -270,22 +398,31 @@ def stop_kvo(s, procs):
     except OSError as e:
         INFO[s["name"]]["record_error"] = repr(e)
     last = tail.strip().splitlines()[-2:] if tail.strip() else ""
-    log(f"{s['name']}: record rc={procs['record'].returncode} "
-        f"eof={INFO[s['name']].get('record_eof')} {last}; sidecar rc={procs['sidecar'].returncode}")
+    log(
+        f"{s['name']}: record rc={procs['record'].returncode} "
+        f"eof={INFO[s['name']].get('record_eof')} {last}; sidecar rc={procs['sidecar'].returncode}"
+    )
 
 
 # ------------------------------------------------------------------ client
 def one_request(sess, s, prompt, max_tokens):
-    payload = {"model": SERVED[s["model"]], "prompt": prompt, "max_tokens": max_tokens,
-               "temperature": 0.0, "ignore_eos": True, "stream": True,
-               "stream_options": {"include_usage": True}}
+    payload = {
+        "model": SERVED[s["model"]],
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     t_first = None
     usage = None
     nchunks = 0
     buf = b""
-    with sess.post(f"http://127.0.0.1:{s['port']}/v1/completions", json=payload, stream=True,
-                   timeout=180) as r:
+    with sess.post(
+        f"http://127.0.0.1:{s['port']}/v1/completions", json=payload, stream=True, timeout=180
+    ) as r:
         r.raise_for_status()
         for chunk in r.iter_content(chunk_size=None):
             if not chunk:
@@ -317,9 +454,24 @@ def get(url, timeout=10):
 
 
 ROWS = []
-RKEYS = ["cfg", "server", "phase", "req", "doc", "slot", "t_send", "t_first", "t_done",
-         "ttft_ms", "e2e_ms", "n_chunks", "prompt_tokens", "completion_tokens", "cached_tokens",
-         "error"]
+RKEYS = [
+    "cfg",
+    "server",
+    "phase",
+    "req",
+    "doc",
+    "slot",
+    "t_send",
+    "t_first",
+    "t_done",
+    "ttft_ms",
+    "e2e_ms",
+    "n_chunks",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "error",
+]
 
 
 def do_req(sess, s, prompt, max_tokens, meta):
@@ -337,13 +489,20 @@ def do_req(sess, s, prompt, max_tokens, meta):
     e2e = None if (t_end is None or t0 is None) else (t_end - t0) * 1e3
     if err is None and t_first is None:
         err = "no token chunk received"
-    row = dict(cfg=s["cfg"], server=s["name"], t_send=round(t_send, 4),
-               t_first=None if ttft is None else round(t_send + ttft / 1e3, 4),
-               t_done=round(now(), 4), ttft_ms=None if ttft is None else round(ttft, 3),
-               e2e_ms=None if e2e is None else round(e2e, 3), n_chunks=nch,
-               prompt_tokens=(usage or {}).get("prompt_tokens"),
-               completion_tokens=(usage or {}).get("completion_tokens"),
-               cached_tokens=d.get("cached_tokens"), error=err)
+    row = dict(
+        cfg=s["cfg"],
+        server=s["name"],
+        t_send=round(t_send, 4),
+        t_first=None if ttft is None else round(t_send + ttft / 1e3, 4),
+        t_done=round(now(), 4),
+        ttft_ms=None if ttft is None else round(ttft, 3),
+        e2e_ms=None if e2e is None else round(e2e, 3),
+        n_chunks=nch,
+        prompt_tokens=(usage or {}).get("prompt_tokens"),
+        completion_tokens=(usage or {}).get("completion_tokens"),
+        cached_tokens=d.get("cached_tokens"),
+        error=err,
+    )
     row.update(meta)
     return row
 
@@ -360,7 +519,7 @@ def run_server(s):
     n = s["name"]
     wl = WLS[s["wl"]]
     docs, suffixes = wl["docs"], wl["suffixes"]
-    order = wl["order"][:s["nreq"]]
+    order = wl["order"][: s["nreq"]]
     info = INFO[n]
     sess = requests.Session()
     # 1. warm-up: sequential, random prompts of the same length, not part of the measurement
@@ -391,8 +550,13 @@ def run_server(s):
                     return
                 nxt[0] += 1
             doc = order[idx]
-            r = do_req(ws, s, docs[doc] + suffixes[idx], s["max_tokens"],
-                       dict(phase="measure", req=idx, doc=doc, slot=slot))
+            r = do_req(
+                ws,
+                s,
+                docs[doc] + suffixes[idx],
+                s["max_tokens"],
+                dict(phase="measure", req=idx, doc=doc, slot=slot),
+            )
             with lock:
                 out.append(r)
 
@@ -406,8 +570,10 @@ def run_server(s):
     time.sleep(3.0)
     for path, fn in (("/api/v1/status", f"{n}.sidecar.json"), ("/metrics", f"{n}.sidecar.prom")):
         try:
-            save(os.path.join(CDIR, "sidecar", fn),
-                 get(f"http://127.0.0.1:{s['sideport']}{path}", timeout=15))
+            save(
+                os.path.join(CDIR, "sidecar", fn),
+                get(f"http://127.0.0.1:{s['sideport']}{path}", timeout=15),
+            )
         except Exception as e:
             log(f"{n}: sidecar {path} failed {e!r}")
             info[f"sidecar_{fn}_error"] = repr(e)
@@ -428,12 +594,24 @@ def run_server(s):
     p90 = ok[min(len(ok) - 1, int(0.9 * len(ok)))] if ok else float("nan")
     cached = sum(r["cached_tokens"] or 0 for r in out)
     ptok = sum(r["prompt_tokens"] or 0 for r in out)
-    info.update(t_wl0=t_wl0, t_wl1=t_wl1, workload_s=round(t_wl1 - t_wl0, 2), sent=len(out),
-                errors=errs, planned=len(order), ttft_mean_ms=round(mean, 2),
-                ttft_p50_ms=round(p50, 2), ttft_p90_ms=round(p90, 2), cached=cached,
-                prompt=ptok, truncated=len(out) < len(order))
-    log(f"{n}: {len(out)}/{len(order)} req in {t_wl1 - t_wl0:.1f}s err={errs} TTFT mean={mean:.1f}"
-        f" p50={p50:.1f} p90={p90:.1f} ms cached/prompt={cached}/{ptok}")
+    info.update(
+        t_wl0=t_wl0,
+        t_wl1=t_wl1,
+        workload_s=round(t_wl1 - t_wl0, 2),
+        sent=len(out),
+        errors=errs,
+        planned=len(order),
+        ttft_mean_ms=round(mean, 2),
+        ttft_p50_ms=round(p50, 2),
+        ttft_p90_ms=round(p90, 2),
+        cached=cached,
+        prompt=ptok,
+        truncated=len(out) < len(order),
+    )
+    log(
+        f"{n}: {len(out)}/{len(order)} req in {t_wl1 - t_wl0:.1f}s err={errs} TTFT mean={mean:.1f}"
+        f" p50={p50:.1f} p90={p90:.1f} ms cached/prompt={cached}/{ptok}"
+    )
     write_requests()
 
 
@@ -443,7 +621,12 @@ def sysinfo(tag):
         out = subprocess.run(
             "date -u; nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu "
             "--format=csv; nvidia-smi --query-compute-apps=pid,used_memory --format=csv; "
-            "free -m", shell=True, capture_output=True, text=True, timeout=20).stdout
+            "free -m",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
     except Exception as e:
         out = repr(e)
     save(os.path.join(CDIR, "common", f"sys-{tag}.txt"), out)
@@ -467,8 +650,10 @@ def wait_ready(procs, names, timeout):
                 pending.discard(n)
                 continue
             try:
-                if hs.get(f"http://127.0.0.1:{SERVERS[n]['port']}/health",
-                          timeout=1).status_code == 200:
+                if (
+                    hs.get(f"http://127.0.0.1:{SERVERS[n]['port']}/health", timeout=1).status_code
+                    == 200
+                ):
                     INFO[n]["ready"] = True
                     INFO[n]["t_ready"] = now()
                     INFO[n]["startup_s"] = round(now() - INFO[n]["t_launch"], 1)
@@ -504,26 +689,38 @@ def write_info():
         INFO[n]["command"] = CMDS.get(n)
         INFO[n]["record_command"] = CMDS.get(f"{n}.record")
         INFO[n]["sidecar_command"] = CMDS.get(f"{n}.sidecar")
-    meta = dict(cfg=CFG, kvoffload_commit=os.environ.get("KVO_COMMIT"), order=ORDER,
-                common=COMMON, fake=FAKE)
-    save(os.path.join(CDIR, "servers.json"),
-         json.dumps(dict(meta=meta, servers=INFO), indent=1, default=str))
+    meta = dict(
+        cfg=CFG,
+        kvoffload_commit=os.environ.get("KVO_COMMIT"),
+        order=ORDER,
+        common=COMMON,
+        fake=FAKE,
+    )
+    save(
+        os.path.join(CDIR, "servers.json"),
+        json.dumps(dict(meta=meta, servers=INFO), indent=1, default=str),
+    )
 
 
 def pack():
     t0 = now()
     env = dict(os.environ, XZ_OPT="-6 -T12")
     dst = os.path.join(RES, "out", f"{CFG}.tar.xz")
-    r = subprocess.run(["tar", "-cJf", dst, "-C", RES, CFG], env=env, capture_output=True,
-                       text=True)
-    log(f"packed {CFG}.tar.xz rc={r.returncode} {os.path.getsize(dst)} B in {now() - t0:.1f}s "
-        f"{r.stderr[-200:]}")
+    r = subprocess.run(
+        ["tar", "-cJf", dst, "-C", RES, CFG], env=env, capture_output=True, text=True
+    )
+    log(
+        f"packed {CFG}.tar.xz rc={r.returncode} {os.path.getsize(dst)} B in {now() - t0:.1f}s "
+        f"{r.stderr[-200:]}"
+    )
 
 
 def main():
     default_sigint()
-    log(f"orchestrator start, pid={os.getpid()} deadline in {left():.0f}s, cfg={CFG} "
-        f"order={ORDER} fake={FAKE}")
+    log(
+        f"orchestrator start, pid={os.getpid()} deadline in {left():.0f}s, cfg={CFG} "
+        f"order={ORDER} fake={FAKE}"
+    )
     sysinfo("start")
     procs = {}
     try:
@@ -551,12 +748,14 @@ def main():
                 run_server(s)
             except Exception as e:
                 import traceback
+
                 log(f"{n} error {e!r} {traceback.format_exc()}")
                 INFO[n]["error"] = repr(e)
             write_info()
         log(sysinfo("end"))
     except Exception as e:
         import traceback
+
         log("FATAL", repr(e), traceback.format_exc())
     finally:
         stop_all(procs)

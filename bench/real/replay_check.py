@@ -34,22 +34,59 @@ def log(*a):
 def main() -> int:
     os.makedirs(WORK, exist_ok=True)
     os.makedirs(OUT, exist_ok=True)
-    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_USE_FLASHINFER_SAMPLER="0",
-               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", PYTHONUNBUFFERED="1",
-               VLLM_CACHE_ROOT=f"{WORK}/vcache")
-    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                         "endpoint": f"tcp://*:{ZPORT}", "replay_endpoint": f"tcp://*:{RPORT}",
-                         "topic": "kv"})
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
-           os.path.join(HERE, "models", "qwen3-0.6b"), "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(PORT), "--load-format", "dummy",
-           "--skip-tokenizer-init", "--max-model-len", "2048",
-           "--kv-cache-memory-bytes", str(3 * 2**29), "--gpu-memory-utilization", "0.1",
-           "--enforce-eager", "--seed", "0", "--kv-events-config", events,
-           "--kv-offloading-size", "2", "--kv-offloading-backend", "native"]
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        PYTHONUNBUFFERED="1",
+        VLLM_CACHE_ROOT=f"{WORK}/vcache",
+    )
+    events = json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{ZPORT}",
+            "replay_endpoint": f"tcp://*:{RPORT}",
+            "topic": "kv",
+        }
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        os.path.join(HERE, "models", "qwen3-0.6b"),
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(PORT),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory-bytes",
+        str(3 * 2**29),
+        "--gpu-memory-utilization",
+        "0.1",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--kv-events-config",
+        events,
+        "--kv-offloading-size",
+        "2",
+        "--kv-offloading-backend",
+        "native",
+    ]
     vllm_log = open(f"{OUT}/vllm.log", "w")  # noqa: SIM115 (the server outlives this block)
-    server = subprocess.Popen(cmd, env=env, stdout=vllm_log, stderr=subprocess.STDOUT,
-                              start_new_session=True, cwd="/tmp")
+    server = subprocess.Popen(
+        cmd, env=env, stdout=vllm_log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/tmp"
+    )
     summary: dict[str, object] = {"cmd": " ".join(cmd)}
     try:
         t0 = time.time()
@@ -71,8 +108,11 @@ def main() -> int:
         def send(i: int) -> None:
             doc = wl["order"][i]
             prompt = wl["docs"][doc] + wl["suffixes"][i]
-            requests.post(f"http://127.0.0.1:{PORT}/v1/completions", timeout=60,
-                          json={"model": "m", "prompt": prompt, "max_tokens": 1})
+            requests.post(
+                f"http://127.0.0.1:{PORT}/v1/completions",
+                timeout=60,
+                json={"model": "m", "prompt": prompt, "max_tokens": 1},
+            )
 
         for i in range(40):
             send(i)
@@ -80,11 +120,29 @@ def main() -> int:
         kvo_env = dict(os.environ, PYTHONPATH=os.environ["KVO_PYTHONPATH"])
         om = f"{WORK}/late.om"
         rec = subprocess.Popen(
-            [sys.executable, "-m", "kvoffload", "record", "--target",
-             f"http://127.0.0.1:{PORT}/metrics", "--interval", "1s", "--duration", "10m",
-             "-o", om, "--kv-events", f"tcp://127.0.0.1:{ZPORT}",
-             "--kv-events-replay", f"tcp://127.0.0.1:{RPORT}"],
-            env=kvo_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/tmp")
+            [
+                sys.executable,
+                "-m",
+                "kvoffload",
+                "record",
+                "--target",
+                f"http://127.0.0.1:{PORT}/metrics",
+                "--interval",
+                "1s",
+                "--duration",
+                "10m",
+                "-o",
+                om,
+                "--kv-events",
+                f"tcp://127.0.0.1:{ZPORT}",
+                "--kv-events-replay",
+                f"tcp://127.0.0.1:{RPORT}",
+            ],
+            env=kvo_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd="/tmp",
+        )
         time.sleep(3)
         for i in range(40, 60):
             send(i)
@@ -100,16 +158,20 @@ def main() -> int:
         summary["first_seq"] = seqs[0] if seqs else None
         summary["last_seq"] = seqs[-1] if seqs else None
         summary["complete_from_0"] = seqs == list(range(len(seqs)))
-        an = subprocess.run([sys.executable, "-m", "kvoffload", "analyze", om, "--events",
-                             om + ".kvev", "--json"], env=kvo_env, capture_output=True,
-                            text=True, timeout=120)
+        an = subprocess.run(
+            [sys.executable, "-m", "kvoffload", "analyze", om, "--events", om + ".kvev", "--json"],
+            env=kvo_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if an.returncode == 0:
-            group = next(g for g in json.loads(an.stdout)["groups"]
-                         if g["labels"]["model_name"])
+            group = next(g for g in json.loads(an.stdout)["groups"] if g["labels"]["model_name"])
             ev = group.get("kv_events", {})
-            summary["analyze"] = {k: ev.get(k) for k in ("messages", "lost_messages",
-                                                         "unseen_before_start",
-                                                         "history_from_seq")}
+            summary["analyze"] = {
+                k: ev.get(k)
+                for k in ("messages", "lost_messages", "unseen_before_start", "history_from_seq")
+            }
             summary["warnings"] = group["recommendation"]["warnings"]
         else:
             summary["analyze_error"] = an.stderr[-600:]

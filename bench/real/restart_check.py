@@ -35,35 +35,96 @@ def log(*a: object) -> None:
 def main() -> int:
     os.makedirs(WORK, exist_ok=True)
     os.makedirs(OUT, exist_ok=True)
-    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_USE_FLASHINFER_SAMPLER="0",
-               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", PYTHONUNBUFFERED="1",
-               VLLM_CACHE_ROOT=f"{WORK}/vcache")
-    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                         "endpoint": f"tcp://*:{ZPORT}", "replay_endpoint": f"tcp://*:{RPORT}",
-                         "topic": "kv"})
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
-           os.path.join(HERE, "models", "qwen3-0.6b"), "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(PORT), "--load-format", "dummy",
-           "--skip-tokenizer-init", "--max-model-len", "2048",
-           "--kv-cache-memory-bytes", str(3 * 2**29), "--gpu-memory-utilization", "0.1",
-           "--enforce-eager", "--seed", "0", "--kv-events-config", events,
-           "--kv-offloading-size", "2", "--kv-offloading-backend", "native"]
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        PYTHONUNBUFFERED="1",
+        VLLM_CACHE_ROOT=f"{WORK}/vcache",
+    )
+    events = json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{ZPORT}",
+            "replay_endpoint": f"tcp://*:{RPORT}",
+            "topic": "kv",
+        }
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        os.path.join(HERE, "models", "qwen3-0.6b"),
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(PORT),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory-bytes",
+        str(3 * 2**29),
+        "--gpu-memory-utilization",
+        "0.1",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--kv-events-config",
+        events,
+        "--kv-offloading-size",
+        "2",
+        "--kv-offloading-backend",
+        "native",
+    ]
     vllm_log = open(f"{OUT}/vllm.log", "w")  # noqa: SIM115 (the server outlives this block)
-    server = subprocess.Popen(cmd, env=env, stdout=vllm_log, stderr=subprocess.STDOUT,
-                              start_new_session=True, cwd="/tmp")
+    server = subprocess.Popen(
+        cmd, env=env, stdout=vllm_log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/tmp"
+    )
     kvo_env = dict(os.environ, PYTHONPATH=os.environ["KVO_PYTHONPATH"])
     target = f"http://127.0.0.1:{PORT}/metrics"
-    kv = ["--kv-events", f"tcp://127.0.0.1:{ZPORT}",
-          "--kv-events-replay", f"tcp://127.0.0.1:{RPORT}", "--kv-events-topic", "kv"]
+    kv = [
+        "--kv-events",
+        f"tcp://127.0.0.1:{ZPORT}",
+        "--kv-events-replay",
+        f"tcp://127.0.0.1:{RPORT}",
+        "--kv-events-topic",
+        "kv",
+    ]
     procs: list[subprocess.Popen] = []
     summary: dict[str, object] = {"cmd": " ".join(cmd)}
 
     def serve(port: int, name: str, *extra: str) -> subprocess.Popen:
         errlog = open(f"{OUT}/sidecar-{name}.log", "a")  # noqa: SIM115
         p = subprocess.Popen(
-            [sys.executable, "-m", "kvoffload", "serve", "--target", target, *kv,
-             "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--window", "1h", *extra],
-            env=kvo_env, stdout=errlog, stderr=subprocess.STDOUT, cwd="/tmp")
+            [
+                sys.executable,
+                "-m",
+                "kvoffload",
+                "serve",
+                "--target",
+                target,
+                *kv,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                "1s",
+                "--window",
+                "1h",
+                *extra,
+            ],
+            env=kvo_env,
+            stdout=errlog,
+            stderr=subprocess.STDOUT,
+            cwd="/tmp",
+        )
         procs.append(p)
         return p
 
@@ -90,18 +151,40 @@ def main() -> int:
         def send(lo: int, hi: int) -> None:
             for i in range(lo, hi):
                 doc = wl["order"][i]
-                requests.post(f"http://127.0.0.1:{PORT}/v1/completions", timeout=60,
-                              json={"model": "m", "prompt": wl["docs"][doc] + wl["suffixes"][i],
-                                    "max_tokens": 1})
+                requests.post(
+                    f"http://127.0.0.1:{PORT}/v1/completions",
+                    timeout=60,
+                    json={
+                        "model": "m",
+                        "prompt": wl["docs"][doc] + wl["suffixes"][i],
+                        "max_tokens": 1,
+                    },
+                )
 
         state_dir = f"{WORK}/state"
         serve(WHOLE, "whole")
         victim = serve(VICTIM, "victim", "--state-dir", state_dir, "--state-interval", "2s")
         om = f"{WORK}/rec.om"
         rec = subprocess.Popen(
-            [sys.executable, "-m", "kvoffload", "record", "--target", target,
-             "--interval", "1s", "--duration", "10m", "-o", om],
-            env=kvo_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/tmp")
+            [
+                sys.executable,
+                "-m",
+                "kvoffload",
+                "record",
+                "--target",
+                target,
+                "--interval",
+                "1s",
+                "--duration",
+                "10m",
+                "-o",
+                om,
+            ],
+            env=kvo_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd="/tmp",
+        )
         time.sleep(4)
         send(0, 60)
         time.sleep(4)  # at least one save after the last message
@@ -126,15 +209,23 @@ def main() -> int:
         cw = [p["predicted_offload_hit_ratio"] for p in gw.get("curve", [])]
         cr = [p["predicted_offload_hit_ratio"] for p in gr.get("curve", [])]
         summary["curve_points"] = len(cw)
-        summary["curve_max_abs_diff"] = (max(abs(a - b) for a, b in zip(cw, cr, strict=True))
-                                         if cw and len(cw) == len(cr) else None)
+        summary["curve_max_abs_diff"] = (
+            max(abs(a - b) for a, b in zip(cw, cr, strict=True))
+            if cw and len(cw) == len(cr)
+            else None
+        )
         summary["whole_warnings"] = gw["recommendation"]["warnings"]
         summary["resumed_warnings"] = gr["recommendation"]["warnings"]
         rec.send_signal(signal.SIGTERM)
         out, _ = rec.communicate(timeout=60)
         summary["record_output"] = out.decode()[-400:]
-        an = subprocess.run([sys.executable, "-m", "kvoffload", "analyze", om, "--json"],
-                            env=kvo_env, capture_output=True, text=True, timeout=120)
+        an = subprocess.run(
+            [sys.executable, "-m", "kvoffload", "analyze", om, "--json"],
+            env=kvo_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         summary["analyze_rc"] = an.returncode
         summary["analyze_stderr"] = an.stderr[-300:]
         subprocess.run(["xz", "-kf9", om], check=False)

@@ -83,8 +83,9 @@ def load_thresholds(path: str | None, overrides: dict[str, float]) -> Thresholds
         known = set(Thresholds.__dataclass_fields__)
         for key, value in data.items():
             if key not in known:
-                raise InputError(f"{path}: unknown threshold {key!r} (known: "
-                                 f"{', '.join(sorted(known))})")
+                raise InputError(
+                    f"{path}: unknown threshold {key!r} (known: {', '.join(sorted(known))})"
+                )
             values[key] = _threshold_number(path, key, value)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return Thresholds(**values)
@@ -92,43 +93,76 @@ def load_thresholds(path: str | None, overrides: dict[str, float]) -> Thresholds
 
 def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by serve and analyze: how to read the figures and judge them."""
-    for option in reversed([
-        click.option("--world-size", type=click.IntRange(1), default=1, show_default=True,
-                     help="GPUs per engine (TP×PP): vLLM sums copy times over ranks."),
-        click.option("--memory-limit", callback=_size, default=None,
-                     help="Container memory limit for the OOM check (default: cgroup "
-                          "memory.max when readable)."),
-        click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
-                     default=None, help="YAML file of advisor thresholds (docs/advisor.md)."),
-        click.option("--kv-bytes-per-token", callback=_size, default=None,
-                     help="KV bytes per token (all ranks) when vLLM exposes none (offloading "
-                          "off, no --kv-cache-memory-bytes): sizes the start of `enable`."),
-        click.option("--threshold", "threshold_overrides", multiple=True,
-                     metavar="KEY=VALUE",
-                     help="One advisor threshold, e.g. min_ttft_saving_seconds=0.01 "
-                     "(over the YAML file); repeatable."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--world-size",
+                type=click.IntRange(1),
+                default=1,
+                show_default=True,
+                help="GPUs per engine (TP×PP): vLLM sums copy times over ranks.",
+            ),
+            click.option(
+                "--memory-limit",
+                callback=_size,
+                default=None,
+                help="Container memory limit for the OOM check (default: cgroup "
+                "memory.max when readable).",
+            ),
+            click.option(
+                "--thresholds",
+                "thresholds_file",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="YAML file of advisor thresholds (docs/advisor.md).",
+            ),
+            click.option(
+                "--kv-bytes-per-token",
+                callback=_size,
+                default=None,
+                help="KV bytes per token (all ranks) when vLLM exposes none (offloading "
+                "off, no --kv-cache-memory-bytes): sizes the start of `enable`.",
+            ),
+            click.option(
+                "--threshold",
+                "threshold_overrides",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="One advisor threshold, e.g. min_ttft_saving_seconds=0.01 "
+                "(over the YAML file); repeatable.",
+            ),
+        ]
+    ):
         fn = option(fn)
     return fn
 
 
-def make_settings(world_size: int, memory_limit: float | None, thresholds_file: str | None,
-                  threshold_overrides: tuple[str, ...] = (),
-                  kv_bytes_per_token: float | None = None) -> Settings:
+def make_settings(
+    world_size: int,
+    memory_limit: float | None,
+    thresholds_file: str | None,
+    threshold_overrides: tuple[str, ...] = (),
+    kv_bytes_per_token: float | None = None,
+) -> Settings:
     limit = memory_limit if memory_limit is not None else read_cgroup_memory_limit()
     overrides: dict[str, float] = {}
     known = set(Thresholds.__dataclass_fields__)
     for item in threshold_overrides:
         key, _, raw = split_pair("--threshold", item, known)
         overrides[key] = parse_number("--threshold", item, raw, float, f"{raw!r} is not a number")
-    return Settings(world_size, limit, kv_bytes_per_token,
-                    load_thresholds(thresholds_file, overrides))
+    return Settings(
+        world_size, limit, kv_bytes_per_token, load_thresholds(thresholds_file, overrides)
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="kvoffload")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
 def cli(log_level: str) -> None:
     """Is vLLM's CPU KV offloading paying off, and how big should the CPU tier be?"""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
@@ -136,43 +170,116 @@ def cli(log_level: str) -> None:
 
 
 @cli.command()
-@click.option("--target", "targets", multiple=True, required=True, metavar="URL",
-              help="vLLM /metrics URL; repeat for several engines/pods.")
-@click.option("--web.listen-address", "--listen", "listen", default="0.0.0.0:9400",
-              show_default=True, help="Where to serve /metrics, /api/v1/status and the page.")
-@click.option("--interval", callback=_duration, default="5s", show_default=True,
-              help="Scrape interval per target.")
-@click.option("--window", callback=_duration, default="5m", show_default=True,
-              help="Window the figures are computed over.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    required=True,
+    metavar="URL",
+    help="vLLM /metrics URL; repeat for several engines/pods.",
+)
+@click.option(
+    "--web.listen-address",
+    "--listen",
+    "listen",
+    default="0.0.0.0:9400",
+    show_default=True,
+    help="Where to serve /metrics, /api/v1/status and the page.",
+)
+@click.option(
+    "--interval",
+    callback=_duration,
+    default="5s",
+    show_default=True,
+    help="Scrape interval per target.",
+)
+@click.option(
+    "--window",
+    callback=_duration,
+    default="5m",
+    show_default=True,
+    help="Window the figures are computed over.",
+)
 @click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
-@click.option("--max-payload", callback=_size, default="16MiB", show_default=True,
-              help="Largest /metrics body accepted.")
-@click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
-              help="vLLM's KV-event endpoint (DP rank 0) of the target in the same position; "
-                   "enables the exact miss-ratio curve.")
-@click.option("--kv-events-replay", multiple=True, metavar="ENDPOINT",
-              help="vLLM's replay endpoint, paired like --kv-events.")
-@click.option("--kv-events-dp", type=click.IntRange(1), default=1, show_default=True,
-              help="DP ranks per target (rank N publishes at port + N).")
+@click.option(
+    "--max-payload",
+    callback=_size,
+    default="16MiB",
+    show_default=True,
+    help="Largest /metrics body accepted.",
+)
+@click.option(
+    "--kv-events",
+    "kv_events",
+    multiple=True,
+    metavar="ENDPOINT",
+    help="vLLM's KV-event endpoint (DP rank 0) of the target in the same position; "
+    "enables the exact miss-ratio curve.",
+)
+@click.option(
+    "--kv-events-replay",
+    multiple=True,
+    metavar="ENDPOINT",
+    help="vLLM's replay endpoint, paired like --kv-events.",
+)
+@click.option(
+    "--kv-events-dp",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="DP ranks per target (rank N publishes at port + N).",
+)
 @click.option("--kv-events-topic", default="", help="Topic vLLM publishes on.")
-@click.option("--kv-events-sample-rate", type=click.FloatRange(0, 1, min_open=True),
-              default=1.0, show_default=True, help="Share of blocks tracked (SHARDS); 1 = exact.")
-@click.option("--kv-events-sample-budget", type=click.IntRange(1000), default=1_000_000,
-              show_default=True,
-              help="At most this many blocks tracked per engine (lowers the rate as needed).")
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the KV-event state here (one file per target): a restarted sidecar "
-                   "resumes from it and asks vLLM to replay what it missed.")
-@click.option("--state-interval", callback=_duration, default="10s", show_default=True,
-              help="How often the KV-event state is saved (and always at SIGTERM).")
+@click.option(
+    "--kv-events-sample-rate",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Share of blocks tracked (SHARDS); 1 = exact.",
+)
+@click.option(
+    "--kv-events-sample-budget",
+    type=click.IntRange(1000),
+    default=1_000_000,
+    show_default=True,
+    help="At most this many blocks tracked per engine (lowers the rate as needed).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the KV-event state here (one file per target): a restarted sidecar "
+    "resumes from it and asks vLLM to replay what it missed.",
+)
+@click.option(
+    "--state-interval",
+    callback=_duration,
+    default="10s",
+    show_default=True,
+    help="How often the KV-event state is saved (and always at SIGTERM).",
+)
 @settings_options
-def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
-          scrape_timeout: float, max_payload: float, kv_events: tuple[str, ...],
-          kv_events_replay: tuple[str, ...], kv_events_dp: int, kv_events_topic: str,
-          kv_events_sample_rate: float, kv_events_sample_budget: int | None,
-          state_dir: str | None, state_interval: float, world_size: int,
-          memory_limit: float | None, kv_bytes_per_token: float | None,
-          thresholds_file: str | None, threshold_overrides: tuple[str, ...]) -> None:
+def serve(
+    targets: tuple[str, ...],
+    listen: str,
+    interval: float,
+    window: float,
+    scrape_timeout: float,
+    max_payload: float,
+    kv_events: tuple[str, ...],
+    kv_events_replay: tuple[str, ...],
+    kv_events_dp: int,
+    kv_events_topic: str,
+    kv_events_sample_rate: float,
+    kv_events_sample_budget: int | None,
+    state_dir: str | None,
+    state_interval: float,
+    world_size: int,
+    memory_limit: float | None,
+    kv_bytes_per_token: float | None,
+    thresholds_file: str | None,
+    threshold_overrides: tuple[str, ...],
+) -> None:
     """Run the sidecar next to `vllm serve`."""
     from aiohttp import web
 
@@ -181,54 +288,115 @@ def serve(targets: tuple[str, ...], listen: str, interval: float, window: float,
 
     host, port = _listen(listen)
     if len(kv_events) > len(targets) or len(kv_events_replay) > len(kv_events):
-        raise InputError("--kv-events pairs with --target (and --kv-events-replay with "
-                         "--kv-events) by position: too many given")
+        raise InputError(
+            "--kv-events pairs with --target (and --kv-events-replay with "
+            "--kv-events) by position: too many given"
+        )
     sources = [
-        KVEventsSource(url, endpoint,
-                       kv_events_replay[i] if i < len(kv_events_replay) else None,
-                       kv_events_dp, kv_events_topic)
+        KVEventsSource(
+            url,
+            endpoint,
+            kv_events_replay[i] if i < len(kv_events_replay) else None,
+            kv_events_dp,
+            kv_events_topic,
+        )
         for i, (url, endpoint) in enumerate(zip(targets, kv_events, strict=False))
     ]
     if state_dir and not sources:
-        click.echo("kvoffload: --state-dir keeps the KV-event state; without --kv-events "
-                   "there is none to keep", err=True)
-    sidecar = Sidecar(SidecarConfig(
-        list(targets), interval, window, scrape_timeout, int(max_payload),
-        make_settings(world_size, memory_limit, thresholds_file, threshold_overrides,
-                      kv_bytes_per_token), sources,
-        kv_events_sample_rate, kv_events_sample_budget, state_dir, state_interval,
-    ))
-    click.echo(f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
-               f"serving http://{host}:{port}/", err=True)
-    web.run_app(make_app(sidecar), host=host, port=port, print=None,
-                access_log=None, handle_signals=True)
+        click.echo(
+            "kvoffload: --state-dir keeps the KV-event state; without --kv-events "
+            "there is none to keep",
+            err=True,
+        )
+    sidecar = Sidecar(
+        SidecarConfig(
+            list(targets),
+            interval,
+            window,
+            scrape_timeout,
+            int(max_payload),
+            make_settings(
+                world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
+            ),
+            sources,
+            kv_events_sample_rate,
+            kv_events_sample_budget,
+            state_dir,
+            state_interval,
+        )
+    )
+    click.echo(
+        f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
+        f"serving http://{host}:{port}/",
+        err=True,
+    )
+    web.run_app(
+        make_app(sidecar), host=host, port=port, print=None, access_log=None, handle_signals=True
+    )
 
 
 @cli.command()
-@click.option("--target", "targets", multiple=True, metavar="URL",
-              help="vLLM /metrics URL; repeat for several engines/pods.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="URL",
+    help="vLLM /metrics URL; repeat for several engines/pods.",
+)
 @click.option("--interval", callback=_duration, default="15s", show_default=True)
 @click.option("--duration", callback=_duration, default="10m", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Recording to write (OpenMetrics, .om). While recording, scrapes go to "
-                   "OUTPUT.partial (what a killed recorder leaves; `analyze` reads it).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Recording to write (OpenMetrics, .om). While recording, scrapes go to "
+    "OUTPUT.partial (what a killed recorder leaves; `analyze` reads it).",
+)
 @click.option("--job", default="vllm", show_default=True, help="job label added to every series.")
 @click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
-@click.option("--kv-events", "kv_events", default=None, metavar="ENDPOINT",
-              help="Also record the first target's KV events (vLLM's ZMQ endpoint of DP rank 0).")
+@click.option(
+    "--kv-events",
+    "kv_events",
+    default=None,
+    metavar="ENDPOINT",
+    help="Also record the first target's KV events (vLLM's ZMQ endpoint of DP rank 0).",
+)
 @click.option("--kv-events-replay", default=None, metavar="ENDPOINT")
-@click.option("--kv-events-dp", type=click.IntRange(1), default=1, show_default=True,
-              help="DP ranks to subscribe to (rank N at port + N).")
-@click.option("--events-output", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the event stream (default: OUTPUT.kvev).")
-@click.option("--finalize", "finalize", type=click.Path(dir_okay=False), default=None,
-              metavar="JOURNAL",
-              help="Scrape nothing: turn the journal of a killed recording (OUT.partial) into "
-                   "the OpenMetrics file OUT (or --output).")
-def record(targets: tuple[str, ...], interval: float, duration: float, output: str | None,
-           job: str, scrape_timeout: float, kv_events: str | None,
-           kv_events_replay: str | None, kv_events_dp: int, events_output: str | None,
-           finalize: str | None) -> None:
+@click.option(
+    "--kv-events-dp",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="DP ranks to subscribe to (rank N at port + N).",
+)
+@click.option(
+    "--events-output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Where to write the event stream (default: OUTPUT.kvev).",
+)
+@click.option(
+    "--finalize",
+    "finalize",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="JOURNAL",
+    help="Scrape nothing: turn the journal of a killed recording (OUT.partial) into "
+    "the OpenMetrics file OUT (or --output).",
+)
+def record(
+    targets: tuple[str, ...],
+    interval: float,
+    duration: float,
+    output: str | None,
+    job: str,
+    scrape_timeout: float,
+    kv_events: str | None,
+    kv_events_replay: str | None,
+    kv_events_dp: int,
+    events_output: str | None,
+    finalize: str | None,
+) -> None:
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
     from kvoffload.ingest.record import record_targets
     from kvoffload.ingest.recording import JOURNAL_SUFFIX, Recording, finalize_journal
@@ -256,10 +424,18 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
     # SIGTERM (a pod or a driver stopping it) closes the recording like Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        failures = asyncio.run(record_targets(
-            pairs, interval, duration, recording, scrape_timeout,
-            lambda msg: click.echo(f"kvoffload: warning: {msg}", err=True),
-            (kv_events, kv_events_replay, kv_events_dp) if kv_events else None, events_writer))
+        failures = asyncio.run(
+            record_targets(
+                pairs,
+                interval,
+                duration,
+                recording,
+                scrape_timeout,
+                lambda msg: click.echo(f"kvoffload: warning: {msg}", err=True),
+                (kv_events, kv_events_replay, kv_events_dp) if kv_events else None,
+                events_writer,
+            )
+        )
     except KeyboardInterrupt:
         click.echo("kvoffload: interrupted; closing the recording", err=True)
     finally:
@@ -269,14 +445,20 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
             recording.close()
         except KeyboardInterrupt:
             # A second signal while the journal is rewritten: the journal is whole; keep it.
-            click.echo(f"kvoffload: interrupted while writing {output}; the recording is in "
-                       f"{recording.journal} (`kvoffload record --finalize "
-                       f"{recording.journal}` finishes it)", err=True)
+            click.echo(
+                f"kvoffload: interrupted while writing {output}; the recording is in "
+                f"{recording.journal} (`kvoffload record --finalize "
+                f"{recording.journal}` finishes it)",
+                err=True,
+            )
             sys.exit(130)
     click.echo(f"wrote {recording.scrapes} scrapes to {output} ({failures} failed)", err=True)
     if events_writer is not None:
-        click.echo(f"wrote {events_writer.messages} KV-event messages to "
-                   f"{events_output or output + '.kvev'}", err=True)
+        click.echo(
+            f"wrote {events_writer.messages} KV-event messages to "
+            f"{events_output or output + '.kvev'}",
+            err=True,
+        )
     if recording.scrapes == 0:
         raise InputError("no scrape succeeded: the recording is empty")
 
@@ -284,27 +466,57 @@ def record(targets: tuple[str, ...], interval: float, duration: float, output: s
 @cli.command()
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option("--target", default=None, metavar="URL", help="Sample a live server instead.")
-@click.option("--duration", callback=_duration, default="60s", show_default=True,
-              help="With --target: how long to sample.")
-@click.option("--interval", callback=_duration, default="5s", show_default=True,
-              help="With --target: scrape interval.")
-@click.option("--window", callback=_duration, default=None,
-              help="Only the last WINDOW of the input (default: all of it).")
+@click.option(
+    "--duration",
+    callback=_duration,
+    default="60s",
+    show_default=True,
+    help="With --target: how long to sample.",
+)
+@click.option(
+    "--interval",
+    callback=_duration,
+    default="5s",
+    show_default=True,
+    help="With --target: scrape interval.",
+)
+@click.option(
+    "--window",
+    callback=_duration,
+    default=None,
+    help="Only the last WINDOW of the input (default: all of it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead.")
-@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
-              help="A KV-event stream recorded with `record --kv-events`: adds the exact "
-                   "miss-ratio curve and sizes from it.")
+@click.option(
+    "--events",
+    "events_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A KV-event stream recorded with `record --kv-events`: adds the exact "
+    "miss-ratio curve and sizes from it.",
+)
 @settings_options
-def analyze(file: str | None, target: str | None, duration: float, interval: float,
-            window: float | None, as_json: bool, events_file: str | None, world_size: int,
-            memory_limit: float | None, kv_bytes_per_token: float | None,
-            thresholds_file: str | None, threshold_overrides: tuple[str, ...]) -> None:
+def analyze(
+    file: str | None,
+    target: str | None,
+    duration: float,
+    interval: float,
+    window: float | None,
+    as_json: bool,
+    events_file: str | None,
+    world_size: int,
+    memory_limit: float | None,
+    kv_bytes_per_token: float | None,
+    thresholds_file: str | None,
+    threshold_overrides: tuple[str, ...],
+) -> None:
     """Figures and advice from a recording, a /metrics snapshot, or a live server."""
     source = file if target is None else target
     if source is None or (file is not None and target is not None):
         raise InputError("give either a FILE or --target URL")
-    settings = make_settings(world_size, memory_limit, thresholds_file, threshold_overrides,
-                             kv_bytes_per_token)
+    settings = make_settings(
+        world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
+    )
     if file is not None:
         expositions = read_recording(file, wanted, WANTED_FAMILIES)
     else:
@@ -320,12 +532,22 @@ def analyze(file: str | None, target: str | None, duration: float, interval: flo
         events = {instances[0]: load_event_file(events_file)}
     groups = analyze_groups(win, settings, lifetime, events=events)
     if as_json:
-        click.echo(json.dumps({"source": source, "scrapes": scrapes, "lifetime": lifetime,
-                               "groups": [g.to_json() for g in groups]},
-                              indent=2, allow_nan=False))
+        click.echo(
+            json.dumps(
+                {
+                    "source": source,
+                    "scrapes": scrapes,
+                    "lifetime": lifetime,
+                    "groups": [g.to_json() for g in groups],
+                },
+                indent=2,
+                allow_nan=False,
+            )
+        )
         return
-    note = (f"{scrapes} scrape(s)" + ("; one snapshot: lifetime totals since the engine "
-                                       "started" if lifetime else ""))
+    note = f"{scrapes} scrape(s)" + (
+        "; one snapshot: lifetime totals since the engine started" if lifetime else ""
+    )
     click.echo(render_report(groups, source, note), nl=False)
 
 
@@ -351,29 +573,63 @@ def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposit
 
 
 @cli.command()
-@click.option("--out", "out_dir", default=".", show_default=True,
-              type=click.Path(file_okay=False), help="Directory receiving alerts/ and dashboards/.")
-@click.option("--selector", default=None, metavar="MATCHERS",
-              help='PromQL matchers of the vLLM targets (default: job="vllm").')
-@click.option("--sidecar-selector", default=None, metavar="MATCHERS",
-              help='PromQL matchers of the kvoffload sidecar (default: job="kvoffload").')
+@click.option(
+    "--out",
+    "out_dir",
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory receiving alerts/ and dashboards/.",
+)
+@click.option(
+    "--selector",
+    default=None,
+    metavar="MATCHERS",
+    help='PromQL matchers of the vLLM targets (default: job="vllm").',
+)
+@click.option(
+    "--sidecar-selector",
+    default=None,
+    metavar="MATCHERS",
+    help='PromQL matchers of the kvoffload sidecar (default: job="kvoffload").',
+)
 @click.option("--rate-window", default=None, help="Window of the fast figures (default: 5m).")
-@click.option("--slow-window", default=None,
-              help="Window of reuse, waste, fill time and the transfer alerts (default: 1h).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Any other setting of docs/rules.md, e.g. low_reuse_ratio=0.1 or "
-                   "alert_for.KVOffloadTransferSlow=1h; repeatable.")
-@click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 when a generated file is missing or differs.")
-def generate(out_dir: str, selector: str | None, sidecar_selector: str | None,
-             rate_window: str | None, slow_window: str | None, settings: tuple[str, ...],
-             check: bool) -> None:
+@click.option(
+    "--slow-window",
+    default=None,
+    help="Window of reuse, waste, fill time and the transfer alerts (default: 1h).",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any other setting of docs/rules.md, e.g. low_reuse_ratio=0.1 or "
+    "alert_for.KVOffloadTransferSlow=1h; repeatable.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Write nothing; exit 1 when a generated file is missing or differs.",
+)
+def generate(
+    out_dir: str,
+    selector: str | None,
+    sidecar_selector: str | None,
+    rate_window: str | None,
+    slow_window: str | None,
+    settings: tuple[str, ...],
+    check: bool,
+) -> None:
     """Write the Prometheus rules and Grafana dashboards for your labels and thresholds."""
     from kvoffload.mixin import generate as gen
 
     overrides = gen.parse_overrides(settings)
-    for key, value in (("sidecar_selector", sidecar_selector), ("rate_window", rate_window),
-                       ("slow_window", slow_window)):
+    for key, value in (
+        ("sidecar_selector", sidecar_selector),
+        ("rate_window", rate_window),
+        ("slow_window", slow_window),
+    ):
         if value is not None:
             overrides[key] = value
     if check:
@@ -397,40 +653,94 @@ def _scenario(name: str):
 
 
 @cli.command()
-@click.option("--scenario", default="laptop-eviction", show_default=True,
-              help="A scenario of the library (docs/scenarios.md).")
-@click.option("--listen", default="127.0.0.1:8000", show_default=True,
-              help="Where to serve the simulated /metrics.")
-@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True,
-              help="Simulated seconds per real second: the traffic is that much denser "
-                   "(per-second rates read that many times higher); TTFT, copy times and "
-                   "GB/s stay the simulated ones.")
-@click.option("--clock", type=click.Choice(["wall", "virtual"]), default="wall",
-              show_default=True,
-              help="wall: samples without timestamps (Prometheus stamps them, at any speed), "
-                   "_created and KV event times on the real clock. virtual: the scenario's "
-                   "calendar, every sample stamped with it (a sidecar alone then sees "
-                   "simulated seconds; Prometheus drops such samples).")
-@click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a recording instead of serving (no waiting: virtual clock).")
-@click.option("--duration", callback=_duration, default=None,
-              help="With --record: virtual time to record (default: the scenario's length).")
-@click.option("--interval", callback=_duration, default="15s", show_default=True,
-              help="With --record: scrape interval in virtual time.")
+@click.option(
+    "--scenario",
+    default="laptop-eviction",
+    show_default=True,
+    help="A scenario of the library (docs/scenarios.md).",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:8000",
+    show_default=True,
+    help="Where to serve the simulated /metrics.",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Simulated seconds per real second: the traffic is that much denser "
+    "(per-second rates read that many times higher); TTFT, copy times and "
+    "GB/s stay the simulated ones.",
+)
+@click.option(
+    "--clock",
+    type=click.Choice(["wall", "virtual"]),
+    default="wall",
+    show_default=True,
+    help="wall: samples without timestamps (Prometheus stamps them, at any speed), "
+    "_created and KV event times on the real clock. virtual: the scenario's "
+    "calendar, every sample stamped with it (a sidecar alone then sees "
+    "simulated seconds; Prometheus drops such samples).",
+)
+@click.option(
+    "--record",
+    "record_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a recording instead of serving (no waiting: virtual clock).",
+)
+@click.option(
+    "--duration",
+    callback=_duration,
+    default=None,
+    help="With --record: virtual time to record (default: the scenario's length).",
+)
+@click.option(
+    "--interval",
+    callback=_duration,
+    default="15s",
+    show_default=True,
+    help="With --record: scrape interval in virtual time.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--kv-events", "kv_events", metavar="ENDPOINT", default=None,
-              help="Publish vLLM's KV cache events over ZMQ, e.g. tcp://127.0.0.1:5557 "
-                   "(bound; DP rank N on port + N).")
-@click.option("--kv-events-replay", metavar="ENDPOINT", default=None,
-              help="With --kv-events: the replay (ROUTER) endpoint, e.g. tcp://127.0.0.1:5558.")
-@click.option("--record-kv-events", "record_kv_events", type=click.Path(dir_okay=False),
-              default=None, help="With --record: also write the KV event stream to this file.")
+@click.option(
+    "--kv-events",
+    "kv_events",
+    metavar="ENDPOINT",
+    default=None,
+    help="Publish vLLM's KV cache events over ZMQ, e.g. tcp://127.0.0.1:5557 "
+    "(bound; DP rank N on port + N).",
+)
+@click.option(
+    "--kv-events-replay",
+    metavar="ENDPOINT",
+    default=None,
+    help="With --kv-events: the replay (ROUTER) endpoint, e.g. tcp://127.0.0.1:5558.",
+)
+@click.option(
+    "--record-kv-events",
+    "record_kv_events",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --record: also write the KV event stream to this file.",
+)
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
-def sim(scenario: str, listen: str, speed: float, clock: str, record_path: str | None,
-        duration: float | None, interval: float, seed: int, kv_events: str | None,
-        kv_events_replay: str | None, record_kv_events: str | None,
-        list_scenarios: bool) -> None:
+def sim(
+    scenario: str,
+    listen: str,
+    speed: float,
+    clock: str,
+    record_path: str | None,
+    duration: float | None,
+    interval: float,
+    seed: int,
+    kv_events: str | None,
+    kv_events_replay: str | None,
+    record_kv_events: str | None,
+    list_scenarios: bool,
+) -> None:
     """Run the built-in vLLM simulator: serve /metrics until stopped (the scenario's traffic
     goes on past its length), or write a recording."""
     from kvoffload.sim import SimServer, scenarios
@@ -450,53 +760,91 @@ def sim(scenario: str, listen: str, speed: float, clock: str, record_path: str |
 
         if kv_events is not None:
             raise InputError("--kv-events serves; with --record use --record-kv-events")
-        n = record_scenario(chosen, record_path, duration or chosen.duration_s, interval,
-                            seed=seed, events_path=record_kv_events)
-        click.echo(f"wrote {n} scrapes of {chosen.name} to {record_path}"
-                   + (f" and its KV events to {record_kv_events}" if record_kv_events else ""),
-                   err=True)
+        n = record_scenario(
+            chosen,
+            record_path,
+            duration or chosen.duration_s,
+            interval,
+            seed=seed,
+            events_path=record_kv_events,
+        )
+        click.echo(
+            f"wrote {n} scrapes of {chosen.name} to {record_path}"
+            + (f" and its KV events to {record_kv_events}" if record_kv_events else ""),
+            err=True,
+        )
         return
     from aiohttp import web
 
     from kvoffload.sim.server import make_app as make_sim_app
 
     host, port = _listen(listen)
-    click.echo(f"simulated vLLM ({chosen.name}, {speed:g}x): http://{host}:{port}/metrics",
-               err=True)
+    click.echo(
+        f"simulated vLLM ({chosen.name}, {speed:g}x): http://{host}:{port}/metrics", err=True
+    )
     if kv_events is not None:
-        click.echo(f"KV events: {kv_events}"
-                   + (f" (replay {kv_events_replay})" if kv_events_replay else ""), err=True)
+        click.echo(
+            f"KV events: {kv_events}"
+            + (f" (replay {kv_events_replay})" if kv_events_replay else ""),
+            err=True,
+        )
     # A server runs until stopped: the workload continues period after period (no counter
     # reset, memory capped) so a sidecar or Prometheus next to it never sees it go idle.
     wall = SimServer.wall_clock(speed) if clock == "wall" else {}
-    app = make_sim_app(SimServer(chosen, seed=seed, kv_events=kv_events is not None,
-                                 endless=True, **wall),
-                       speed=speed, kv_events_endpoint=kv_events,
-                       kv_events_replay=kv_events_replay)
+    app = make_sim_app(
+        SimServer(chosen, seed=seed, kv_events=kv_events is not None, endless=True, **wall),
+        speed=speed,
+        kv_events_endpoint=kv_events,
+        kv_events_replay=kv_events_replay,
+    )
     web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 
 @cli.command()
 @click.option("--scenario", default="laptop-eviction", show_default=True)
-@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Virtual seconds per real second.")
-@click.option("--duration", callback=_duration, default=None,
-              help="Stop after this long (default: until Ctrl-C).")
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Virtual seconds per real second.",
+)
+@click.option(
+    "--duration",
+    callback=_duration,
+    default=None,
+    help="Stop after this long (default: until Ctrl-C).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=None, help="Sidecar port (default: a free one).")
-@click.option("--every", callback=_duration, default="3s", show_default=True,
-              help="How often to print the summary.")
-@click.option("--kv-events/--no-kv-events", default=True, show_default=True,
-              help="Also publish and subscribe to KV events (the exact miss-ratio curve).")
-def demo(scenario: str, speed: float, duration: float | None, host: str, port: int | None,
-         every: float, kv_events: bool) -> None:
+@click.option(
+    "--every",
+    callback=_duration,
+    default="3s",
+    show_default=True,
+    help="How often to print the summary.",
+)
+@click.option(
+    "--kv-events/--no-kv-events",
+    default=True,
+    show_default=True,
+    help="Also publish and subscribe to KV events (the exact miss-ratio curve).",
+)
+def demo(
+    scenario: str,
+    speed: float,
+    duration: float | None,
+    host: str,
+    port: int | None,
+    every: float,
+    kv_events: bool,
+) -> None:
     """The simulator and the sidecar together, with a live summary (the quick start)."""
     from kvoffload.demo import run_demo
 
     _scenario(scenario)
     try:
-        asyncio.run(run_demo(scenario, speed, duration, host, port, every, click.echo,
-                             kv_events))
+        asyncio.run(run_demo(scenario, speed, duration, host, port, every, click.echo, kv_events))
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
 

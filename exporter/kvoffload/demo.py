@@ -33,11 +33,17 @@ def summary_line(group: GroupAnalysis) -> str:
         f" | load {format_value(f.get('load_gbps'), 'GB/s')}"
         f" | wasted {format_value(f.get('wasted_bytes'), 'bytes')}"
         f" | speedup {format_value(f.get('speedup'), 'x')}"
-        + (f" | TTFT {effect * 1000:+.1f} ms with the tier"
-           if (effect := f.get("offload_ttft_effect_seconds")) is not None else "")
+        + (
+            f" | TTFT {effect * 1000:+.1f} ms with the tier"
+            if (effect := f.get("offload_ttft_effect_seconds")) is not None
+            else ""
+        )
         + f" | advice: {action}"
-        + (f" (curve: {group.predicted_offload_hit_ratio:.2f} predicted)"
-           if group.predicted_offload_hit_ratio is not None else "")
+        + (
+            f" (curve: {group.predicted_offload_hit_ratio:.2f} predicted)"
+            if group.predicted_offload_hit_ratio is not None
+            else ""
+        )
     )
 
 
@@ -60,8 +66,11 @@ async def run_demo(
     events_endpoint = f"tcp://{listen_host}:{free_port(listen_host)}" if kv_events else None
     # The workload goes on past the scenario's length for as long as the demo runs, so the
     # figures keep moving instead of going flat (memory stays bounded: SimServer endless).
-    sim_app = make_sim_app(SimServer(scenario, kv_events=kv_events, endless=True), speed=speed,
-                           kv_events_endpoint=events_endpoint)
+    sim_app = make_sim_app(
+        SimServer(scenario, kv_events=kv_events, endless=True),
+        speed=speed,
+        kv_events_endpoint=events_endpoint,
+    )
     sim_runner = web.AppRunner(sim_app, access_log=None)
     await sim_runner.setup()
     await web.TCPSite(sim_runner, listen_host, sim_port).start()
@@ -72,24 +81,36 @@ async def run_demo(
     # TTFT verdict fits costs over scrape intervals, and intervals that are whole periods of a
     # repeating workload all look alike.
     every_virtual = scenario.scrape_interval_s
-    sidecar = Sidecar(SidecarConfig([target],
-                                    interval_seconds=max(0.1, min(5.0, every_virtual / speed)),
-                                    window_seconds=300.0, settings=Settings(),
-                                    kv_events=sources))
+    sidecar = Sidecar(
+        SidecarConfig(
+            [target],
+            interval_seconds=max(0.1, min(5.0, every_virtual / speed)),
+            window_seconds=300.0,
+            settings=Settings(),
+            kv_events=sources,
+        )
+    )
     side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
     await side_runner.setup()
     await web.TCPSite(side_runner, listen_host, side_port).start()
-    echo(f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}"
-         + (f", KV events {events_endpoint}" if events_endpoint else ""))
+    echo(
+        f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}"
+        + (f", KV events {events_endpoint}" if events_endpoint else "")
+    )
     echo(f"sidecar:   http://{listen_host}:{side_port}/  (status page)")
-    echo(f"           http://{listen_host}:{side_port}/metrics  "
-         f"http://{listen_host}:{side_port}/api/v1/status")
+    echo(
+        f"           http://{listen_host}:{side_port}/metrics  "
+        f"http://{listen_host}:{side_port}/api/v1/status"
+    )
     echo("Ctrl-C to stop.")
     started = time.monotonic()
     try:
         while duration is None or time.monotonic() - started < duration:
-            await asyncio.sleep(every if duration is None
-                                else min(every, max(0.0, duration - (time.monotonic() - started))))
+            await asyncio.sleep(
+                every
+                if duration is None
+                else min(every, max(0.0, duration - (time.monotonic() - started)))
+            )
             groups = sidecar.groups()
             if not groups:
                 states = "; ".join(t.last_error or "waiting" for t in sidecar.targets)

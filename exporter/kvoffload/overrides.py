@@ -20,8 +20,15 @@ def refuse(option: str, pair: str, why: str) -> InputError:
     return InputError(f"{option} {pair!r}: {why}")
 
 
-def split_pair(option: str, pair: str, keys: Collection[str], *, usage: str = "use",
-               strip: bool = False, entries: bool = False) -> tuple[str, str, str]:
+def split_pair(
+    option: str,
+    pair: str,
+    keys: Collection[str],
+    *,
+    usage: str = "use",
+    strip: bool = False,
+    entries: bool = False,
+) -> tuple[str, str, str]:
     """`KEY=VALUE` → (KEY, "", VALUE), KEY one of `keys`.
 
     With `entries`, `KEY.ENTRY=VALUE` (an entry of a mapping setting) → (KEY, ENTRY, VALUE);

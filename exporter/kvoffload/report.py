@@ -52,8 +52,10 @@ def render_report(groups: list[GroupAnalysis], source: str, note: str = "") -> s
         lines.append("")
         where = f" @ {g.instance}" if g.instance else ""
         state = "on" if g.offloading else "off"
-        lines.append(f"model {g.model_name}{where} — offloading {state}, "
-                     f"{g.window_seconds:.0f} s of data, offload metric names: {g.naming}")
+        lines.append(
+            f"model {g.model_name}{where} — offloading {state}, "
+            f"{g.window_seconds:.0f} s of data, offload metric names: {g.naming}"
+        )
         width = max(len(f.key) for f in FIGURES)
         for fig in FIGURES:
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
@@ -82,24 +84,32 @@ def _ttft_lines(g: GroupAnalysis) -> list[str]:
     verdict = g.ttft
     if verdict is None:
         return []
-    lines = [f"  mean TTFT {verdict.mean_ttft_seconds * 1000:.1f} ms over "
-             f"{verdict.requests:.0f} requests (queue "
-             f"{verdict.mean_queue_seconds * 1000:.1f} ms, prefill "
-             f"{verdict.mean_prefill_seconds * 1000:.1f} ms)"]
+    lines = [
+        f"  mean TTFT {verdict.mean_ttft_seconds * 1000:.1f} ms over "
+        f"{verdict.requests:.0f} requests (queue "
+        f"{verdict.mean_queue_seconds * 1000:.1f} ms, prefill "
+        f"{verdict.mean_prefill_seconds * 1000:.1f} ms)"
+    ]
     effect = g.figures.get("offload_ttft_effect_seconds")
     if effect is not None and verdict.now is not None:
         low, high = _range(verdict.now)
-        lines.append(f"  TTFT effect of the CPU tier now: {_ms(effect)} per request "
-                     f"(range {_ms(low)} … {_ms(high)}; negative = faster)")
+        lines.append(
+            f"  TTFT effect of the CPU tier now: {_ms(effect)} per request "
+            f"(range {_ms(low)} … {_ms(high)}; negative = faster)"
+        )
     predicted = verdict.predicted
     if predicted is not None and effect is None:
         low, high = _range(predicted)
-        lines.append(f"  predicted TTFT effect of a {predicted['kv_offloading_size_gib']:g} GiB "
-                     f"tier: {_ms(predicted['seconds'])} per request "
-                     f"(range {_ms(low)} … {_ms(high)})")
+        lines.append(
+            f"  predicted TTFT effect of a {predicted['kv_offloading_size_gib']:g} GiB "
+            f"tier: {_ms(predicted['seconds'])} per request "
+            f"(range {_ms(low)} … {_ms(high)})"
+        )
     rec = g.recommendation
     if rec.ttft_change_seconds is not None and rec.ttft_change_range_seconds is not None:
         low, high = rec.ttft_change_range_seconds
-        lines.append(f"  if applied: mean TTFT {_ms(rec.ttft_change_seconds)} per request "
-                     f"({rec.ttft_change_basis}, range {_ms(low)} … {_ms(high)})")
+        lines.append(
+            f"  if applied: mean TTFT {_ms(rec.ttft_change_seconds)} per request "
+            f"({rec.ttft_change_basis}, range {_ms(low)} … {_ms(high)})"
+        )
     return lines

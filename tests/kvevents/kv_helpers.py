@@ -17,9 +17,9 @@ from kvoffload.sim.kv_events import encode_batch
 INSTANCE = "sim:8000"
 
 
-def run_with_event_states(scenario: str | Scenario, sample_rates: Sequence[float],
-                          interval: float | None = None
-                          ) -> tuple[Window, list[TargetEvents], dict]:
+def run_with_event_states(
+    scenario: str | Scenario, sample_rates: Sequence[float], interval: float | None = None
+) -> tuple[Window, list[TargetEvents], dict]:
     """One run, its decoded events fed to one TargetEvents per sample rate (so exact and
     sampled modes see the very same stream), scraped as often as the scenario says (the TTFT
     verdict fits costs over scrape intervals: 15 s, or 1 s for the short real-H200 sets)."""
@@ -38,15 +38,17 @@ def run_with_event_states(scenario: str | Scenario, sample_rates: Sequence[float
             batch = decode_batch(encode_batch(ts, events, rank))
             for state in states:
                 state.ingest(batch, seq, rank)
-        window.update(extract(parse_text(sim.render(), wanted, WANTED_FAMILIES),
-                              sc.start_epoch + t, INSTANCE))
+        window.update(
+            extract(parse_text(sim.render(), wanted, WANTED_FAMILIES), sc.start_epoch + t, INSTANCE)
+        )
         if t > sc.duration_s:
             break
         t += interval
     return window, states, sim.ground_truth(include_requests=False)
 
 
-def run_with_events(scenario: str | Scenario, sample_rate: float = 1.0,
-                    interval: float | None = None) -> tuple[Window, TargetEvents, dict]:
+def run_with_events(
+    scenario: str | Scenario, sample_rate: float = 1.0, interval: float | None = None
+) -> tuple[Window, TargetEvents, dict]:
     window, (state,), truth = run_with_event_states(scenario, [sample_rate], interval)
     return window, state, truth

@@ -75,9 +75,11 @@ def test_exact_waste_from_events_matches_the_ground_truth():
     (group,) = analyze_window(window, events={INSTANCE: state})
     ev = group["kv_events"]
     assert ev["never_loaded_evicted_bytes"] == pytest.approx(
-        truth["never_reloaded_evicted_bytes"], rel=0.01)
+        truth["never_reloaded_evicted_bytes"], rel=0.01
+    )
     assert ev["never_loaded_resident_bytes"] == pytest.approx(
-        truth["never_reloaded_resident_bytes"], rel=0.01)
+        truth["never_reloaded_resident_bytes"], rel=0.01
+    )
 
 
 def test_a_thin_sample_is_flagged_and_an_exact_curve_is_not():

@@ -52,14 +52,24 @@ def oracle(cache: dict, name: str, sizes=tuple(SIZES)) -> dict:
 
 def worst_error(curve, state: TargetEvents, measured: dict) -> tuple[float, float]:
     """(largest |predicted − measured| over the sweep, the size where it is)."""
-    errors = [(abs(curve.at(p["cpu_gib"] * GIB, state) - p["hit_ratio"]), p["cpu_gib"])
-              for p in measured["points"]]
+    errors = [
+        (abs(curve.at(p["cpu_gib"] * GIB, state) - p["hit_ratio"]), p["cpu_gib"])
+        for p in measured["points"]
+    ]
     return max(errors)
 
 
-@pytest.mark.parametrize("name", ["buffer-too-small", "buffer-oversized",
-                                  "pressure-without-offloading", "restart", "dp2",
-                                  "laptop-eviction"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "buffer-too-small",
+        "buffer-oversized",
+        "pressure-without-offloading",
+        "restart",
+        "dp2",
+        "laptop-eviction",
+    ],
+)
 def test_exact_curve_matches_the_oracle_within_003(name, oracles):
     state, truth = events_of(name)
     curve = build_curve(state, bytes_per_block(scenarios.get(name)), truth["gpu_missed_tokens"])

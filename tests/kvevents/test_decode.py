@@ -70,8 +70,17 @@ class OldBlockStored(OldEvent, tag="BlockStored"):
 
 ENC = msgspec.msgpack.Encoder()
 EVENTS = [
-    BlockStored([1, 2, 3], None, list(range(48)), 16, None, "GPU", None,
-                kv_cache_spec_kind="full_attention", future_field="x"),
+    BlockStored(
+        [1, 2, 3],
+        None,
+        list(range(48)),
+        16,
+        None,
+        "GPU",
+        None,
+        kv_cache_spec_kind="full_attention",
+        future_field="x",
+    ),
     BlockStored([2, 3], None, [], 0, None, "CPU", None),
     BlockRemoved([1], "GPU"),
     FutureEvent(5),
@@ -105,8 +114,10 @@ def test_old_array_like_events_decode():
     assert ev.kind == STORED and ev.block_hashes == (7, 8) and ev.medium is None
 
 
-@pytest.mark.parametrize("payload", [b"\xc1garbage", ENC.encode({"hello": 1}),
-                                     ENC.encode([1.0, "not a list"]), ENC.encode(42)])
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xc1garbage", ENC.encode({"hello": 1}), ENC.encode([1.0, "not a list"]), ENC.encode(42)],
+)
 def test_garbage_is_a_decode_error(payload):
     with pytest.raises(DecodeError):
         decode_batch(payload)
@@ -128,8 +139,14 @@ def test_cpu_events_give_exact_waste_and_occupancy():
     def batch(*events):
         return decode_batch(ENC.encode(ArrayBatch(1.0, list(events))))
 
-    state.ingest(batch(BlockStored([1, 2, 3], None, [], 16, None, "GPU", None),
-                       BlockStored([1, 2, 3], None, [], 0, None, "CPU", None)), 0, 0)
+    state.ingest(
+        batch(
+            BlockStored([1, 2, 3], None, [], 16, None, "GPU", None),
+            BlockStored([1, 2, 3], None, [], 0, None, "CPU", None),
+        ),
+        0,
+        0,
+    )
     state.ingest(batch(BlockRemoved([1, 2, 3], "GPU")), 1, 0)
     state.ingest(batch(BlockStored([1, 2], None, [], 16, None, "GPU", None)), 2, 0)  # reload
     state.ingest(batch(BlockRemoved([2, 3], "CPU")), 3, 0)
@@ -141,15 +158,19 @@ def test_cpu_events_give_exact_waste_and_occupancy():
     assert hist.cold == 3 and hist.hits_below(1) == 1 and hist.hits_below(2) == 2
 
 
-@pytest.mark.parametrize("payload", [
-    ENC.encode([1.0, [{"type": ["BlockStored"], "block_hashes": [1]}]]),
-    ENC.encode([1.0, [[["x"], 1]]]),
-    b"\x91" * 5000 + b"\xc0",  # arrays nested 5,000 deep
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        ENC.encode([1.0, [{"type": ["BlockStored"], "block_hashes": [1]}]]),
+        ENC.encode([1.0, [[["x"], 1]]]),
+        b"\x91" * 5000 + b"\xc0",  # arrays nested 5,000 deep
+    ],
+)
 def test_hostile_payloads_are_counted_not_raised(payload):
     state = TargetEvents()
     msg = __import__("kvoffload.kvevents.eventfile", fromlist=["RawMessage"]).RawMessage(
-        0, 0, 0.0, b"", payload)
+        0, 0, 0.0, b"", payload
+    )
     state.ingest_message(msg)  # must not raise
     assert state.decode_errors + state.messages() >= 1
 
@@ -158,8 +179,11 @@ def test_a_new_publisher_means_a_restart_and_empties_the_state():
     state = TargetEvents()
 
     def stored(*hashes, medium="GPU"):
-        return decode_batch(ENC.encode(ArrayBatch(1.0, [
-            BlockStored(list(hashes), None, [], 16, None, medium, None)])))
+        return decode_batch(
+            ENC.encode(
+                ArrayBatch(1.0, [BlockStored(list(hashes), None, [], 16, None, medium, None)])
+            )
+        )
 
     state.ingest(stored(1, 2), 10, 0)
     state.ingest(stored(1, 2, medium="CPU"), 11, 0)
@@ -194,11 +218,14 @@ def test_the_fast_path_and_the_general_path_agree(monkeypatch):
 
     known = [e for e in EVENTS if not isinstance(e, FutureEvent)]
     known.append(BlockStored([2**64 - 1], 5, [], 16, None, "GPU", None, group_idx=2))
-    payloads = [ENC.encode(ArrayBatch(3.0, known, 1)),  # vLLM 0.33's shape: the fast path
-                ENC.encode([3, known]),  # an integer ts, no rank: still the fast path
-                ENC.encode(ArrayBatch(3.0, EVENTS, 1)),  # an unknown event type: general
-                ENC.encode([3.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01\x02"],
-                                   "medium": "GPU"}], 1])]  # bytes hashes: general
+    payloads = [
+        ENC.encode(ArrayBatch(3.0, known, 1)),  # vLLM 0.33's shape: the fast path
+        ENC.encode([3, known]),  # an integer ts, no rank: still the fast path
+        ENC.encode(ArrayBatch(3.0, EVENTS, 1)),  # an unknown event type: general
+        ENC.encode(
+            [3.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01\x02"], "medium": "GPU"}], 1]
+        ),
+    ]  # bytes hashes: general
     assert all(decode._fast_decode(p, 0) is not None for p in payloads[:2])
     assert all(decode._fast_decode(p, 0) is None for p in payloads[2:])
     fast = [decode_batch(p, default_rank=4) for p in payloads]
@@ -206,8 +233,13 @@ def test_the_fast_path_and_the_general_path_agree(monkeypatch):
     general = [decode_batch(p, default_rank=4) for p in payloads]
 
     def typed(batch):  # == alone would let 3 == 3.0 and True == 1 through
-        return (type(batch.ts), batch.ts, batch.dp_rank, batch.unknown,
-                [tuple((type(v), v) for v in ev) for ev in batch.events])
+        return (
+            type(batch.ts),
+            batch.ts,
+            batch.dp_rank,
+            batch.unknown,
+            [tuple((type(v), v) for v in ev) for ev in batch.events],
+        )
 
     assert [typed(b) for b in fast] == [typed(b) for b in general]
     assert fast[1].ts == 3.0 and fast[1].dp_rank == 4

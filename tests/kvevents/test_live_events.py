@@ -25,10 +25,15 @@ async def _live(name: str, speed: float, seconds: float):
     sim_app = make_sim_app(sim, speed=speed, kv_events_endpoint=events, kv_events_replay=replay)
     async with running(sim_app) as sim_port:
         target = f"http://127.0.0.1:{sim_port}/metrics"
-        sidecar = Sidecar(SidecarConfig([target], interval_seconds=0.25, window_seconds=3600,
-                                        kv_events=[KVEventsSource(target, events, replay)]))
-        async with running(make_sidecar_app(sidecar)) as side_port, \
-                aiohttp.ClientSession() as s:
+        sidecar = Sidecar(
+            SidecarConfig(
+                [target],
+                interval_seconds=0.25,
+                window_seconds=3600,
+                kv_events=[KVEventsSource(target, events, replay)],
+            )
+        )
+        async with running(make_sidecar_app(sidecar)) as side_port, aiohttp.ClientSession() as s:
             await asyncio.sleep(seconds)
             async with s.get(f"http://127.0.0.1:{side_port}/api/v1/status") as r:
                 status = await r.json()
@@ -47,16 +52,20 @@ def test_sidecar_subscribes_and_publishes_the_curve():
     assert group["curve"] and ev["achievable_hit_ratio"] > 0.5
     assert group["predicted_offload_hit_ratio"] is not None
     samples = parse_text(metrics).samples
-    buckets = [(lb["le"], v) for n, lb, v, _ in samples
-               if n == "kvoffload_reuse_distance_bytes_bucket"]
+    buckets = [
+        (lb["le"], v) for n, lb, v, _ in samples if n == "kvoffload_reuse_distance_bytes_bucket"
+    ]
     assert buckets and buckets[-1][0] == "+Inf"
     values = [v for _, v in buckets]
     assert values == sorted(values)  # cumulative
     names = {n for n, *_ in samples}
-    assert {"kvoffload_cpu_resident_bytes", "kvoffload_kv_events_messages_total",
-            "kvoffload_achievable_offload_hit_ratio",
-            "kvoffload_predicted_offload_ttft_effect_seconds",
-            "kvoffload_curve_provisional"} <= names
+    assert {
+        "kvoffload_cpu_resident_bytes",
+        "kvoffload_kv_events_messages_total",
+        "kvoffload_achievable_offload_hit_ratio",
+        "kvoffload_predicted_offload_ttft_effect_seconds",
+        "kvoffload_curve_provisional",
+    } <= names
     (flag,) = [v for n, _, v, _ in samples if n == "kvoffload_curve_provisional"]
     assert flag == float(ev["provisional"]) == float(bool(ev["provisional_reasons"]))
 
@@ -65,12 +74,26 @@ def test_sidecar_subscribes_and_publishes_the_curve():
 def sim_with_events():
     http_port, events_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvoffload", "sim", "--scenario", "laptop-eviction",
-         "--listen", f"127.0.0.1:{http_port}", "--speed", "60",
-         "--kv-events", f"tcp://127.0.0.1:{events_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "sim",
+            "--scenario",
+            "laptop-eviction",
+            "--listen",
+            f"127.0.0.1:{http_port}",
+            "--speed",
+            "60",
+            "--kv-events",
+            f"tcp://127.0.0.1:{events_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     import socket
     import time
+
     deadline = time.time() + 20
     while time.time() < deadline:
         try:
@@ -86,14 +109,44 @@ def sim_with_events():
 def test_record_with_events_then_analyze_offline(sim_with_events, tmp_path):
     url, events = sim_with_events
     out = tmp_path / "run.om"
-    r = subprocess.run([sys.executable, "-m", "kvoffload", "record", "--target", url,
-                        "--interval", "0.5s", "--duration", "5s", "-o", str(out),
-                        "--kv-events", events], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "record",
+            "--target",
+            url,
+            "--interval",
+            "0.5s",
+            "--duration",
+            "5s",
+            "-o",
+            str(out),
+            "--kv-events",
+            events,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "KV-event messages" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "kvoffload", "analyze", str(out), "--events",
-                        str(out) + ".kvev", "--json"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "analyze",
+            str(out),
+            "--events",
+            str(out) + ".kvev",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     (group,) = json.loads(r.stdout)["groups"]
     assert group["kv_events"]["messages"] > 0
@@ -108,6 +161,10 @@ def test_analyze_with_a_bad_event_file_is_a_one_line_error(tmp_path):
 
     bad = tmp_path / "x.kvev"
     bad.write_bytes(b"not an event file")
-    r = subprocess.run([sys.executable, "-m", "kvoffload", "analyze", str(SAMPLE), "--events",
-                        str(bad)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "kvoffload", "analyze", str(SAMPLE), "--events", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "bad header" in r.stderr and "Traceback" not in r.stderr

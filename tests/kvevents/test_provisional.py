@@ -17,8 +17,7 @@ T = Thresholds()
 
 
 def _reasons(state: TargetEvents, gpu_blocks: float | None) -> list[str]:
-    return provisional_reasons(state, gpu_blocks, T.min_gpu_turnovers,
-                               T.max_first_touch_gap_ratio)
+    return provisional_reasons(state, gpu_blocks, T.min_gpu_turnovers, T.max_first_touch_gap_ratio)
 
 
 def _passes(state: TargetEvents, passes: int, prefixes: int = 50, blocks: int = 4) -> None:

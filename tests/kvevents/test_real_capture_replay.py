@@ -30,19 +30,27 @@ def _capture(tmp_path: Path, name: str = "E-cpu4", set_name: str = "E") -> list[
 
 def _curve_key(state: TargetEvents) -> tuple:
     e = state.engines[0]
-    return (state.messages(), e.gpu_missed_blocks, e.tracker.histogram.total,
-            e.tracker.histogram.cold, e.cpu_stored_blocks, state.cpu_resident_blocks(),
-            state.never_loaded_blocks())
+    return (
+        state.messages(),
+        e.gpu_missed_blocks,
+        e.tracker.histogram.total,
+        e.tracker.histogram.cold,
+        e.cpu_stored_blocks,
+        state.cpu_resident_blocks(),
+        state.never_loaded_blocks(),
+    )
 
 
-async def _late_subscriber(messages: list[RawMessage], before: int, buffer_steps: int
-                           ) -> tuple[TargetEvents, Subscriber]:
+async def _late_subscriber(
+    messages: list[RawMessage], before: int, buffer_steps: int
+) -> tuple[TargetEvents, Subscriber]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     replay = f"tcp://127.0.0.1:{free_port()}"
     pub = ZmqEventPublisher(endpoint, replay, topic="kv", buffer_steps=buffer_steps)
     state = TargetEvents()
-    sub = Subscriber(endpoint, 0, state.ingest_message, replay, topic="kv",
-                     replay_timeout_seconds=5.0)
+    sub = Subscriber(
+        endpoint, 0, state.ingest_message, replay, topic="kv", replay_timeout_seconds=5.0
+    )
     for msg in messages[:before]:
         pub.publish(msg.payload)  # vLLM was publishing before the sidecar started
     task = asyncio.create_task(sub.run())
@@ -76,8 +84,9 @@ def test_a_late_sidecar_builds_the_same_state_from_vllm_replay(tmp_path):
     whole = TargetEvents()
     for i, msg in enumerate(messages):
         whole.ingest_message(RawMessage(0, i, msg.received_at, msg.topic, msg.payload))
-    state, sub = asyncio.run(_late_subscriber(messages, before=len(messages) // 2,
-                                              buffer_steps=10_000))
+    state, sub = asyncio.run(
+        _late_subscriber(messages, before=len(messages) // 2, buffer_steps=10_000)
+    )
     assert sub.state.replayed >= len(messages) // 2
     assert state.unseen_before_start() == 0 and state.lost_messages() == 0
     assert _curve_key(state) == _curve_key(whole)
@@ -92,20 +101,25 @@ def test_history_older_than_vllm_buffer_is_unseen_and_the_advice_provisional(tmp
     recording.write_bytes(lzma.decompress((SETS / "E" / "E-cpu4.om.xz").read_bytes()))
     window, _, lifetime = window_from_expositions(read_recording(str(recording)))
     (instance, _model) = next(g for g in window.groups() if g[1])
-    (group,) = [g for g in analyze_window(window, Settings(), lifetime, {instance: state})
-                if g["labels"]["model_name"]]
+    (group,) = [
+        g
+        for g in analyze_window(window, Settings(), lifetime, {instance: state})
+        if g["labels"]["model_name"]
+    ]
     assert group["kv_events"]["unseen_before_start"] == state.unseen_before_start()
     assert any(w.startswith("provisional:") for w in group["recommendation"]["warnings"])
 
 
 def _final_counter(recording_text: str, name: str) -> float:
-    values = [float(line.split()[1]) for line in recording_text.splitlines()
-              if line.startswith(name + "{")]
+    values = [
+        float(line.split()[1])
+        for line in recording_text.splitlines()
+        if line.startswith(name + "{")
+    ]
     return values[-1]
 
 
-@pytest.mark.parametrize("name", ["E/E-cpu4", "B/B-cpu10", "B/B-cpu5", "live/cpu4g",
-                                  "live/cpu2g"])
+@pytest.mark.parametrize("name", ["E/E-cpu4", "B/B-cpu10", "B/B-cpu5", "live/cpu4g", "live/cpu2g"])
 def test_loads_seen_in_events_are_vllms_loads(tmp_path, name):
     """vLLM loads the leading run of CPU-resident blocks after the GPU hit; counting that
     run gives exactly vLLM's load-bytes counter on every real capture, so the never-loaded
@@ -119,13 +133,17 @@ def test_loads_seen_in_events_are_vllms_loads(tmp_path, name):
     recording.write_text(text)
     window, _, lifetime = window_from_expositions(read_recording(str(recording)))
     (instance, _model) = next(g for g in window.groups() if g[1])
-    (group,) = [g for g in analyze_window(window, Settings(), lifetime, {instance: state})
-                if g["labels"]["model_name"]]
+    (group,) = [
+        g
+        for g in analyze_window(window, Settings(), lifetime, {instance: state})
+        if g["labels"]["model_name"]
+    ]
     ev = group["kv_events"]
     loaded = _final_counter(text, "vllm:kv_offload_load_bytes_total")
     stored = _final_counter(text, "vllm:kv_offload_store_bytes_total")
     assert ev["cpu_loaded_bytes"] == pytest.approx(loaded, rel=0.01)
-    assert state.engines[0].cpu_stored_blocks * ev["bytes_per_block"] == \
-        pytest.approx(stored, rel=0.01)
+    assert state.engines[0].cpu_stored_blocks * ev["bytes_per_block"] == pytest.approx(
+        stored, rel=0.01
+    )
     never_loaded = ev["never_loaded_evicted_bytes"] + ev["never_loaded_resident_bytes"]
     assert never_loaded >= stored - loaded

@@ -53,12 +53,13 @@ def test_a_saved_state_continues_exactly(tmp_path, name):
     for msg in messages[: len(messages) // 2]:
         half.ingest_message(msg)
     path = persist.state_path(tmp_path, INSTANCE)
-    persist.save(half, INSTANCE, path, {"[\"vllm:8000\", \"m\"]": {"prefix_queries": 5.0}})
+    persist.save(half, INSTANCE, path, {'["vllm:8000", "m"]': {"prefix_queries": 5.0}})
     loaded = persist.load(path, INSTANCE, 1.0, None)
-    assert loaded is not None and loaded.baselines == {'["vllm:8000", "m"]':
-                                                       {"prefix_queries": 5.0}}
+    assert loaded is not None and loaded.baselines == {
+        '["vllm:8000", "m"]': {"prefix_queries": 5.0}
+    }
     resumed = loaded.events
-    for msg in messages[len(messages) // 2:]:
+    for msg in messages[len(messages) // 2 :]:
         resumed.ingest_message(msg)
     whole = _whole(messages)
     assert _curve(resumed) == _curve(whole)
@@ -94,11 +95,16 @@ class _SidecarProcess:
         loaded = persist.load(path, INSTANCE, 1.0, None)
         self.events = loaded.events if loaded else TargetEvents()
         engine = self.events.engines.get(0)
-        self.sub = Subscriber(endpoint, 0, self._on_message, replay, topic="kv",
-                              replay_timeout_seconds=5.0,
-                              resume_after_seq=engine.last_seq if engine else None,
-                              resume_history_from_seq=engine.history_from_seq if engine
-                              else None)
+        self.sub = Subscriber(
+            endpoint,
+            0,
+            self._on_message,
+            replay,
+            topic="kv",
+            replay_timeout_seconds=5.0,
+            resume_after_seq=engine.last_seq if engine else None,
+            resume_history_from_seq=engine.history_from_seq if engine else None,
+        )
         self.task = asyncio.create_task(self.sub.run())
 
     def _on_message(self, msg: RawMessage) -> None:
@@ -112,9 +118,13 @@ class _SidecarProcess:
             await self.task
 
 
-async def _run_with_kills(messages: list[RawMessage], tmp_path: Path, seed: int,
-                          buffer_steps: int = 300, keep_state: bool = True
-                          ) -> tuple[TargetEvents, int]:
+async def _run_with_kills(
+    messages: list[RawMessage],
+    tmp_path: Path,
+    seed: int,
+    buffer_steps: int = 300,
+    keep_state: bool = True,
+) -> tuple[TargetEvents, int]:
     """vLLM's buffer (300 here, 10,000 in vLLM) is shorter than the stream, so a restart
     without the saved state could not get the early history back; it is longer than a
     restart's downtime, so with the state nothing is lost."""
@@ -168,8 +178,7 @@ async def _run_with_kills(messages: list[RawMessage], tmp_path: Path, seed: int,
 
 
 @pytest.mark.parametrize("name,seed", [("E/E-cpu4", 1), ("B/B-cpu10", 2), ("live/cpu4g", 3)])
-def test_late_killed_restarted_and_dropping_ends_with_the_uninterrupted_curve(
-        tmp_path, name, seed):
+def test_late_killed_restarted_and_dropping_ends_with_the_uninterrupted_curve(tmp_path, name, seed):
     messages = _capture(tmp_path, name)
     state, replayed = asyncio.run(_run_with_kills(messages, tmp_path, seed))
     whole = _whole(messages)
@@ -203,11 +212,14 @@ def _saved(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("spoil,why", [
-    (lambda p: p.write_bytes(b"\x00garbage" * 100), "not a"),
-    (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a state file"),
-    (lambda p: p.write_bytes(b'{"format": "something else"}'), "not a"),
-])
+@pytest.mark.parametrize(
+    "spoil,why",
+    [
+        (lambda p: p.write_bytes(b"\x00garbage" * 100), "not a"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a state file"),
+        (lambda p: p.write_bytes(b'{"format": "something else"}'), "not a"),
+    ],
+)
 def test_a_corrupt_state_file_is_set_aside_with_one_line(tmp_path, caplog, spoil, why):
     path = _saved(tmp_path)
     spoil(path)
@@ -266,20 +278,54 @@ def test_serve_state_dir_survives_sigkill(tmp_path):
     import time
 
     http, events, replay = free_port(), free_port(), free_port()
-    kv = ["--kv-events", f"tcp://127.0.0.1:{events}",
-          "--kv-events-replay", f"tcp://127.0.0.1:{replay}"]
+    kv = [
+        "--kv-events",
+        f"tcp://127.0.0.1:{events}",
+        "--kv-events-replay",
+        f"tcp://127.0.0.1:{replay}",
+    ]
     sim = subprocess.Popen(
-        [sys.executable, "-m", "kvoffload", "sim", "--scenario", "buffer-too-small",
-         "--listen", f"127.0.0.1:{http}", "--speed", "100", *kv],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "sim",
+            "--scenario",
+            "buffer-too-small",
+            "--listen",
+            f"127.0.0.1:{http}",
+            "--speed",
+            "100",
+            *kv,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     target = f"http://127.0.0.1:{http}/metrics"
     procs: list[subprocess.Popen] = []
 
     def serve(port: int, *extra: str) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvoffload", "serve", "--target", target, *kv,
-             "--listen", f"127.0.0.1:{port}", "--interval", "0.5s", "--window", "1h", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "kvoffload",
+                "serve",
+                "--target",
+                target,
+                *kv,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                "0.5s",
+                "--window",
+                "1h",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append(proc)
         _wait_port(port)
         return proc

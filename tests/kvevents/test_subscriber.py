@@ -14,9 +14,22 @@ from helpers import free_port
 
 
 def _payload(i: int) -> bytes:
-    return encode_batch(1.0 + i, [{"type": "BlockStored", "block_hashes": [i],
-                                   "parent_block_hash": None, "token_ids": [], "block_size": 16,
-                                   "lora_id": None, "medium": "GPU", "lora_name": None}], 0)
+    return encode_batch(
+        1.0 + i,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [i],
+                "parent_block_hash": None,
+                "token_ids": [],
+                "block_size": 16,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+            }
+        ],
+        0,
+    )
 
 
 def _drop(pub: ZmqEventPublisher, payload: bytes) -> None:
@@ -87,8 +100,9 @@ def test_without_replay_the_gap_is_counted_as_lost():
     assert state.lost_messages() == 1
 
 
-async def _late(buffer_steps: int, before: int, restart: bool = False
-                ) -> tuple[list[int], Subscriber, TargetEvents]:
+async def _late(
+    buffer_steps: int, before: int, restart: bool = False
+) -> tuple[list[int], Subscriber, TargetEvents]:
     """`before` messages are published before the subscriber starts (vLLM was up first), then
     more until it has caught up; `restart`: then vLLM restarts and publishes a few again."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -178,18 +192,17 @@ def test_older_vllm_replay_frames_without_a_topic_are_accepted():
         router = ctx.socket(zmq.ROUTER)
         router.bind(replay_ep)
         got: list[int] = []
-        sub = Subscriber(pub_ep, 0, lambda m: got.append(m.seq), replay_ep,
-                         replay_timeout_seconds=3.0)
+        sub = Subscriber(
+            pub_ep, 0, lambda m: got.append(m.seq), replay_ep, replay_timeout_seconds=3.0
+        )
         task = asyncio.create_task(sub.run())
 
         async def old_replays() -> None:
             while True:
                 ident, _, start = await router.recv_multipart()
                 for seq in range(int.from_bytes(start, "big"), 3):
-                    await router.send_multipart([ident, b"", seq.to_bytes(8, "big"),
-                                                 _payload(seq)])
-                await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True),
-                                             b""])
+                    await router.send_multipart([ident, b"", seq.to_bytes(8, "big"), _payload(seq)])
+                await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
 
         server = asyncio.create_task(old_replays())
         try:

@@ -80,8 +80,9 @@ def vllm_gauge(s: Series, v: Variant, name: str, value: float, **extra: str) -> 
         s.add(f"vllm{v.spelling}{name}", f"{_n(value)}+0x{MINUTES}", **_engine(v, e, **extra))
 
 
-def transfers(s: Series, v: Variant, direction: str, bytes_per_min: float,
-              seconds_per_min: float) -> None:
+def transfers(
+    s: Series, v: Variant, direction: str, bytes_per_min: float, seconds_per_min: float
+) -> None:
     """Load or store counters the way each vLLM generation exposes them."""
     if v.offload is None:
         return
@@ -93,22 +94,39 @@ def transfers(s: Series, v: Variant, direction: str, bytes_per_min: float,
         vllm_counter(s, v, f"kv_offload_{direction}_bytes_total", bytes_per_min)
         vllm_counter(s, v, f"kv_offload_{direction}_time_total", seconds_per_min)
     if legacy:
-        vllm_counter(s, v, "kv_offload_total_bytes_total", bytes_per_min,
-                     transfer_type=transfer_type)
-        vllm_counter(s, v, "kv_offload_total_time_total", seconds_per_min,
-                     transfer_type=transfer_type)
+        vllm_counter(
+            s, v, "kv_offload_total_bytes_total", bytes_per_min, transfer_type=transfer_type
+        )
+        vllm_counter(
+            s, v, "kv_offload_total_time_total", seconds_per_min, transfer_type=transfer_type
+        )
 
 
 def cache_config(s: Series, v: Variant, offloading_size: str) -> None:
     for e in v.engines:  # no model_name on this metric
-        s.add(f"vllm{v.spelling}cache_config_info", f"1+0x{MINUTES}", job="vllm",
-              instance=INSTANCE, engine=e, block_size="16", enable_prefix_caching="True",
-              kv_cache_size_tokens="2336", kv_offloading_backend="native",
-              kv_offloading_size=offloading_size, num_gpu_blocks="146")
+        s.add(
+            f"vllm{v.spelling}cache_config_info",
+            f"1+0x{MINUTES}",
+            job="vllm",
+            instance=INSTANCE,
+            engine=e,
+            block_size="16",
+            enable_prefix_caching="True",
+            kv_cache_size_tokens="2336",
+            kv_offloading_backend="native",
+            kv_offloading_size=offloading_size,
+            num_gpu_blocks="146",
+        )
 
 
-def serving(s: Series, v: Variant, tokens_per_min: float, gpu_hit: float,
-            external: float = 0.0, compute_seconds_per_min: float = 0.0) -> None:
+def serving(
+    s: Series,
+    v: Variant,
+    tokens_per_min: float,
+    gpu_hit: float,
+    external: float = 0.0,
+    compute_seconds_per_min: float = 0.0,
+) -> None:
     """Prompt traffic per minute: GPU prefix lookups and hits, connector lookups and hits
     (`external` tokens), token sources, prefill time."""
     hits = tokens_per_min * gpu_hit
@@ -118,16 +136,25 @@ def serving(s: Series, v: Variant, tokens_per_min: float, gpu_hit: float,
     vllm_counter(s, v, "prefix_cache_hits_total", hits)
     vllm_counter(s, v, "external_prefix_cache_queries_total", missed)
     vllm_counter(s, v, "external_prefix_cache_hits_total", external)
-    for source, value in (("local_compute", missed - external), ("local_cache_hit", hits),
-                          ("external_kv_transfer", external)):
+    for source, value in (
+        ("local_compute", missed - external),
+        ("local_cache_hit", hits),
+        ("external_kv_transfer", external),
+    ):
         vllm_counter(s, v, "prompt_tokens_by_source_total", value, source=source)
     vllm_counter(s, v, "request_prefill_time_seconds_sum", compute_seconds_per_min)
     vllm_counter(s, v, "num_preemptions_total", 0)
 
 
 def sidecar_gauge(s: Series, name: str, value: float) -> None:
-    s.add(name, f"{_n(value)}+0x{MINUTES}", job="kvoffload", instance=SIDECAR,
-          target=INSTANCE, model_name=MODEL)
+    s.add(
+        name,
+        f"{_n(value)}+0x{MINUTES}",
+        job="kvoffload",
+        instance=SIDECAR,
+        target=INSTANCE,
+        model_name=MODEL,
+    )
 
 
 def up(s: Series, value: int = 1) -> None:
@@ -158,7 +185,7 @@ def render(template: str, labels: dict[str, str], value: str) -> str:
     out, pos, taking, taken = [], 0, [True], [False]
     for m in _IF.finditer(template):
         if taking[-1]:
-            out.append(template[pos:m.start()])
+            out.append(template[pos : m.start()])
         token = m.group(0)
         if token.startswith("{{ if"):
             ok = labels.get(m.group(1)) == m.group(2)
@@ -191,25 +218,33 @@ def to_test(case: Case, rules: dict[str, dict[str, object]]) -> dict[str, object
     exp = []
     for labels, value in case.fires:
         full = {**labels, **rule["labels"]}  # type: ignore[dict-item]
-        exp.append({
-            "exp_labels": full,
-            "exp_annotations": {
-                "summary": annotations["summary"],
-                "description": render(annotations["description"], full, value),
-                "runbook_url": annotations["runbook_url"],
-            },
-        })
+        exp.append(
+            {
+                "exp_labels": full,
+                "exp_annotations": {
+                    "summary": annotations["summary"],
+                    "description": render(annotations["description"], full, value),
+                    "runbook_url": annotations["runbook_url"],
+                },
+            }
+        )
     test: dict[str, object] = {
         "name": case.name,
         "interval": "1m",
         "input_series": case.series,
-        "alert_rule_test": [{"eval_time": case.eval_time, "alertname": case.alert,
-                             "exp_alerts": exp}],
+        "alert_rule_test": [
+            {"eval_time": case.eval_time, "alertname": case.alert, "exp_alerts": exp}
+        ],
     }
     if case.exprs:
         test["promql_expr_test"] = [
-            {"expr": expr, "eval_time": case.eval_time,
-             "exp_samples": [{"labels": _sample_labels(lb), "value": val} for lb, val in samples]}
+            {
+                "expr": expr,
+                "eval_time": case.eval_time,
+                "exp_samples": [
+                    {"labels": _sample_labels(lb), "value": val} for lb, val in samples
+                ],
+            }
             for expr, samples in case.exprs
         ]
     return test
@@ -233,8 +268,14 @@ OFF = Variant(offload=None)
 def recommend_enable() -> list[Case]:
     alert = "KVOffloadRecommendEnable"
 
-    def workload(v: Variant, gpu_hit: float = 0.2, usage: float = 0.95, preempt: float = 2,
-                 tokens: float = 120_000, size: str = "None") -> list[dict[str, str]]:
+    def workload(
+        v: Variant,
+        gpu_hit: float = 0.2,
+        usage: float = 0.95,
+        preempt: float = 2,
+        tokens: float = 120_000,
+        size: str = "None",
+    ) -> list[dict[str, str]]:
         s = Series()
         serving(s, v, tokens, gpu_hit)
         s.items = [i for i in s.items if "num_preemptions" not in i["series"]]
@@ -249,37 +290,85 @@ def recommend_enable() -> list[Case]:
 
     fire = [(VLLM_LABELS, "20%")]
     return [
-        Case("RecommendEnable: fires under KV pressure with prefixes lost", alert,
-             workload(OFF), fire),
-        Case("RecommendEnable: escaped vllm_ names", alert, workload(replace(OFF, spelling="_")),
-             fire),
-        Case("RecommendEnable: ratio of sums over two engines", alert,
-             workload(replace(OFF, engines=("0", "1"))), fire),
-        Case("RecommendEnable: survives a counter reset", alert,
-             workload(replace(OFF, reset=True)), fire),
-        Case("RecommendEnable: waiting for capacity alone is pressure", alert,
-             _waiting_only(workload(OFF, usage=0.3, preempt=0)), fire),
+        Case(
+            "RecommendEnable: fires under KV pressure with prefixes lost",
+            alert,
+            workload(OFF),
+            fire,
+        ),
+        Case(
+            "RecommendEnable: escaped vllm_ names",
+            alert,
+            workload(replace(OFF, spelling="_")),
+            fire,
+        ),
+        Case(
+            "RecommendEnable: ratio of sums over two engines",
+            alert,
+            workload(replace(OFF, engines=("0", "1"))),
+            fire,
+        ),
+        Case(
+            "RecommendEnable: survives a counter reset",
+            alert,
+            workload(replace(OFF, reset=True)),
+            fire,
+        ),
+        Case(
+            "RecommendEnable: waiting for capacity alone is pressure",
+            alert,
+            _waiting_only(workload(OFF, usage=0.3, preempt=0)),
+            fire,
+        ),
         # The advisor's churn term (conditions.GPU_PRESSURE): prefixes evicted from the GPU
         # within the reuse horizon are pressure, read from the sidecar's GPU capacity: 96k
         # tokens/min written into 100k tokens turn over in 62.5 s (< 600 s).
-        Case("RecommendEnable: GPU turnover under the reuse horizon alone is pressure", alert,
-             _with_gpu_capacity(workload(OFF, usage=0.3, preempt=0), 100_000), fire),
-        Case("RecommendEnable: quiet when prefixes outlive the reuse horizon on the GPU", alert,
-             _with_gpu_capacity(workload(OFF, usage=0.3, preempt=0), 10_000_000), []),
-        Case("RecommendEnable: quiet when the GPU prefix cache already hits", alert,
-             workload(OFF, gpu_hit=0.8), []),
-        Case("RecommendEnable: quiet without KV pressure", alert,
-             workload(OFF, usage=0.3, preempt=0), []),
-        Case("RecommendEnable: quiet without any prefix reuse", alert,
-             workload(OFF, gpu_hit=0.0), []),
-        Case("RecommendEnable: quiet under a light load", alert,
-             workload(OFF, tokens=30_000), []),
-        Case("RecommendEnable: quiet when offloading is on (deprecated names)", alert,
-             workload(Variant(offload="both"), size="0.65"), []),
-        Case("RecommendEnable: quiet when offloading is configured, series not yet created",
-             alert, workload(LEGACY, size="0.65"), []),
-        Case("RecommendEnable: quiet when idle", alert,
-             workload(OFF, tokens=0, usage=0.0, preempt=0), []),
+        Case(
+            "RecommendEnable: GPU turnover under the reuse horizon alone is pressure",
+            alert,
+            _with_gpu_capacity(workload(OFF, usage=0.3, preempt=0), 100_000),
+            fire,
+        ),
+        Case(
+            "RecommendEnable: quiet when prefixes outlive the reuse horizon on the GPU",
+            alert,
+            _with_gpu_capacity(workload(OFF, usage=0.3, preempt=0), 10_000_000),
+            [],
+        ),
+        Case(
+            "RecommendEnable: quiet when the GPU prefix cache already hits",
+            alert,
+            workload(OFF, gpu_hit=0.8),
+            [],
+        ),
+        Case(
+            "RecommendEnable: quiet without KV pressure",
+            alert,
+            workload(OFF, usage=0.3, preempt=0),
+            [],
+        ),
+        Case(
+            "RecommendEnable: quiet without any prefix reuse", alert, workload(OFF, gpu_hit=0.0), []
+        ),
+        Case("RecommendEnable: quiet under a light load", alert, workload(OFF, tokens=30_000), []),
+        Case(
+            "RecommendEnable: quiet when offloading is on (deprecated names)",
+            alert,
+            workload(Variant(offload="both"), size="0.65"),
+            [],
+        ),
+        Case(
+            "RecommendEnable: quiet when offloading is configured, series not yet created",
+            alert,
+            workload(LEGACY, size="0.65"),
+            [],
+        ),
+        Case(
+            "RecommendEnable: quiet when idle",
+            alert,
+            workload(OFF, tokens=0, usage=0.0, preempt=0),
+            [],
+        ),
     ]
 
 
@@ -299,8 +388,9 @@ def _waiting_only(items: list[dict[str, str]]) -> list[dict[str, str]]:
 def low_prefix_reuse() -> list[Case]:
     alert = "KVOffloadLowPrefixReuse"
 
-    def workload(v: Variant, store: float = 600e6, load: float = 0.0,
-                 capacity: float | None = None) -> list[dict[str, str]]:
+    def workload(
+        v: Variant, store: float = 600e6, load: float = 0.0, capacity: float | None = None
+    ) -> list[dict[str, str]]:
         s = Series()
         serving(s, v, 120_000, 0.3)
         cache_config(s, v, "0.65")
@@ -312,24 +402,52 @@ def low_prefix_reuse() -> list[Case]:
 
     fire = [(VLLM_LABELS, "0%")]
     return [
-        Case("LowPrefixReuse: fires on stores without loads (flat and mirrored names)", alert,
-             workload(BASE), fire),
-        Case("LowPrefixReuse: deprecated transfer_type names only, no load series yet", alert,
-             workload(LEGACY), fire),
+        Case(
+            "LowPrefixReuse: fires on stores without loads (flat and mirrored names)",
+            alert,
+            workload(BASE),
+            fire,
+        ),
+        Case(
+            "LowPrefixReuse: deprecated transfer_type names only, no load series yet",
+            alert,
+            workload(LEGACY),
+            fire,
+        ),
         Case("LowPrefixReuse: escaped vllm_ names", alert, workload(ESCAPED), fire),
         Case("LowPrefixReuse: survives a counter reset", alert, workload(RESET), fire),
-        Case("LowPrefixReuse: fires when the tier fills within the window", alert,
-             workload(BASE, capacity=0.65 * 2**30), fire),
-        Case("LowPrefixReuse: low reuse, not zero", alert,
-             workload(BASE, load=18e6), [(VLLM_LABELS, "3%")]),
-        Case("LowPrefixReuse: quiet when half of the stores come back", alert,
-             workload(BASE, load=300e6), []),
+        Case(
+            "LowPrefixReuse: fires when the tier fills within the window",
+            alert,
+            workload(BASE, capacity=0.65 * 2**30),
+            fire,
+        ),
+        Case(
+            "LowPrefixReuse: low reuse, not zero",
+            alert,
+            workload(BASE, load=18e6),
+            [(VLLM_LABELS, "3%")],
+        ),
+        Case(
+            "LowPrefixReuse: quiet when half of the stores come back",
+            alert,
+            workload(BASE, load=300e6),
+            [],
+        ),
         # 0.7 MB/s of stores is under the 1 MB/s floor; adding the deprecated mirror to the
         # flat series would double it past the floor.
-        Case("LowPrefixReuse: flat and mirrored names are not added together", alert,
-             workload(BASE, store=42e6), []),
-        Case("LowPrefixReuse: quiet while the tier keeps blocks longer than the window", alert,
-             workload(BASE, capacity=64 * 2**30), []),
+        Case(
+            "LowPrefixReuse: flat and mirrored names are not added together",
+            alert,
+            workload(BASE, store=42e6),
+            [],
+        ),
+        Case(
+            "LowPrefixReuse: quiet while the tier keeps blocks longer than the window",
+            alert,
+            workload(BASE, capacity=64 * 2**30),
+            [],
+        ),
         Case("LowPrefixReuse: quiet when idle", alert, workload(BASE, store=0.0), []),
     ]
 
@@ -343,33 +461,63 @@ def slower_than_recompute() -> list[Case]:
         s = Series()
         up(s)
         if effect is not None:
-            s.add("kvoffload_offload_ttft_effect_seconds", f"{_n(effect)}+0x{MINUTES}",
-                  job="kvoffload", instance=SIDECAR, target=INSTANCE, model_name=MODEL,
-                  bound=bound)
+            s.add(
+                "kvoffload_offload_ttft_effect_seconds",
+                f"{_n(effect)}+0x{MINUTES}",
+                job="kvoffload",
+                instance=SIDECAR,
+                target=INSTANCE,
+                model_name=MODEL,
+                bound=bound,
+            )
         return s.items
 
-    fired = {"job": "kvoffload", "instance": INSTANCE, "target": INSTANCE,
-             "model_name": MODEL, "bound": "estimate"}
+    fired = {
+        "job": "kvoffload",
+        "instance": INSTANCE,
+        "target": INSTANCE,
+        "model_name": MODEL,
+        "bound": "estimate",
+    }
     return [
-        Case("SlowerThanRecompute: fires when the tier costs 24 ms of mean TTFT", alert,
-             workload(0.024), [(fired, "24ms")]),
-        Case("SlowerThanRecompute: quiet when the tier saves 38 ms", alert,
-             workload(-0.038), []),
-        Case("SlowerThanRecompute: quiet on a cost under the 5 ms threshold", alert,
-             workload(0.003), []),
-        Case("SlowerThanRecompute: only the estimate counts, not the range's high end", alert,
-             workload(0.030, bound="high"), []),
-        Case("SlowerThanRecompute: quiet without the sidecar's effect (offloading off)", alert,
-             workload(None), []),
+        Case(
+            "SlowerThanRecompute: fires when the tier costs 24 ms of mean TTFT",
+            alert,
+            workload(0.024),
+            [(fired, "24ms")],
+        ),
+        Case("SlowerThanRecompute: quiet when the tier saves 38 ms", alert, workload(-0.038), []),
+        Case(
+            "SlowerThanRecompute: quiet on a cost under the 5 ms threshold",
+            alert,
+            workload(0.003),
+            [],
+        ),
+        Case(
+            "SlowerThanRecompute: only the estimate counts, not the range's high end",
+            alert,
+            workload(0.030, bound="high"),
+            [],
+        ),
+        Case(
+            "SlowerThanRecompute: quiet without the sidecar's effect (offloading off)",
+            alert,
+            workload(None),
+            [],
+        ),
     ]
 
 
 def buffer_too_small() -> list[Case]:
     alert = "KVOffloadBufferTooSmall"
 
-    def workload(v: Variant, cpu: float = 4733, gpu: float = 2336,
-                 failures: float | None = None, failure_values: str | None = None
-                 ) -> list[dict[str, str]]:
+    def workload(
+        v: Variant,
+        cpu: float = 4733,
+        gpu: float = 2336,
+        failures: float | None = None,
+        failure_values: str | None = None,
+    ) -> list[dict[str, str]]:
         s = Series()
         serving(s, v, 120_000, 0.3)
         cache_config(s, v, "0.65")
@@ -380,39 +528,76 @@ def buffer_too_small() -> list[Case]:
             vllm_counter(s, v, "kv_offload_allocation_failure_total", failures)
         if failure_values is not None:
             for e in v.engines:
-                s.add(f"vllm{v.spelling}kv_offload_allocation_failure_total", failure_values,
-                      **_engine(v, e))
+                s.add(
+                    f"vllm{v.spelling}kv_offload_allocation_failure_total",
+                    failure_values,
+                    **_engine(v, e),
+                )
         return s.items
 
-    capacity_labels = {"job": "kvoffload", "instance": INSTANCE, "target": INSTANCE,
-                       "model_name": MODEL, "reason": "capacity"}
+    capacity_labels = {
+        "job": "kvoffload",
+        "instance": INSTANCE,
+        "target": INSTANCE,
+        "model_name": MODEL,
+        "reason": "capacity",
+    }
     failure_labels = {**VLLM_LABELS, "reason": "allocation_failures"}
     alloc_rule = "model_name:vllm_kv_offload_allocation_failure:rate5m"
     return [
-        Case("BufferTooSmall: fires when the CPU tier is not larger than GPU KV", alert,
-             workload(BASE, cpu=2000), [(capacity_labels, "85.62%")]),
-        Case("BufferTooSmall: fires on allocation failures", alert,
-             workload(BASE, failures=30), [(failure_labels, "0.50")]),
-        Case("BufferTooSmall: escaped vllm_ names", alert, workload(ESCAPED, failures=30),
-             [(failure_labels, "0.50")]),
-        Case("BufferTooSmall: allocation failures still rising after a counter reset", alert,
-             workload(RESET, failures=30), [(failure_labels, "0.50")]),
-        Case("BufferTooSmall: a counter reset alone is not a failure", alert,
-             workload(BASE, failure_values=f"100+0x120 0+0x{MINUTES - 121}"), [],
-             exprs=[(alloc_rule, [({"__name__": alloc_rule, **VLLM_LABELS}, 0)])]),
-        Case("BufferTooSmall: deprecated names only, no failure family: rate 0", alert,
-             workload(LEGACY), [],
-             exprs=[(alloc_rule, [({"__name__": alloc_rule, **VLLM_LABELS}, 0)])]),
-        Case("BufferTooSmall: quiet when the tier is twice GPU KV and stores succeed", alert,
-             workload(BASE, failures=0), []),
+        Case(
+            "BufferTooSmall: fires when the CPU tier is not larger than GPU KV",
+            alert,
+            workload(BASE, cpu=2000),
+            [(capacity_labels, "85.62%")],
+        ),
+        Case(
+            "BufferTooSmall: fires on allocation failures",
+            alert,
+            workload(BASE, failures=30),
+            [(failure_labels, "0.50")],
+        ),
+        Case(
+            "BufferTooSmall: escaped vllm_ names",
+            alert,
+            workload(ESCAPED, failures=30),
+            [(failure_labels, "0.50")],
+        ),
+        Case(
+            "BufferTooSmall: allocation failures still rising after a counter reset",
+            alert,
+            workload(RESET, failures=30),
+            [(failure_labels, "0.50")],
+        ),
+        Case(
+            "BufferTooSmall: a counter reset alone is not a failure",
+            alert,
+            workload(BASE, failure_values=f"100+0x120 0+0x{MINUTES - 121}"),
+            [],
+            exprs=[(alloc_rule, [({"__name__": alloc_rule, **VLLM_LABELS}, 0)])],
+        ),
+        Case(
+            "BufferTooSmall: deprecated names only, no failure family: rate 0",
+            alert,
+            workload(LEGACY),
+            [],
+            exprs=[(alloc_rule, [({"__name__": alloc_rule, **VLLM_LABELS}, 0)])],
+        ),
+        Case(
+            "BufferTooSmall: quiet when the tier is twice GPU KV and stores succeed",
+            alert,
+            workload(BASE, failures=0),
+            [],
+        ),
     ]
 
 
 def buffer_oversized() -> list[Case]:
     alert = "KVOffloadBufferOversized"
 
-    def workload(v: Variant, store: float = 6e6, tokens: float = 1200,
-                 capacity: float = 100 * 2**30) -> list[dict[str, str]]:
+    def workload(
+        v: Variant, store: float = 6e6, tokens: float = 1200, capacity: float = 100 * 2**30
+    ) -> list[dict[str, str]]:
         s = Series()
         serving(s, v, tokens, 0.3)
         cache_config(s, v, "100")
@@ -423,26 +608,38 @@ def buffer_oversized() -> list[Case]:
     fill = "model_name:kvoffload_cpu_fill_seconds:ratio_rate1h"
     fire = [(VLLM_LABELS, "12d 10h 15m 41s")]
     return [
-        Case("BufferOversized: fires when filling the tier takes more than a day", alert,
-             workload(BASE), fire,
-             exprs=[(fill, [({"__name__": fill, **VLLM_LABELS}, 100 * 2**30 / 1e5)])]),
+        Case(
+            "BufferOversized: fires when filling the tier takes more than a day",
+            alert,
+            workload(BASE),
+            fire,
+            exprs=[(fill, [({"__name__": fill, **VLLM_LABELS}, 100 * 2**30 / 1e5)])],
+        ),
         Case("BufferOversized: deprecated transfer_type names", alert, workload(LEGACY), fire),
         Case("BufferOversized: escaped vllm_ names", alert, workload(ESCAPED), fire),
         Case("BufferOversized: survives a counter reset", alert, workload(RESET), fire),
-        Case("BufferOversized: quiet when the tier fills in minutes", alert,
-             workload(BASE, store=6e9), []),
-        Case("BufferOversized: quiet under the traffic floor", alert,
-             workload(BASE, tokens=300), []),
-        Case("BufferOversized: quiet when idle (no stores, fill time undefined)", alert,
-             workload(BASE, store=0, tokens=0), []),
+        Case(
+            "BufferOversized: quiet when the tier fills in minutes",
+            alert,
+            workload(BASE, store=6e9),
+            [],
+        ),
+        Case(
+            "BufferOversized: quiet under the traffic floor", alert, workload(BASE, tokens=300), []
+        ),
+        Case(
+            "BufferOversized: quiet when idle (no stores, fill time undefined)",
+            alert,
+            workload(BASE, store=0, tokens=0),
+            [],
+        ),
     ]
 
 
 def transfer_slow() -> list[Case]:
     alert = "KVOffloadTransferSlow"
 
-    def workload(v: Variant, load: float = 8.84736e9, seconds: float = 6.0
-                 ) -> list[dict[str, str]]:
+    def workload(v: Variant, load: float = 8.84736e9, seconds: float = 6.0) -> list[dict[str, str]]:
         s = Series()
         serving(s, v, 720_000, 0.1, external=60_000, compute_seconds_per_min=30)
         cache_config(s, v, "0.65")
@@ -456,11 +653,14 @@ def transfer_slow() -> list[Case]:
         Case("TransferSlow: deprecated transfer_type names", alert, workload(LEGACY), fire),
         Case("TransferSlow: escaped vllm_ names", alert, workload(ESCAPED), fire),
         Case("TransferSlow: survives a counter reset", alert, workload(RESET), fire),
-        Case("TransferSlow: ratio of sums over two engines", alert, workload(TWO_ENGINES),
-             fire),
+        Case("TransferSlow: ratio of sums over two engines", alert, workload(TWO_ENGINES), fire),
         Case("TransferSlow: quiet at 14.7 GB/s", alert, workload(BASE, seconds=0.6), []),
-        Case("TransferSlow: quiet under the load traffic floor", alert,
-             workload(BASE, load=30e6, seconds=0.1), []),
+        Case(
+            "TransferSlow: quiet under the load traffic floor",
+            alert,
+            workload(BASE, load=30e6, seconds=0.1),
+            [],
+        ),
         Case("TransferSlow: quiet when idle", alert, workload(BASE, load=0, seconds=0), []),
     ]
 
@@ -468,8 +668,14 @@ def transfer_slow() -> list[Case]:
 def metrics_missing() -> list[Case]:
     alert = "KVOffloadMetricsMissing"
 
-    def workload(v: Variant, size: str = "0.65", tokens: float = 120_000, up_value: int = 1,
-                 with_up: bool = True, vllm_metrics: bool = True) -> list[dict[str, str]]:
+    def workload(
+        v: Variant,
+        size: str = "0.65",
+        tokens: float = 120_000,
+        up_value: int = 1,
+        with_up: bool = True,
+        vllm_metrics: bool = True,
+    ) -> list[dict[str, str]]:
         s = Series()
         if vllm_metrics:
             serving(s, v, tokens, 0.3)
@@ -481,29 +687,61 @@ def metrics_missing() -> list[Case]:
 
     missing = {"job": "vllm", "instance": INSTANCE, "reason": "offload_series_missing"}
     return [
-        Case("MetricsMissing: offloading configured, traffic, no offload series", alert,
-             workload(OFF), [(missing, "1")]),
-        Case("MetricsMissing: escaped vllm_ names", alert,
-             workload(replace(OFF, spelling="_")), [(missing, "1")]),
-        Case("MetricsMissing: survives a counter reset", alert,
-             workload(replace(OFF, reset=True)), [(missing, "1")]),
-        Case("MetricsMissing: the vLLM target is down", alert,
-             workload(OFF, up_value=0, vllm_metrics=False),
-             [({"job": "vllm", "instance": INSTANCE, "reason": "target_down"}, "0")]),
-        Case("MetricsMissing: no vLLM target is scraped", alert,
-             workload(OFF, with_up=False, vllm_metrics=False),
-             [({"job": "vllm", "reason": "target_absent"}, "1")]),
-        Case("MetricsMissing: the target is up without vLLM engine metrics", alert,
-             workload(OFF, vllm_metrics=False),
-             [({"job": "vllm", "instance": INSTANCE, "reason": "no_vllm_metrics"}, "1")]),
-        Case("MetricsMissing: quiet with flat offload series", alert,
-             workload(Variant(offload="flat")), []),
-        Case("MetricsMissing: quiet with deprecated offload series", alert, workload(LEGACY),
-             []),
-        Case("MetricsMissing: quiet when offloading is not configured", alert,
-             workload(OFF, size="None"), []),
-        Case("MetricsMissing: quiet when idle (series appear with the first transfer)", alert,
-             workload(LEGACY, tokens=0), []),
+        Case(
+            "MetricsMissing: offloading configured, traffic, no offload series",
+            alert,
+            workload(OFF),
+            [(missing, "1")],
+        ),
+        Case(
+            "MetricsMissing: escaped vllm_ names",
+            alert,
+            workload(replace(OFF, spelling="_")),
+            [(missing, "1")],
+        ),
+        Case(
+            "MetricsMissing: survives a counter reset",
+            alert,
+            workload(replace(OFF, reset=True)),
+            [(missing, "1")],
+        ),
+        Case(
+            "MetricsMissing: the vLLM target is down",
+            alert,
+            workload(OFF, up_value=0, vllm_metrics=False),
+            [({"job": "vllm", "instance": INSTANCE, "reason": "target_down"}, "0")],
+        ),
+        Case(
+            "MetricsMissing: no vLLM target is scraped",
+            alert,
+            workload(OFF, with_up=False, vllm_metrics=False),
+            [({"job": "vllm", "reason": "target_absent"}, "1")],
+        ),
+        Case(
+            "MetricsMissing: the target is up without vLLM engine metrics",
+            alert,
+            workload(OFF, vllm_metrics=False),
+            [({"job": "vllm", "instance": INSTANCE, "reason": "no_vllm_metrics"}, "1")],
+        ),
+        Case(
+            "MetricsMissing: quiet with flat offload series",
+            alert,
+            workload(Variant(offload="flat")),
+            [],
+        ),
+        Case("MetricsMissing: quiet with deprecated offload series", alert, workload(LEGACY), []),
+        Case(
+            "MetricsMissing: quiet when offloading is not configured",
+            alert,
+            workload(OFF, size="None"),
+            [],
+        ),
+        Case(
+            "MetricsMissing: quiet when idle (series appear with the first transfer)",
+            alert,
+            workload(LEGACY, tokens=0),
+            [],
+        ),
     ]
 
 
@@ -517,19 +755,35 @@ def exporter_target_down() -> list[Case]:
 
     labels = {"job": "kvoffload", "instance": SIDECAR, "target": INSTANCE}
     return [
-        Case("ExporterTargetDown: fires when the sidecar cannot scrape vLLM", alert,
-             workload(f"1+0x100 0+0x{MINUTES - 101}"), [(labels, "0")]),
-        Case("ExporterTargetDown: quiet on a short blip", alert,
-             workload(f"1+0x141 0+0x5 1+0x{MINUTES - 147}"), []),
-        Case("ExporterTargetDown: quiet while scrapes succeed", alert,
-             workload(f"1+0x{MINUTES}"), []),
+        Case(
+            "ExporterTargetDown: fires when the sidecar cannot scrape vLLM",
+            alert,
+            workload(f"1+0x100 0+0x{MINUTES - 101}"),
+            [(labels, "0")],
+        ),
+        Case(
+            "ExporterTargetDown: quiet on a short blip",
+            alert,
+            workload(f"1+0x141 0+0x5 1+0x{MINUTES - 147}"),
+            [],
+        ),
+        Case(
+            "ExporterTargetDown: quiet while scrapes succeed", alert, workload(f"1+0x{MINUTES}"), []
+        ),
     ]
 
 
 def all_cases() -> list[Case]:
-    return [*recommend_enable(), *low_prefix_reuse(), *slower_than_recompute(),
-            *buffer_too_small(), *buffer_oversized(), *transfer_slow(), *metrics_missing(),
-            *exporter_target_down()]
+    return [
+        *recommend_enable(),
+        *low_prefix_reuse(),
+        *slower_than_recompute(),
+        *buffer_too_small(),
+        *buffer_oversized(),
+        *transfer_slow(),
+        *metrics_missing(),
+        *exporter_target_down(),
+    ]
 
 
 def build(cfg: MixinConfig | None = None) -> str:
@@ -540,11 +794,12 @@ def build(cfg: MixinConfig | None = None) -> str:
         "evaluation_interval": "5m",
         "tests": [to_test(c, rules) for c in all_cases()],
     }
-    return ("# Generated by tests/rules/promtool_cases.py: every alert fires on its bad case and\n"
-            "# stays quiet on the good and idle ones, on flat and deprecated offload names, on\n"
-            "# the escaped vllm_ spelling, across counter resets.\n"
-            "# Run: promtool test rules alerts/tests/kvoffload-alerts.test.yaml\n"
-            + to_yaml(doc))
+    return (
+        "# Generated by tests/rules/promtool_cases.py: every alert fires on its bad case and\n"
+        "# stays quiet on the good and idle ones, on flat and deprecated offload names, on\n"
+        "# the escaped vllm_ spelling, across counter resets.\n"
+        "# Run: promtool test rules alerts/tests/kvoffload-alerts.test.yaml\n" + to_yaml(doc)
+    )
 
 
 def main() -> None:

@@ -30,9 +30,35 @@ DATASOURCE_UIDS = {"$datasource", "${datasource}"}
 # grafana/dashboard-linter lint/rule_panel_units.go (Grafana's valueFormats categories), the
 # units these dashboards may use; anything else is reported.
 VALID_UNITS = {
-    "none", "string", "short", "percent", "percentunit", "bytes", "decbytes", "bits",
-    "decbits", "Bps", "binBps", "bps", "MBs", "GBs", "s", "ms", "µs", "ns", "m", "h", "d",
-    "dtdurations", "ops", "reqps", "rps", "wps", "iops", "cps", "bool",
+    "none",
+    "string",
+    "short",
+    "percent",
+    "percentunit",
+    "bytes",
+    "decbytes",
+    "bits",
+    "decbits",
+    "Bps",
+    "binBps",
+    "bps",
+    "MBs",
+    "GBs",
+    "s",
+    "ms",
+    "µs",
+    "ns",
+    "m",
+    "h",
+    "d",
+    "dtdurations",
+    "ops",
+    "reqps",
+    "rps",
+    "wps",
+    "iops",
+    "cps",
+    "bool",
 }
 UNIT_PANELS = {"stat", "singlestat", "graph", "table", "timeseries", "gauge"}
 
@@ -94,8 +120,9 @@ def lint_recording_rules(groups: list[dict[str, Any]]) -> list[str]:
                 continue
             if not RECORD_NAME.match(rule["record"]):
                 problems.append(f"{rule['record']}: not level:metric:operations")
-            problems += [f"{rule['record']}: {p}"
-                         for p in promql_problems(rule["expr"], dashboard=False)]
+            problems += [
+                f"{rule['record']}: {p}" for p in promql_problems(rule["expr"], dashboard=False)
+            ]
     return problems
 
 
@@ -126,8 +153,7 @@ def _selector_name(vs: promql_parser.VectorSelector) -> str:
     return ""
 
 
-def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False
-                    ) -> list[str]:
+def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False) -> list[str]:
     """Problems of one query. dashboard: Grafana variables substituted and the dashboard-linter
     rules applied (rules may read raw counters); series_only: a label_values() selector, only
     validity counts."""
@@ -144,16 +170,19 @@ def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False
             name = _selector_name(node)
             # A regex like vllm[:_]x_total ends with the same suffix as the name it matches.
             if name.endswith(COUNTER_SUFFIXES):
-                ok = (len(parents) >= 2
-                      and isinstance(parents[-1], promql_parser.MatrixSelector)
-                      and isinstance(parents[-2], promql_parser.Call)
-                      and parents[-2].func.name in RATE_FUNCTIONS)
+                ok = (
+                    len(parents) >= 2
+                    and isinstance(parents[-1], promql_parser.MatrixSelector)
+                    and isinstance(parents[-2], promql_parser.Call)
+                    and parents[-2].func.name in RATE_FUNCTIONS
+                )
                 if not ok:
                     problems.append(f"counter {name} not inside rate/irate/increase")
         if isinstance(node, promql_parser.Call) and node.func.name in RATE_FUNCTIONS and dashboard:
             for arg in node.args:
-                if isinstance(arg, promql_parser.MatrixSelector) and \
-                        arg.range != timedelta(days=211):
+                if isinstance(arg, promql_parser.MatrixSelector) and arg.range != timedelta(
+                    days=211
+                ):
                     problems.append(f"{node.func.name}() range is not $__rate_interval")
         for child in _children(node):
             visit(child, [*parents, node])
@@ -179,8 +208,9 @@ def lint_dashboard(d: dict[str, Any]) -> list[str]:
     datasources = [v for v in variables if v.get("type") == "datasource"]
     if len(datasources) != 1 or datasources[0].get("name") != "datasource":
         problems.append(f"{title}: needs exactly one datasource variable named 'datasource'")
-    elif datasources[0].get("query") != "prometheus" or \
-            datasources[0].get("label") != "Data source":
+    elif (
+        datasources[0].get("query") != "prometheus" or datasources[0].get("label") != "Data source"
+    ):
         problems.append(f"{title}: datasource variable must query prometheus, label 'Data source'")
     by_name = {v.get("name"): v for v in variables}
     for name in ("job", "instance"):
@@ -200,13 +230,16 @@ def lint_dashboard(d: dict[str, Any]) -> list[str]:
             if not m:
                 problems.append(f"{title}: variable {v.get('name')}: not label_values(sel, l)")
             else:
-                problems += [f"{title}: variable {v['name']}: {p}"
-                             for p in promql_problems(m.group(1), series_only=True)]
+                problems += [
+                    f"{title}: variable {v['name']}: {p}"
+                    for p in promql_problems(m.group(1), series_only=True)
+                ]
             if v.get("refresh") != 2:
                 problems.append(f"{title}: variable {v.get('name')} must refresh on time change")
     for panel in _panels(d):
-        problems += [f"{title} / {panel.get('title') or '<untitled>'}: {p}"
-                     for p in lint_panel(panel)]
+        problems += [
+            f"{title} / {panel.get('title') or '<untitled>'}: {p}" for p in lint_panel(panel)
+        ]
     return problems
 
 

@@ -32,8 +32,10 @@ TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 def need(*binaries: str) -> None:
     missing = [b for b in binaries if not Path(b).exists()]
     if missing:
-        pytest.fail(f"missing {', '.join(missing)}: run `make system-deps` (Debian packages "
-                    "prometheus and prometheus-alertmanager)")
+        pytest.fail(
+            f"missing {', '.join(missing)}: run `make system-deps` (Debian packages "
+            "prometheus and prometheus-alertmanager)"
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -46,8 +48,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-async def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path,
-                      timeout: float = 30.0) -> None:
+async def _wait_ready(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0
+) -> None:
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
@@ -62,8 +65,7 @@ async def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path,
 
 
 @contextlib.asynccontextmanager
-async def _daemon(binary: str, workdir: Path, name: str, flags: list[str]
-                  ) -> AsyncIterator[str]:
+async def _daemon(binary: str, workdir: Path, name: str, flags: list[str]) -> AsyncIterator[str]:
     """Run a Prometheus-family server on a free loopback port until /-/ready; yield its URL,
     stop it on exit. Its output goes to `<name>.log` in workdir, shown when it fails."""
     port = free_port()
@@ -71,7 +73,9 @@ async def _daemon(binary: str, workdir: Path, name: str, flags: list[str]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [binary, *flags, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
         )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -82,8 +86,9 @@ async def _daemon(binary: str, workdir: Path, name: str, flags: list[str]
 
 
 @contextlib.asynccontextmanager
-async def prometheus(workdir: Path, config: dict[str, Any], rule_files: dict[str, str]
-                     ) -> AsyncIterator[str]:
+async def prometheus(
+    workdir: Path, config: dict[str, Any], rule_files: dict[str, str]
+) -> AsyncIterator[str]:
     """Start Prometheus with `config` (rule_files filled in); yield its base URL."""
     need(PROMETHEUS)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -91,9 +96,12 @@ async def prometheus(workdir: Path, config: dict[str, Any], rule_files: dict[str
         (workdir / name).write_text(text)
     config = {**config, "rule_files": [str(workdir / n) for n in rule_files]}
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    async with _daemon(PROMETHEUS, workdir, "prometheus",
-                       [f"--config.file={workdir / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={workdir / 'data'}"]) as url:
+    async with _daemon(
+        PROMETHEUS,
+        workdir,
+        "prometheus",
+        [f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}"],
+    ) as url:
         yield url
 
 
@@ -102,10 +110,16 @@ async def alertmanager(workdir: Path, config: dict[str, Any]) -> AsyncIterator[s
     need(ALERTMANAGER)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    async with _daemon(ALERTMANAGER, workdir, "alertmanager",
-                       [f"--config.file={workdir / 'alertmanager.yml'}",
-                        f"--storage.path={workdir / 'data'}",
-                        "--cluster.listen-address="]) as url:
+    async with _daemon(
+        ALERTMANAGER,
+        workdir,
+        "alertmanager",
+        [
+            f"--config.file={workdir / 'alertmanager.yml'}",
+            f"--storage.path={workdir / 'data'}",
+            "--cluster.listen-address=",
+        ],
+    ) as url:
         yield url
 
 
@@ -115,6 +129,7 @@ serve = running
 
 def body_app(body: Callable[[], str]) -> web.Application:
     """A fake vLLM /metrics serving whatever `body()` returns now, in the text format."""
+
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=body().encode(), headers={"Content-Type": TEXT_FORMAT})
 
@@ -128,8 +143,7 @@ class PromAPI:
         self.session = session
         self.url = url
 
-    async def _get(self, path: str, params: dict[str, str] | list[tuple[str, str]]
-                   ) -> Any:
+    async def _get(self, path: str, params: dict[str, str] | list[tuple[str, str]]) -> Any:
         async with self.session.get(f"{self.url}{path}", params=params) as r:
             data = await r.json()
         if data.get("status") != "success":

@@ -26,14 +26,15 @@ from helpers import H200
 from promtool_cases import render
 from rules_procs import AMTOOL, alertmanager, body_app, need, prometheus, serve
 
-CFG = MixinConfig(rate_window="10s", slow_window="10s",
-                  alert_for=dict.fromkeys(ALERT_NAMES, "1s"))
+CFG = MixinConfig(rate_window="10s", slow_window="10s", alert_for=dict.fromkeys(ALERT_NAMES, "1s"))
 MODEL = "qwen3-8b-dummy"
 STORE_BYTES_PER_SECOND = 100e6
 BASE = (H200 / "8b-offload" / "batch1-4-C.settled.prom").read_text()
 _STORE_LINES = re.compile(
-    r'^(vllm:kv_offload_(?:store_(bytes|time)_total|total_(bytes|time)_total)\{[^}]*?'
-    r'(?:transfer_type="GPU_to_CPU"[^}]*)?\}) (\S+)$', re.M)
+    r"^(vllm:kv_offload_(?:store_(bytes|time)_total|total_(bytes|time)_total)\{[^}]*?"
+    r'(?:transfer_type="GPU_to_CPU"[^}]*)?\}) (\S+)$',
+    re.M,
+)
 
 
 def storing_without_reuse(t0: float) -> str:
@@ -65,35 +66,63 @@ async def _run(workdir: Path) -> list[dict[str, Any]]:
     async def webhook(request: web.Request) -> web.Response:
         payload = await request.json()
         received.append(payload)
-        if any(a["labels"].get("alertname") == "KVOffloadLowPrefixReuse"
-               for a in payload["alerts"]):
+        if any(
+            a["labels"].get("alertname") == "KVOffloadLowPrefixReuse" for a in payload["alerts"]
+        ):
             arrived.set()
         return web.Response(text="ok")
 
     hook = web.Application()
     hook.router.add_post("/alerts", webhook)
     t0 = time.monotonic()
-    async with serve(hook) as hook_port, serve(body_app(lambda: storing_without_reuse(t0))) \
-            as vllm_port:
+    async with (
+        serve(hook) as hook_port,
+        serve(body_app(lambda: storing_without_reuse(t0))) as vllm_port,
+    ):
         am_config = {
-            "route": {"receiver": "webhook", "group_by": ["alertname", "instance"],
-                      "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
-            "receivers": [{"name": "webhook", "webhook_configs": [
-                {"url": f"http://127.0.0.1:{hook_port}/alerts", "send_resolved": False}]}],
+            "route": {
+                "receiver": "webhook",
+                "group_by": ["alertname", "instance"],
+                "group_wait": "1s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+            },
+            "receivers": [
+                {
+                    "name": "webhook",
+                    "webhook_configs": [
+                        {"url": f"http://127.0.0.1:{hook_port}/alerts", "send_resolved": False}
+                    ],
+                }
+            ],
         }
         async with alertmanager(workdir / "am", am_config) as am_url:
             need(AMTOOL)
-            checked = subprocess.run([AMTOOL, "check-config", str(workdir / "am" /
-                                                                   "alertmanager.yml")],
-                                     capture_output=True, text=True, timeout=30, check=False)
+            checked = subprocess.run(
+                [AMTOOL, "check-config", str(workdir / "am" / "alertmanager.yml")],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
             assert checked.returncode == 0, checked.stdout + checked.stderr
             config = {
-                "global": {"scrape_interval": "500ms", "scrape_timeout": "400ms",
-                           "evaluation_interval": "500ms"},
-                "alerting": {"alertmanagers": [{"static_configs": [
-                    {"targets": [am_url.removeprefix("http://")]}]}]},
-                "scrape_configs": [{"job_name": "vllm", "static_configs": [
-                    {"targets": [f"127.0.0.1:{vllm_port}"]}]}],
+                "global": {
+                    "scrape_interval": "500ms",
+                    "scrape_timeout": "400ms",
+                    "evaluation_interval": "500ms",
+                },
+                "alerting": {
+                    "alertmanagers": [
+                        {"static_configs": [{"targets": [am_url.removeprefix("http://")]}]}
+                    ]
+                },
+                "scrape_configs": [
+                    {
+                        "job_name": "vllm",
+                        "static_configs": [{"targets": [f"127.0.0.1:{vllm_port}"]}],
+                    }
+                ],
             }
             files = rules.render(CFG)
             rule_files = {n: files[n] for n in (rules.RULES_FILE, rules.ALERTS_FILE)}
@@ -108,9 +137,14 @@ def received(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 def test_webhook_receives_the_alert_with_labels_and_annotations(
-        received: list[dict[str, Any]]) -> None:
-    alerts = [a for p in received for a in p["alerts"]
-              if a["labels"]["alertname"] == "KVOffloadLowPrefixReuse"]
+    received: list[dict[str, Any]],
+) -> None:
+    alerts = [
+        a
+        for p in received
+        for a in p["alerts"]
+        if a["labels"]["alertname"] == "KVOffloadLowPrefixReuse"
+    ]
     assert alerts, received
     alert = alerts[0]
     assert alert["status"] == "firing"

@@ -12,9 +12,16 @@ from kvoffload.analysis.signals import FIGURES
 from kvoffload.mixin.promql import NOT_IN_PROMQL, MixinConfig, rendering_for
 
 SRC = Path(__file__).resolve().parents[2] / "exporter" / "kvoffload"
-CONFIGS = [MixinConfig(), MixinConfig(rate_window="30s", slow_window="2h", world_size=4,
-                                      vllm_selector='job="vllm", cluster="a"',
-                                      target_labels=("cluster", "instance"))]
+CONFIGS = [
+    MixinConfig(),
+    MixinConfig(
+        rate_window="30s",
+        slow_window="2h",
+        world_size=4,
+        vllm_selector='job="vllm", cluster="a"',
+        target_labels=("cluster", "instance"),
+    ),
+]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)

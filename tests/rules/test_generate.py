@@ -30,18 +30,29 @@ def test_committed_files_match_the_generator() -> None:
 
 def test_no_stray_generated_files() -> None:
     expected = set(render_all())
-    on_disk = {str(p.relative_to(ROOT)) for d in ("alerts", "dashboards")
-               for p in (ROOT / d).rglob("*") if p.is_file() and "tests" not in p.parts}
+    on_disk = {
+        str(p.relative_to(ROOT))
+        for d in ("alerts", "dashboards")
+        for p in (ROOT / d).rglob("*")
+        if p.is_file() and "tests" not in p.parts
+    }
     assert on_disk == expected
 
 
 def test_generation_is_deterministic() -> None:
     """Another process with other hash seeds (set and dict orders) writes the same bytes."""
-    code = ("import json; from kvoffload.mixin.generate import render_all; "
-            "print(json.dumps(render_all(), sort_keys=True))")
+    code = (
+        "import json; from kvoffload.mixin.generate import render_all; "
+        "print(json.dumps(render_all(), sort_keys=True))"
+    )
     outputs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
         for seed in ("1", "4242")
     }
     assert outputs == {json.dumps(render_all(), sort_keys=True) + "\n"}
@@ -53,7 +64,8 @@ def test_every_catalog_figure_is_rendered_or_explained() -> None:
     assert rendered <= keys, f"renderings of unknown figures: {rendered - keys}"
     assert not rendered & set(NOT_IN_PROMQL)
     assert keys == rendered | set(NOT_IN_PROMQL), (
-        f"figures without a PromQL rendering or a reason: {keys - rendered - set(NOT_IN_PROMQL)}")
+        f"figures without a PromQL rendering or a reason: {keys - rendered - set(NOT_IN_PROMQL)}"
+    )
 
 
 def test_figures_not_in_promql_are_documented() -> None:
@@ -64,16 +76,25 @@ def test_figures_not_in_promql_are_documented() -> None:
 
 def test_every_recording_rule_is_documented() -> None:
     doc = (ROOT / "docs" / "rules.md").read_text()
-    records = {r["record"] for g in yaml.safe_load(
-        (ROOT / "alerts" / "kvoffload-rules.yaml").read_text())["groups"] for r in g["rules"]}
+    records = {
+        r["record"]
+        for g in yaml.safe_load((ROOT / "alerts" / "kvoffload-rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
     missing = [r for r in records if f"`{r}`" not in doc]
     assert not missing, missing
 
 
 def test_regenerate_for_other_labels_windows_and_thresholds(tmp_path: Path) -> None:
-    written = generate(tmp_path, selector='job="llm", namespace="prod"', rate_window="2m",
-                       slow_window="6h", low_reuse_ratio=0.1, sidecar_selector='job="kvo"',
-                       alert_for={**MixinConfig().alert_for, "KVOffloadTransferSlow": "1h"})
+    written = generate(
+        tmp_path,
+        selector='job="llm", namespace="prod"',
+        rate_window="2m",
+        slow_window="6h",
+        low_reuse_ratio=0.1,
+        sidecar_selector='job="kvo"',
+        alert_for={**MixinConfig().alert_for, "KVOffloadTransferSlow": "1h"},
+    )
     assert {str(p.relative_to(tmp_path)) for p in written} == set(render_all())
     rules = (tmp_path / "alerts" / "kvoffload-rules.yaml").read_text()
     alerts = yaml.safe_load((tmp_path / "alerts" / "kvoffload-alerts.yaml").read_text())
@@ -89,8 +110,13 @@ def test_regenerate_for_other_labels_windows_and_thresholds(tmp_path: Path) -> N
     assert any(":ratio_rate2m{" in e for e in exprs)
     need(PROMTOOL)
     for name in ("kvoffload-rules.yaml", "kvoffload-alerts.yaml"):
-        result = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "alerts" / name)],
-                                capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(
+            [PROMTOOL, "check", "rules", str(tmp_path / "alerts" / name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -104,13 +130,16 @@ def test_rewrites_only_what_changed(tmp_path: Path) -> None:
     assert check(tmp_path) == [] and rules.stat().st_mtime_ns == before
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"no_such_setting": 1}, "unknown setting"),
-    ({"rate_window": "5 minutes"}, "not a Prometheus duration"),
-    ({"alert_for": {"KVOffloadTransferSlow": "15m"}}, "no duration for"),
-    ({"target_labels": ("job", "pod")}, "must include 'instance'"),
-    ({"world_size": 0}, "world_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"no_such_setting": 1}, "unknown setting"),
+        ({"rate_window": "5 minutes"}, "not a Prometheus duration"),
+        ({"alert_for": {"KVOffloadTransferSlow": "15m"}}, "no duration for"),
+        ({"target_labels": ("job", "pod")}, "must include 'instance'"),
+        ({"world_size": 0}, "world_size"),
+    ],
+)
 def test_bad_settings_are_refused(tmp_path: Path, overrides: dict, words: str) -> None:
     with pytest.raises(InputError, match=words):
         generate(tmp_path, **overrides)
@@ -135,8 +164,16 @@ def test_dashboards_use_object_datasources_and_fixed_uids() -> None:
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
             for t in p["targets"]:
                 assert t["datasource"] == p["datasource"]
-                assert set(t) <= {"datasource", "expr", "legendFormat", "refId", "instant",
-                                  "range", "format", "editorMode"}
+                assert set(t) <= {
+                    "datasource",
+                    "expr",
+                    "legendFormat",
+                    "refId",
+                    "instant",
+                    "range",
+                    "format",
+                    "editorMode",
+                }
         if rel.startswith("dashboards/import/"):
             assert d["__inputs"][0]["name"] == "DS_PROMETHEUS"
             ds = next(v for v in d["templating"]["list"] if v["type"] == "datasource")
@@ -149,18 +186,34 @@ def test_dashboards_read_the_recording_rules() -> None:
     overview = json.loads(render_all()["dashboards/provisioning/kvoffload-overview.json"])
     exprs = "\n".join(t["expr"] for p in overview["panels"] for t in p.get("targets", []))
     cfg = MixinConfig()
-    for key in ("offload_hit_ratio", "gpu_prefix_hit_ratio", "load_gbps", "store_gbps",
-                "reuse_ratio", "wasted_bytes", "speedup", "cpu_fill_seconds",
-                "store_rate_bytes_per_second", "gpu_turnover_seconds"):
+    for key in (
+        "offload_hit_ratio",
+        "gpu_prefix_hit_ratio",
+        "load_gbps",
+        "store_gbps",
+        "reuse_ratio",
+        "wasted_bytes",
+        "speedup",
+        "cpu_fill_seconds",
+        "store_rate_bytes_per_second",
+        "gpu_turnover_seconds",
+    ):
         assert record_name(key, cfg) in exprs, key
     names = {v["name"] for v in overview["templating"]["list"]}
     assert names == {"datasource", "job", "instance", "model_name", "engine"}
 
 
 def test_parse_overrides_types_the_cli_settings() -> None:
-    got = parse_overrides(["low_reuse_ratio=0.1", "world_size=4", "target_labels=job,instance,pod",
-                           "alert_for.KVOffloadTransferSlow=1h", "runbook_url_base=https://x/rb.md",
-                           "prometheusrule_namespace=monitoring"])
+    got = parse_overrides(
+        [
+            "low_reuse_ratio=0.1",
+            "world_size=4",
+            "target_labels=job,instance,pod",
+            "alert_for.KVOffloadTransferSlow=1h",
+            "runbook_url_base=https://x/rb.md",
+            "prometheusrule_namespace=monitoring",
+        ]
+    )
     assert got["low_reuse_ratio"] == 0.1 and got["world_size"] == 4
     assert got["target_labels"] == ("job", "instance", "pod")
     assert got["alert_for"]["KVOffloadTransferSlow"] == "1h"
@@ -170,13 +223,16 @@ def test_parse_overrides_types_the_cli_settings() -> None:
     MixinConfig().with_overrides(**got)  # and they make a valid config
 
 
-@pytest.mark.parametrize("pair, words", [
-    ("nonsense", "expected KEY=VALUE"),
-    ("no_such=1", "expected KEY=VALUE"),
-    ("low_reuse_ratio=lots", "takes a number"),
-    ("alert_for=1h", "alert_for.<key>"),
-    ("world_size.x=1", "not a mapping"),
-])
+@pytest.mark.parametrize(
+    "pair, words",
+    [
+        ("nonsense", "expected KEY=VALUE"),
+        ("no_such=1", "expected KEY=VALUE"),
+        ("low_reuse_ratio=lots", "takes a number"),
+        ("alert_for=1h", "alert_for.<key>"),
+        ("world_size.x=1", "not a mapping"),
+    ],
+)
 def test_parse_overrides_refuses(pair: str, words: str) -> None:
     with pytest.raises(InputError, match=words):
         parse_overrides([pair])

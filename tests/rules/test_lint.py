@@ -54,8 +54,9 @@ def test_dashboard_passes_the_linter(path: Path) -> None:
 
 def test_there_are_import_and_provisioning_dashboards() -> None:
     names = {f"{p.parent.name}/{p.name}" for p in DASHBOARDS}
-    assert names == {f"{v}/kvoffload-{d}.json" for v in ("import", "provisioning")
-                     for d in ("overview", "fleet")}
+    assert names == {
+        f"{v}/kvoffload-{d}.json" for v in ("import", "provisioning") for d in ("overview", "fleet")
+    }
 
 
 # -- the lint has teeth ------------------------------------------------------------------------
@@ -67,30 +68,40 @@ def _first_timeseries(d: dict) -> dict:
     return next(p for p in d["panels"] if p["type"] == "timeseries")
 
 
-@pytest.mark.parametrize("expr, problem", [
-    ('sum(vllm:prompt_tokens_total{job=~"$job"})', "not inside rate"),
-    ('sum({__name__=~"vllm[:_]prefix_cache_hits_total"})', "not inside rate"),
-    ("histogram_quantile(0.9, vllm:time_to_first_token_seconds_bucket)", "not inside rate"),
-    ("rate(vllm:prompt_tokens_total[5m])", "not $__rate_interval"),
-    ("rate(vllm:prompt_tokens_total[$__rate_interval]", "invalid PromQL"),
-])
+@pytest.mark.parametrize(
+    "expr, problem",
+    [
+        ('sum(vllm:prompt_tokens_total{job=~"$job"})', "not inside rate"),
+        ('sum({__name__=~"vllm[:_]prefix_cache_hits_total"})', "not inside rate"),
+        ("histogram_quantile(0.9, vllm:time_to_first_token_seconds_bucket)", "not inside rate"),
+        ("rate(vllm:prompt_tokens_total[5m])", "not $__rate_interval"),
+        ("rate(vllm:prompt_tokens_total[$__rate_interval]", "invalid PromQL"),
+    ],
+)
 def test_promql_lint_catches(expr: str, problem: str) -> None:
     assert any(problem in p for p in promql_problems(expr)), promql_problems(expr)
 
 
 def test_promql_lint_accepts_rates_and_recording_rules() -> None:
-    assert promql_problems(
-        'sum by (engine) (rate({__name__=~"vllm[:_]kv_offload_load_bytes_total", '
-        'instance=~"$instance"}[$__rate_interval]))') == []
+    assert (
+        promql_problems(
+            'sum by (engine) (rate({__name__=~"vllm[:_]kv_offload_load_bytes_total", '
+            'instance=~"$instance"}[$__rate_interval]))'
+        )
+        == []
+    )
     assert promql_problems('model_name:vllm_prompt_tokens:rate5m{job=~"$job"}') == []
 
 
-@pytest.mark.parametrize("breakage, problem", [
-    (lambda p: p.pop("description"), "no description"),
-    (lambda p: p["fieldConfig"]["defaults"].update(unit="tokens/s"), "invalid unit"),
-    (lambda p: p.update(datasource={"type": "prometheus", "uid": "prom-1"}), "$datasource"),
-    (lambda p: p["targets"].clear(), "no targets"),
-])
+@pytest.mark.parametrize(
+    "breakage, problem",
+    [
+        (lambda p: p.pop("description"), "no description"),
+        (lambda p: p["fieldConfig"]["defaults"].update(unit="tokens/s"), "invalid unit"),
+        (lambda p: p.update(datasource={"type": "prometheus", "uid": "prom-1"}), "$datasource"),
+        (lambda p: p["targets"].clear(), "no targets"),
+    ],
+)
 def test_dashboard_lint_catches_panel_faults(breakage, problem: str) -> None:
     d = _overview()
     breakage(_first_timeseries(d))
@@ -117,11 +128,19 @@ def test_alert_lint_catches_mixin_faults() -> None:
     rule["annotations"]["runbook_url"] = "docs/runbooks.md#nosuchsection"
     del rule["labels"]["severity"]
     problems = lint_alerts(groups, _anchors())
-    for words in ("CamelCase", "severity", "must not be templated", "end with '.'",
-                  "must be templated", "#nosuchsection"):
+    for words in (
+        "CamelCase",
+        "severity",
+        "must not be templated",
+        "end with '.'",
+        "must be templated",
+        "#nosuchsection",
+    ):
         assert any(words in p for p in problems), (words, problems)
 
 
 def test_github_anchors() -> None:
     assert github_anchors("## KVOffloadTransferSlow\n### What it means, briefly\n") == {
-        "kvoffloadtransferslow", "what-it-means-briefly"}
+        "kvoffloadtransferslow",
+        "what-it-means-briefly",
+    }

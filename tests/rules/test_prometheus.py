@@ -77,8 +77,12 @@ def augmented(body: str, i: int) -> str:
     those figures are compared on something other than zero, and the advice carries a size
     (grow)."""
     body = re.sub(r"^(vllm:kv_cache_usage_perc\{.*\}) 0\.0$", r"\1 0.42", body, flags=re.M)
-    body = re.sub(r'^(vllm:num_requests_waiting_by_reason\{.*reason="capacity"\}) 0\.0$',
-                  r"\1 2.0", body, flags=re.M)
+    body = re.sub(
+        r'^(vllm:num_requests_waiting_by_reason\{.*reason="capacity"\}) 0\.0$',
+        r"\1 2.0",
+        body,
+        flags=re.M,
+    )
     body = re.sub(r"^(vllm:num_preemptions_total\{.*\}) 0\.0$", rf"\1 {i}.0", body, flags=re.M)
     return body + FAILURES.format(model=MODEL, n=3 * i)
 
@@ -86,8 +90,11 @@ def augmented(body: str, i: int) -> str:
 def escaped_legacy(body: str) -> str:
     """The same scrape as a vLLM ≤ 0.23 stored by Prometheus 2 via OpenMetrics: no flat
     offload families, colons escaped."""
-    kept = [line for line in body.splitlines()
-            if not re.match(r"^(# (HELP|TYPE) )?vllm:kv_offload_(load|store)_", line)]
+    kept = [
+        line
+        for line in body.splitlines()
+        if not re.match(r"^(# (HELP|TYPE) )?vllm:kv_offload_(load|store)_", line)
+    ]
     return "\n".join(kept).replace("vllm:", "vllm_") + "\n"
 
 
@@ -99,8 +106,9 @@ def event_batches(n: int) -> list[list[Batch]]:
     slices = []
     for k in range(n):
         sim.advance_to(60.0 * (k + 1))
-        slices.append([decode_batch(encode_batch(ts, evs, rank))
-                       for rank, ts, evs in sim.drain_kv_events()])
+        slices.append(
+            [decode_batch(encode_batch(ts, evs, rank)) for rank, ts, evs in sim.drain_kv_events()]
+        )
     return slices
 
 
@@ -127,8 +135,13 @@ class Live:
 
 
 def _substitute(expr: str, live: Live) -> str:
-    values = {"job": "vllm", "instance": live.flat, "model_name": MODEL,
-              "engine": "0", "__rate_interval": "30s"}
+    values = {
+        "job": "vllm",
+        "instance": live.flat,
+        "model_name": MODEL,
+        "engine": "0",
+        "__rate_interval": "30s",
+    }
     return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
 
 
@@ -152,8 +165,7 @@ async def _collect(api: PromAPI, live: Live) -> None:
             series = await api.series(_substitute(m.group(1), live))
             values = {s[m.group(2)] for s in series if m.group(2) in s}
             live.variables.append((d["title"], var["name"], len(values)))
-    live.rule_health = [(r["name"], r["health"], r.get("lastError", ""))
-                        for r in await api.rules()]
+    live.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in await api.rules()]
 
 
 async def _run(workdir: Path) -> Live:
@@ -167,20 +179,35 @@ async def _run(workdir: Path) -> Live:
     escaped_app = body_app(lambda: escaped_legacy(h200[state["i"]]))
     sim_app = body_app(lambda: simulated[state["i"]])
     nooffload_app = body_app(lambda: nooffload[min(state["i"], len(nooffload) - 1)])
-    async with serve(flat_app) as flat_port, serve(escaped_app) as escaped_port, \
-            serve(sim_app) as sim_port, serve(nooffload_app) as nooffload_port:
+    async with (
+        serve(flat_app) as flat_port,
+        serve(escaped_app) as escaped_port,
+        serve(sim_app) as sim_port,
+        serve(nooffload_app) as nooffload_port,
+    ):
         flat, escaped = f"127.0.0.1:{flat_port}", f"127.0.0.1:{escaped_port}"
         sim = f"127.0.0.1:{sim_port}"
         replica = f"127.0.0.1:{nooffload_port}"
         # Thresholds that let the advisor speak on 30 s of data (a few dozen requests), and
         # count any TTFT saving that clears its range.
-        settings = Settings(thresholds=Thresholds(
-            min_window_seconds=1, min_prompt_tokens=1, min_requests=1,
-            min_ttft_saving_seconds=0.0, min_ttft_saving_ratio=0.0))
-        sidecar = Sidecar(SidecarConfig([f"http://{flat}/metrics", f"http://{sim}/metrics"],
-                                        interval_seconds=INTERVAL,
-                                        window_seconds=WINDOW, timeout_seconds=1.0,
-                                        settings=settings))
+        settings = Settings(
+            thresholds=Thresholds(
+                min_window_seconds=1,
+                min_prompt_tokens=1,
+                min_requests=1,
+                min_ttft_saving_seconds=0.0,
+                min_ttft_saving_ratio=0.0,
+            )
+        )
+        sidecar = Sidecar(
+            SidecarConfig(
+                [f"http://{flat}/metrics", f"http://{sim}/metrics"],
+                interval_seconds=INTERVAL,
+                window_seconds=WINDOW,
+                timeout_seconds=1.0,
+                settings=settings,
+            )
+        )
         # KV events for the H200 target: fed directly (the ZMQ path is tested apart).
         events = TargetEvents()
         sidecar.events[flat] = events
@@ -196,20 +223,28 @@ async def _run(workdir: Path) -> Live:
         ingest(feed[0])
         async with serve(make_app(sidecar)) as sidecar_port:
             config = {
-                "global": {"scrape_interval": f"{INTERVAL * 1000:.0f}ms",
-                           "scrape_timeout": f"{INTERVAL * 1000:.0f}ms",
-                           "evaluation_interval": "250ms"},
+                "global": {
+                    "scrape_interval": f"{INTERVAL * 1000:.0f}ms",
+                    "scrape_timeout": f"{INTERVAL * 1000:.0f}ms",
+                    "evaluation_interval": "250ms",
+                },
                 "scrape_configs": [
-                    {"job_name": "vllm",
-                     "static_configs": [{"targets": [flat, escaped, sim, replica]}]},
-                    {"job_name": "kvoffload",
-                     "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"]}]},
+                    {
+                        "job_name": "vllm",
+                        "static_configs": [{"targets": [flat, escaped, sim, replica]}],
+                    },
+                    {
+                        "job_name": "kvoffload",
+                        "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"]}],
+                    },
                 ],
             }
             files = rules.render(CFG)
             rule_files = {n: files[n] for n in (rules.RULES_FILE, rules.ALERTS_FILE)}
-            async with prometheus(workdir, config, rule_files) as url, \
-                    aiohttp.ClientSession() as session:
+            async with (
+                prometheus(workdir, config, rule_files) as url,
+                aiohttp.ClientSession() as session,
+            ):
                 api = PromAPI(session, url)
                 await api.wait_for("up == 1", 4)
                 await asyncio.sleep(HOLD)
@@ -248,8 +283,12 @@ def test_prometheus_loads_every_rule_and_evaluates_it_without_error(live: Live) 
 
 
 def test_every_recording_rule_returns_data_for_every_target(live: Live) -> None:
-    sidecar_joined = {r.record(CFG, w) for r in RENDERINGS if r.metric.startswith("kvoffload_")
-                      for w in r.windows or (None,)}
+    sidecar_joined = {
+        r.record(CFG, w)
+        for r in RENDERINGS
+        if r.metric.startswith("kvoffload_")
+        for w in r.windows or (None,)
+    }
     for name, samples in live.records.items():
         if ":fleet_" in name:
             continue  # per model, over every replica: test_fleet_ab_rules
@@ -262,15 +301,19 @@ def test_every_recording_rule_returns_data_for_every_target(live: Live) -> None:
 
 
 def test_every_recording_rule_equals_the_sidecar_figure(live: Live) -> None:
-    groups = {(s["metric"]["target"], s["metric"]["model_name"]) for s in live.sidecar
-              if s["metric"]["__name__"] == "kvoffload_window_seconds"}
+    groups = {
+        (s["metric"]["target"], s["metric"]["model_name"])
+        for s in live.sidecar
+        if s["metric"]["__name__"] == "kvoffload_window_seconds"
+    }
     assert {t for t, _m in groups} == {live.flat, live.sim}
     compared = set()
     for target, model in sorted(groups):
-        sidecar = {(s["metric"]["__name__"], s["metric"].get("source")): float(s["value"][1])
-                   for s in live.sidecar
-                   if s["metric"].get("target") == target
-                   and s["metric"].get("model_name") == model}
+        sidecar = {
+            (s["metric"]["__name__"], s["metric"].get("source")): float(s["value"][1])
+            for s in live.sidecar
+            if s["metric"].get("target") == target and s["metric"].get("model_name") == model
+        }
         for fig in FIGURES:
             if fig.key in NOT_IN_PROMQL:
                 continue
@@ -279,9 +322,12 @@ def test_every_recording_rule_equals_the_sidecar_figure(live: Live) -> None:
             want = sidecar.get((fig.metric, labels.get("source")))
             for which in rendering.windows or (None,):
                 name = rendering.record(CFG, which)
-                got = [float(s["value"][1]) for s in _by_instance(live.records[name], target)
-                       if s["metric"].get("model_name") == model
-                       and all(s["metric"].get(k) == v for k, v in labels.items())]
+                got = [
+                    float(s["value"][1])
+                    for s in _by_instance(live.records[name], target)
+                    if s["metric"].get("model_name") == model
+                    and all(s["metric"].get(k) == v for k, v in labels.items())
+                ]
                 where = f"{fig.key} on {target} ({model}): rule {name}"
                 # Undefined is absent in both renderings.
                 assert (want is None) == (not got), f"{where} = {got}, sidecar {want}"
@@ -289,8 +335,10 @@ def test_every_recording_rule_equals_the_sidecar_figure(live: Live) -> None:
                     continue
                 assert len(got) == 1, (where, got)
                 if fig.key in GAUGE_MEANS:
-                    agree = (_close(got[0], want, GAUGE_MEAN_TOLERANCE)
-                             or abs(got[0] - want) <= GAUGE_MEAN_ABSOLUTE)
+                    agree = (
+                        _close(got[0], want, GAUGE_MEAN_TOLERANCE)
+                        or abs(got[0] - want) <= GAUGE_MEAN_ABSOLUTE
+                    )
                 else:
                     agree = _close(got[0], want)
                 assert agree, f"{where} = {got[0]!r}, sidecar {want!r}"
@@ -299,7 +347,9 @@ def test_every_recording_rule_equals_the_sidecar_figure(live: Live) -> None:
     for target, _model in groups:
         keys = {k for t, k in compared if t == target}
         assert keys | set(NOT_IN_PROMQL) == {f.key for f in FIGURES}, (
-            target, {f.key for f in FIGURES} - keys - set(NOT_IN_PROMQL))
+            target,
+            {f.key for f in FIGURES} - keys - set(NOT_IN_PROMQL),
+        )
 
 
 def test_escaped_deprecated_names_give_the_same_figures(live: Live) -> None:
@@ -312,8 +362,9 @@ def test_escaped_deprecated_names_give_the_same_figures(live: Live) -> None:
 
 
 def _key(sample: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in sample["metric"].items()
-                        if k not in ("instance", "__name__")))
+    return tuple(
+        sorted((k, v) for k, v in sample["metric"].items() if k not in ("instance", "__name__"))
+    )
 
 
 def test_every_dashboard_query_returns_data(live: Live) -> None:
@@ -328,25 +379,40 @@ def test_every_dashboard_variable_has_values(live: Live) -> None:
 
 
 def test_the_recommendation_reaches_prometheus_with_a_size(live: Live) -> None:
-    rec = [s for s in live.sidecar if s["metric"]["__name__"] == "kvoffload_recommendation"
-           and s["value"][1] == "1" and s["metric"]["target"] == live.flat]
+    rec = [
+        s
+        for s in live.sidecar
+        if s["metric"]["__name__"] == "kvoffload_recommendation"
+        and s["value"][1] == "1"
+        and s["metric"]["target"] == live.flat
+    ]
     # Allocation failures with a tier larger than GPU KV: the advisor says grow, with a size.
     assert [s["metric"]["action"] for s in rec] == ["grow"]
-    size = [s for s in live.sidecar
-            if s["metric"]["__name__"] == "kvoffload_recommended_size_bytes"
-            and s["metric"]["target"] == live.flat]
+    size = [
+        s
+        for s in live.sidecar
+        if s["metric"]["__name__"] == "kvoffload_recommended_size_bytes"
+        and s["metric"]["target"] == live.flat
+    ]
     assert size and float(size[0]["value"][1]) > 0
 
 
 def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> None:
     """The H200 model has replicas with a tier (the replay, flat and escaped names) and one
     without (8b-nooffload): mean TTFT per side and their difference, per model."""
-    means = {s["metric"]["offloading"]: float(s["value"][1])
-             for s in live.records[f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate"
-                                   f"{CFG.slow_window}"]
-             if s["metric"]["model_name"] == MODEL}
+    means = {
+        s["metric"]["offloading"]: float(s["value"][1])
+        for s in live.records[
+            f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate{CFG.slow_window}"
+        ]
+        if s["metric"]["model_name"] == MODEL
+    }
     assert set(means) == {"on", "off"} and all(v > 0 for v in means.values())
-    (effect,) = [float(s["value"][1]) for s in live.records[
-        f"model_name:kvoffload_offload_ttft_effect_seconds:fleet_rate{CFG.slow_window}"]
-        if s["metric"]["model_name"] == MODEL]
+    (effect,) = [
+        float(s["value"][1])
+        for s in live.records[
+            f"model_name:kvoffload_offload_ttft_effect_seconds:fleet_rate{CFG.slow_window}"
+        ]
+        if s["metric"]["model_name"] == MODEL
+    ]
     assert effect == pytest.approx(means["on"] - means["off"])

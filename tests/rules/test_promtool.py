@@ -19,8 +19,9 @@ ALERTS = ROOT / "alerts"
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     need(PROMTOOL)
-    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=240, check=False)
+    return subprocess.run(
+        [PROMTOOL, *args], capture_output=True, text=True, cwd=cwd, timeout=240, check=False
+    )
 
 
 @pytest.mark.parametrize("name", ["kvoffload-rules.yaml", "kvoffload-alerts.yaml"])
@@ -35,8 +36,10 @@ def test_prometheusrule_holds_both_files_and_checks(tmp_path: Path) -> None:
     assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     assert obj["kind"] == "PrometheusRule"
     assert obj["metadata"]["name"] and obj["metadata"]["labels"]
-    files = [yaml.safe_load((ALERTS / n).read_text())["groups"]
-             for n in ("kvoffload-rules.yaml", "kvoffload-alerts.yaml")]
+    files = [
+        yaml.safe_load((ALERTS / n).read_text())["groups"]
+        for n in ("kvoffload-rules.yaml", "kvoffload-alerts.yaml")
+    ]
     assert obj["spec"]["groups"] == files[0] + files[1]
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(obj["spec"]))
@@ -52,7 +55,8 @@ def test_promtool_unit_tests_pass() -> None:
 
 def test_unit_test_file_is_up_to_date() -> None:
     assert TEST_FILE.read_text() == build(), (
-        "alerts/tests is stale: run `python tests/rules/promtool_cases.py`")
+        "alerts/tests is stale: run `python tests/rules/promtool_cases.py`"
+    )
 
 
 def test_every_alert_is_tested_firing_quiet_escaped_and_across_resets() -> None:
@@ -64,15 +68,23 @@ def test_every_alert_is_tested_firing_quiet_escaped_and_across_resets() -> None:
         if alert in ("KVOffloadExporterTargetDown", "KVOffloadSlowerThanRecompute"):
             continue  # reads only the sidecar's own series: no vLLM names, no vLLM counters
         series = [s["series"] for c in mine for s in c.series]
-        assert any(s.startswith("vllm_") for c in mine if c.fires for s in
-                   (i["series"] for i in c.series)), f"{alert}: no escaped-name case"
+        assert any(
+            s.startswith("vllm_") for c in mine if c.fires for s in (i["series"] for i in c.series)
+        ), f"{alert}: no escaped-name case"
         assert any("reset" in c.name for c in mine), f"{alert}: no counter-reset case"
         assert any(s.startswith("vllm:") for s in series), f"{alert}: no vllm: names"
-    transfer_alerts = ("KVOffloadLowPrefixReuse", "KVOffloadBufferOversized",
-                       "KVOffloadTransferSlow")
+    transfer_alerts = (
+        "KVOffloadLowPrefixReuse",
+        "KVOffloadBufferOversized",
+        "KVOffloadTransferSlow",
+    )
     for alert in transfer_alerts:
-        legacy_only = [c for c in cases if c.alert == alert and c.fires
-                       and any("transfer_type" in s["series"] for s in c.series)
-                       and not any("kv_offload_store_bytes_total" in s["series"]
-                                   for s in c.series)]
+        legacy_only = [
+            c
+            for c in cases
+            if c.alert == alert
+            and c.fires
+            and any("transfer_type" in s["series"] for s in c.series)
+            and not any("kv_offload_store_bytes_total" in s["series"] for s in c.series)
+        ]
         assert legacy_only, f"{alert}: no firing case on deprecated transfer_type names only"

@@ -18,8 +18,11 @@ from kvoffload.sim.workload import Workload, generate
 
 
 def _totals(sim: SimServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(n, tuple(sorted(lb.items()))): v
-            for n, lb, v, _ in parse_text(sim.render().decode()).samples if n.endswith("_total")}
+    return {
+        (n, tuple(sorted(lb.items()))): v
+        for n, lb, v, _ in parse_text(sim.render().decode()).samples
+        if n.endswith("_total")
+    }
 
 
 def test_the_first_period_is_the_library_run_and_traffic_goes_on() -> None:
@@ -36,9 +39,10 @@ def test_the_first_period_is_the_library_run_and_traffic_goes_on() -> None:
         sim.advance_to(k * sc.duration_s)
         after = _totals(sim)
         assert all(after[key] >= v for key, v in before.items())  # counters never go back
-        per_period.append(sum(v for (n, _), v in after.items() if n == "vllm:prompt_tokens_total")
-                          - sum(v for (n, _), v in before.items()
-                                if n == "vllm:prompt_tokens_total"))
+        per_period.append(
+            sum(v for (n, _), v in after.items() if n == "vllm:prompt_tokens_total")
+            - sum(v for (n, _), v in before.items() if n == "vllm:prompt_tokens_total")
+        )
         before = after
     # the same traffic shape every period: the laptop batches, 2,000 requests per 600 s
     assert all(p == pytest.approx(per_period[0], rel=0.02) for p in per_period), per_period
@@ -47,7 +51,8 @@ def test_the_first_period_is_the_library_run_and_traffic_goes_on() -> None:
     assert gt["requests_total"] == pytest.approx(4 * 2000, abs=2)
     # each batch still brings fresh prompts: A resent is the only CPU hit, as in period 0
     assert gt["true_offload_hit_ratio"] == pytest.approx(
-        lib.ground_truth()["true_offload_hit_ratio"], abs=0.01)
+        lib.ground_truth()["true_offload_hit_ratio"], abs=0.01
+    )
     with pytest.raises(RuntimeError):
         sim.run()
 
@@ -114,8 +119,9 @@ def test_wall_clock_times_are_real_times() -> None:
     sim.advance_to(120.0)  # two minutes simulated = two seconds of wall time at 60x
     batches = sim.drain_kv_events()
     assert batches and all(start <= ts <= start + 2.0 for _, ts, _ in batches)
-    created = [v for n, _, v, _ in parse_text(sim.render().decode()).samples
-               if n.endswith("_created")]
+    created = [
+        v for n, _, v, _ in parse_text(sim.render().decode()).samples if n.endswith("_created")
+    ]
     assert created and all(start <= v <= start + 2.0 for v in created)
     assert all(ts is None for *_, ts in parse_text(sim.render().decode()).samples)
     stamped = parse_text(sim.render(timestamped=True).decode()).samples

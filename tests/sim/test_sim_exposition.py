@@ -51,8 +51,12 @@ def test_033_matches_sample_file() -> None:
 def test_lazy_flat_families_before_first_transfer() -> None:
     fams, samples = parse(_body("laptop-eviction", 0.0))
     present = names(samples)
-    for fam in [*FLAT, "vllm:kv_offload_allocation_failure", "vllm:kv_offload_config_info",
-                "vllm:kv_offload_cpu_cache_usage_perc"]:
+    for fam in [
+        *FLAT,
+        "vllm:kv_offload_allocation_failure",
+        "vllm:kv_offload_config_info",
+        "vllm:kv_offload_cpu_cache_usage_perc",
+    ]:
         base = fam
         assert base in fams, fam  # registered: HELP/TYPE lines
         assert not fams[base].samples, fam  # but no child yet
@@ -87,13 +91,27 @@ def test_legacy_023() -> None:
     fams, samples = parse(_body("legacy-0.23", 600.0))
     offload = {n for n in names(samples) if n.startswith("vllm:kv_offload")}
     assert offload == {
-        f"vllm:kv_offload_{k}" for k in (
-            "total_bytes_total", "total_bytes_created", "total_time_total", "total_time_created",
-            "size_bucket", "size_count", "size_sum", "size_created",
+        f"vllm:kv_offload_{k}"
+        for k in (
+            "total_bytes_total",
+            "total_bytes_created",
+            "total_time_total",
+            "total_time_created",
+            "size_bucket",
+            "size_count",
+            "size_sum",
+            "size_created",
         )
     }
-    assert set(fams) & {"vllm:prompt_tokens_cached_by_source", "vllm:kv_offload_config_info",
-                        "vllm:num_requests_kv_fetch_by_stage"} == set()
+    assert (
+        set(fams)
+        & {
+            "vllm:prompt_tokens_cached_by_source",
+            "vllm:kv_offload_config_info",
+            "vllm:num_requests_kv_fetch_by_stage",
+        }
+        == set()
+    )
     (info,) = [s for s in fams["vllm:cache_config_info"].samples]
     assert "kv_cache_size_tokens" not in info.labels
     assert info.labels["calculate_kv_scales"] == "False"
@@ -166,9 +184,10 @@ def test_created_and_eager_series_per_engine() -> None:
     for src in ("device", "host", "p2p", "disk", "external_unspecified"):
         assert total(samples, "vllm:prompt_tokens_cached_by_source_total", source=src) == 0
     for reason in ("capacity", "deferred"):
-        assert ("vllm:num_requests_waiting_by_reason", frozenset(
-            {("engine", "0"), ("model_name", "Qwen/Qwen3-8B"), ("reason", reason)}
-        )) in samples
+        assert (
+            "vllm:num_requests_waiting_by_reason",
+            frozenset({("engine", "0"), ("model_name", "Qwen/Qwen3-8B"), ("reason", reason)}),
+        ) in samples
     assert total(samples, "vllm:time_to_first_token_seconds_count") == 0
     assert len(fams["vllm:kv_offload_lookup_async_delay_seconds"].samples) == 0
 

@@ -72,8 +72,10 @@ def _check_body(sim: SimServer, s: Scenario, settled: bool) -> dict:
     for (name, _), v in smp.items():
         assert v >= 0, name
     prompt = total(smp, "vllm:prompt_tokens_total")
-    src = {k: total(smp, "vllm:prompt_tokens_by_source_total", source=k)
-           for k in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    src = {
+        k: total(smp, "vllm:prompt_tokens_by_source_total", source=k)
+        for k in ("local_compute", "local_cache_hit", "external_kv_transfer")
+    }
     assert sum(src.values()) == prompt
     assert total(smp, "vllm:prompt_tokens_cached_total") == (
         src["local_cache_hit"] + src["external_kv_transfer"]
@@ -99,8 +101,9 @@ def _check_body(sim: SimServer, s: Scenario, settled: bool) -> dict:
     if settled:
         load_bytes = total(smp, "vllm:kv_offload_load_bytes_total")
         assert load_bytes == ext_hits * sz.bytes_per_token
-        assert load_bytes == total(smp, "vllm:kv_offload_total_bytes_total",
-                                   transfer_type="CPU_to_GPU")
+        assert load_bytes == total(
+            smp, "vllm:kv_offload_total_bytes_total", transfer_type="CPU_to_GPU"
+        )
         # per-rank observations: tp per job, each bytes/tp
         assert total(smp, "vllm:kv_offload_load_size_sum") == load_bytes
     for eng in sim.engines[0]:

@@ -30,8 +30,16 @@ from kvoffload.sim.server import make_app
 from sim_helpers import parse, total
 
 U64 = 2**64
-GPU_STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-                   "lora_id", "medium", "lora_name"]
+GPU_STORED_KEYS = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+]
 REMOVED_KEYS = ["type", "block_hashes", "medium"]
 
 
@@ -138,15 +146,28 @@ def test_payload_shape() -> None:
                 assert ev["type"] == "BlockRemoved" and list(ev) == REMOVED_KEYS
                 if ev["medium"] == "GPU":
                     assert len(ev["block_hashes"]) == 1  # one per evicted block, as vLLM
-    assert seen == {("BlockStored", "GPU"), ("BlockStored", "CPU"), ("BlockRemoved", "GPU"),
-                    ("BlockRemoved", "CPU")}
+    assert seen == {
+        ("BlockStored", "GPU"),
+        ("BlockStored", "CPU"),
+        ("BlockRemoved", "GPU"),
+        ("BlockRemoved", "CPU"),
+    }
 
 
 def test_encode_batch_omits_only_defaults() -> None:
     dec = msgspec.msgpack.Decoder()
-    ev = {"type": "BlockStored", "block_hashes": [U64 - 1], "parent_block_hash": 5,
-          "token_ids": [1, 2], "block_size": 2, "lora_id": None, "medium": "GPU",
-          "lora_name": None, "group_idx": 0, "extra_keys": None}
+    ev = {
+        "type": "BlockStored",
+        "block_hashes": [U64 - 1],
+        "parent_block_hash": 5,
+        "token_ids": [1, 2],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "group_idx": 0,
+        "extra_keys": None,
+    }
     out = dec.decode(encode_batch(1.5, [ev, {"type": "AllBlocksCleared"}], 3))
     assert out[0] == 1.5 and out[2] == 3
     stored, cleared = out[1]
@@ -168,7 +189,7 @@ def test_gpu_chains_and_tokens_follow_the_prompts() -> None:
             continue
         parent = ev["parent_block_hash"]
         for i, h in enumerate(ev["block_hashes"]):
-            toks = ev["token_ids"][i * bs:(i + 1) * bs]
+            toks = ev["token_ids"][i * bs : (i + 1) * bs]
             assert tokens_of.setdefault(h, toks) == toks  # a hash always means the same tokens
             assert parent_of.setdefault(h, parent) == parent  # and the same parent
             parent = h
@@ -178,8 +199,11 @@ def test_gpu_chains_and_tokens_follow_the_prompts() -> None:
 @pytest.mark.parametrize("bpc", [1, 2])
 def test_cpu_stored_blocks_times_bytes_equal_store_bytes(bpc: int) -> None:
     sim = _run("laptop-eviction", 60.0, blocks_per_chunk=bpc)
-    cpu_blocks = sum(len(ev["block_hashes"]) for ev in _events(sim.drain_kv_events())
-                     if ev["type"] == "BlockStored" and ev["medium"] == "CPU")
+    cpu_blocks = sum(
+        len(ev["block_hashes"])
+        for ev in _events(sim.drain_kv_events())
+        if ev["type"] == "BlockStored" and ev["medium"] == "CPU"
+    )
     _, samples = parse(sim.render())
     store_bytes = total(samples, "vllm:kv_offload_store_bytes_total")
     # a CPU "block" is one chunk of blocks_per_chunk GPU blocks (vLLM's offloaded block size)
@@ -217,14 +241,18 @@ def test_gpu_missed_tokens_from_events(name: str) -> None:
     = Σ (prompt − GPU hit) = external_prefix_cache_queries = prefix_cache_queries − hits."""
     sim = _run(name, 300.0)
     bs = sim.scenario.block_size
-    stored = sum(len(ev["block_hashes"]) for ev in _events(sim.drain_kv_events())
-                 if ev["type"] == "BlockStored" and ev["medium"] == "GPU")
+    stored = sum(
+        len(ev["block_hashes"])
+        for ev in _events(sim.drain_kv_events())
+        if ev["type"] == "BlockStored" and ev["medium"] == "GPU"
+    )
     tails = sum(r["prompt_tokens"] % bs for r in sim.records)
     log = sim.kv_event_log
     assert log is not None
     _, samples = parse(sim.render())
-    missed = (total(samples, "vllm:prefix_cache_queries_total")
-              - total(samples, "vllm:prefix_cache_hits_total"))
+    missed = total(samples, "vllm:prefix_cache_queries_total") - total(
+        samples, "vllm:prefix_cache_hits_total"
+    )
     assert bs * stored + tails + bs * log.missed_resident_blocks == missed
     if sim.scenario.offloading:
         assert total(samples, "vllm:external_prefix_cache_queries_total") == missed
@@ -254,9 +282,10 @@ def _recv(sock: Any, timeout_s: float = 2.0) -> list[bytes]:
 def test_zmq_round_trip_and_replay() -> None:
     port = _free_ports(2)
     rport = port + 1
-    with _sockets() as socks, ZmqEventPublisher(
-        f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", topic="kv"
-    ) as pub:
+    with (
+        _sockets() as socks,
+        ZmqEventPublisher(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}", topic="kv") as pub,
+    ):
         sub = _sub(socks, f"tcp://127.0.0.1:{port}", b"kv")
         # PUB drops messages until the subscription has arrived: publish until one gets through
         published: dict[int, bytes] = {}
@@ -293,8 +322,9 @@ def test_zmq_round_trip_and_replay() -> None:
             if dealer.poll(20):
                 replies.append(dealer.recv_multipart())
         # vLLM 0.26's frames: [b"", topic, seq, payload], then [b"", b"", -1, b""]
-        assert [int.from_bytes(r[2], "big") for r in replies[:-1]] == [seq0 + 1 + i
-                                                                       for i in range(3)]
+        assert [int.from_bytes(r[2], "big") for r in replies[:-1]] == [
+            seq0 + 1 + i for i in range(3)
+        ]
         assert all(r[0] == b"" and len(r) == 4 for r in replies)
         assert all(r[1] == b"kv" for r in replies[:-1])
         assert [r[3] for r in replies[:-1]] == [published[seq0 + 1 + i] for i in range(3)]
@@ -312,8 +342,13 @@ def test_restart_and_dp2_over_the_app() -> None:
     # loaded machine makes the test slower, never different (the restart cannot pass before
     # the subscribers are connected).
     wall = [0.0]
-    app = make_app(sim, speed=100.0, kv_events_endpoint=f"tcp://127.0.0.1:{port}",
-                   kv_events_replay=f"tcp://127.0.0.1:{rport}", clock=lambda: wall[0])
+    app = make_app(
+        sim,
+        speed=100.0,
+        kv_events_endpoint=f"tcp://127.0.0.1:{port}",
+        kv_events_replay=f"tcp://127.0.0.1:{rport}",
+        clock=lambda: wall[0],
+    )
     dec = msgspec.msgpack.Decoder()
     got: dict[int, list[tuple[int, list[Any]]]] = {0: [], 1: []}
     replayed: dict[int, list[int]] = {0: [], 1: []}
@@ -385,7 +420,7 @@ def test_restart_and_dp2_over_the_app() -> None:
         i = restarts[0]
         assert msgs[i][0] == 0 and msgs[i][1][0] == sim.epoch + 40.0
         assert i > 0 and msgs[i - 1][0] > 0 and msgs[i - 1][1][0] <= sim.epoch + 40.0
-        for (a, _), (b, _) in zip(msgs[i:], msgs[i + 1:], strict=False):
+        for (a, _), (b, _) in zip(msgs[i:], msgs[i + 1 :], strict=False):
             assert b == a + 1  # consecutive within the new process
         assert replayed[r] and replayed[r] == list(range(len(replayed[r])))
         assert len(replayed[r]) >= len(msgs) - i  # the buffer restarted with the process

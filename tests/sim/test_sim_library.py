@@ -18,9 +18,18 @@ from kvoffload.sim.server import make_app
 from sim_helpers import parse, total
 
 EXPECTED = {
-    "laptop-eviction", "laptop-eviction-nooffload", "rag-hot-set-fits", "buffer-too-small",
-    "buffer-oversized", "no-reuse", "gpu-plenty", "recompute-wins",
-    "pressure-without-offloading", "dp2", "restart", "legacy-0.23",
+    "laptop-eviction",
+    "laptop-eviction-nooffload",
+    "rag-hot-set-fits",
+    "buffer-too-small",
+    "buffer-oversized",
+    "no-reuse",
+    "gpu-plenty",
+    "recompute-wins",
+    "pressure-without-offloading",
+    "dp2",
+    "restart",
+    "legacy-0.23",
 }
 
 
@@ -116,8 +125,14 @@ def test_record(tmp_path: Path) -> None:
     from kvoffload.sim.record import record_scenario
 
     out = tmp_path / "rec.om"
-    n = record_scenario(scenarios.get("laptop-eviction"), str(out), duration_s=60.0,
-                        interval_s=15.0, instance="sim:9", job="vllm")
+    n = record_scenario(
+        scenarios.get("laptop-eviction"),
+        str(out),
+        duration_s=60.0,
+        interval_s=15.0,
+        instance="sim:9",
+        job="vllm",
+    )
     assert n == 5
     text = out.read_text()
     assert text.rstrip().endswith("# EOF")

@@ -69,16 +69,16 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
     raise RuntimeError(f"kvoffload sim not listening on {port} after {timeout:.0f} s")
 
 
-async def _get(session: aiohttp.ClientSession, url: str, path: str,
-               params: dict[str, str]) -> Any:
+async def _get(session: aiohttp.ClientSession, url: str, path: str, params: dict[str, str]) -> Any:
     async with session.get(f"{url}{path}", params=params) as r:
         data = await r.json()
     assert data.get("status") == "success", (path, params, data)
     return data["data"]
 
 
-async def _range(session: aiohttp.ClientSession, url: str, expr: str, at: float
-                 ) -> list[dict[str, Any]]:
+async def _range(
+    session: aiohttp.ClientSession, url: str, expr: str, at: float
+) -> list[dict[str, Any]]:
     """A range-vector selector evaluated at `at`: every raw sample, per series."""
     data = await _get(session, url, "/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
     assert data["resultType"] == "matrix", (expr, data["resultType"])
@@ -96,24 +96,42 @@ async def _run(workdir: Path) -> dict[str, Any]:
     port = free_port()
     sim_log = open(workdir / "sim.log", "wb")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvoffload", "sim", "--scenario", SCENARIO,
-         "--speed", f"{SPEED:g}", "--listen", f"127.0.0.1:{port}"],
-        stdout=sim_log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "sim",
+            "--scenario",
+            SCENARIO,
+            "--speed",
+            f"{SPEED:g}",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=sim_log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         _wait_port(port, proc)
         target = f"127.0.0.1:{port}"
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
-                       "evaluation_interval": "1s"},
+            "global": {
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "1s",
+            },
             "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}],
         }
-        async with prometheus(workdir / "prometheus", config, {}) as url, \
-                aiohttp.ClientSession() as session:
+        async with (
+            prometheus(workdir / "prometheus", config, {}) as url,
+            aiohttp.ClientSession() as session,
+        ):
             # Prometheus sends its first targets to the scrapers a few seconds after start:
             # the run begins with the first scrape.
             deadline = time.monotonic() + 30
-            while not (await _get(session, url, "/api/v1/query",
-                                  {"query": f'up{{job="{JOB}"}}'}))["result"]:
+            while not (await _get(session, url, "/api/v1/query", {"query": f'up{{job="{JOB}"}}'}))[
+                "result"
+            ]:
                 assert time.monotonic() < deadline, "Prometheus never scraped the simulator"
                 await asyncio.sleep(0.2)
             started = time.time()
@@ -129,31 +147,38 @@ async def _run(workdir: Path) -> dict[str, Any]:
             (scraped,) = await _range(session, url, f"scrape_samples_scraped{sel}[{span}]", at)
             out["scraped"] = [(float(t), float(v)) for t, v in scraped["values"]]
             (post,) = await _range(
-                session, url, f"scrape_samples_post_metric_relabeling{sel}[{span}]", at)
+                session, url, f"scrape_samples_post_metric_relabeling{sel}[{span}]", at
+            )
             out["post_relabel"] = [float(v) for _, v in post["values"]]
             # Samples of the simulator's own series stored at each scrape's timestamp (no
             # sample carries a timestamp of its own, so one scrape = one timestamp); the name
             # is copied to a label because timestamp() drops it.
-            series = (f'label_replace({{job="{JOB}",__name__!~"up|scrape_.+"}}, '
-                      f'"name", "$1", "__name__", "(.+)")')
+            series = (
+                f'label_replace({{job="{JOB}",__name__!~"up|scrape_.+"}}, '
+                f'"name", "$1", "__name__", "(.+)")'
+            )
             out["stored"] = [
-                await _scalar(session, url,
-                              f"count(timestamp({series}) >= {t - 0.0005:.4f}) or vector(0)", t)
+                await _scalar(
+                    session, url, f"count(timestamp({series}) >= {t - 0.0005:.4f}) or vector(0)", t
+                )
                 for t, _ in out["scraped"]
             ]
             (prompt,) = await _range(
-                session, url, f"sum(vllm:prompt_tokens_total{sel})[{span}:1s]", at)
+                session, url, f"sum(vllm:prompt_tokens_total{sel})[{span}:1s]", at
+            )
             out["prompt_tokens"] = [(float(t), float(v)) for t, v in prompt["values"]]
             out["resets"] = await _scalar(
-                session, url, f"sum(resets(vllm:prompt_tokens_total{sel}[{span}]))", at)
+                session, url, f"sum(resets(vllm:prompt_tokens_total{sel}[{span}]))", at
+            )
             async with session.get(f"{url}/metrics") as r:
                 own = parse_text(await r.text()).samples
-            out["rejected"] = {name: sum(v for n, _, v, _ in own if n == name)
-                               for name in REJECTED}
+            out["rejected"] = {name: sum(v for n, _, v, _ in own if n == name) for name in REJECTED}
             out["present"] = {n for n, *_ in own}
             out["prometheus_log"] = (workdir / "prometheus" / "prometheus.log").read_text()
-        async with aiohttp.ClientSession() as session, \
-                session.get(f"http://{target}/ground-truth?requests=0") as r:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://{target}/ground-truth?requests=0") as r,
+        ):
             out["truth"] = await r.json()
         return out
     finally:
@@ -174,13 +199,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     truth = out["truth"]
     length = scenarios.get(SCENARIO).duration_s
     # The figures of the run (shown with -s; the 10-minute check reports these).
-    print(f"\n{SCENARIO} at {SPEED:g}x for {SECONDS:g} s: {len(up)} scrapes, up min "
-          f"{min(v for _, v in up)}; samples per scrape {min(v for _, v in scraped):.0f}–"
-          f"{max(v for _, v in scraped):.0f}, stored {sum(stored):.0f} of "
-          f"{sum(v for _, v in scraped):.0f}; rejected {out['rejected']}; prompt tokens "
-          f"{prompt[0][1]:.0f} → {prompt[-1][1]:.0f}, resets {out['resets']:.0f}; simulated "
-          f"{truth['now_s']:.0f} s = {truth['now_s'] / length:.1f} scenario lengths, "
-          f"{truth['requests_total']} requests")
+    print(
+        f"\n{SCENARIO} at {SPEED:g}x for {SECONDS:g} s: {len(up)} scrapes, up min "
+        f"{min(v for _, v in up)}; samples per scrape {min(v for _, v in scraped):.0f}–"
+        f"{max(v for _, v in scraped):.0f}, stored {sum(stored):.0f} of "
+        f"{sum(v for _, v in scraped):.0f}; rejected {out['rejected']}; prompt tokens "
+        f"{prompt[0][1]:.0f} → {prompt[-1][1]:.0f}, resets {out['resets']:.0f}; simulated "
+        f"{truth['now_s']:.0f} s = {truth['now_s'] / length:.1f} scenario lengths, "
+        f"{truth['requests_total']} requests"
+    )
     return out
 
 

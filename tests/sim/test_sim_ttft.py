@@ -13,7 +13,8 @@ from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.oracle import run_point
 
 CLIENTS = json.loads(
-    (Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft" / "clients.json").read_text())
+    (Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft" / "clients.json").read_text()
+)
 
 # simulator scenario with a tier → (real set, server without a tier, server with one)
 PAIRS = {
@@ -39,12 +40,16 @@ def test_ttft_change_within_30_percent_of_real_vllm(name):
 def test_a_reload_waits_in_queue_and_the_connector_slows_an_eager_engine():
     """The mechanism, not only the totals: with a tier the queue time rises (reloads wait for
     their copy and the next step) and, on the eager 0.6B engine, so does the prefill time."""
+
     def means(name, gib):
         sim = SimServer(replace(scenarios.get(name), cpu_gib=gib or None))
         sim.run()
         recs = sim.ground_truth()["requests"]
-        return (sum(r["queue_s"] for r in recs) / len(recs),
-                sum(r["prefill_s"] for r in recs) / len(recs))
+        return (
+            sum(r["queue_s"] for r in recs) / len(recs),
+            sum(r["prefill_s"] for r in recs) / len(recs),
+        )
+
     q_off, p_off = means("h200-0.6b-eager-prefill-cpu4", 0)
     q_on, p_on = means("h200-0.6b-eager-prefill-cpu4", 4.0)
     assert q_off < 0.001 < 0.005 < q_on

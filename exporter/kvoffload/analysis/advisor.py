@@ -99,10 +99,20 @@ def _gib(value: float | None) -> str:
 
 
 EVIDENCE_KEYS = (
-    "offload_hit_ratio", "gpu_prefix_hit_ratio", "speedup", "reuse_ratio", "cpu_fill_seconds",
-    "gpu_turnover_seconds", "cpu_capacity_tokens", "gpu_capacity_tokens",
-    "allocation_failures_per_second", "gpu_kv_usage_ratio", "preemptions_per_second",
-    "waiting_for_capacity", "cpu_fill_ratio_since_start", "store_rate_bytes_per_second",
+    "offload_hit_ratio",
+    "gpu_prefix_hit_ratio",
+    "speedup",
+    "reuse_ratio",
+    "cpu_fill_seconds",
+    "gpu_turnover_seconds",
+    "cpu_capacity_tokens",
+    "gpu_capacity_tokens",
+    "allocation_failures_per_second",
+    "gpu_kv_usage_ratio",
+    "preemptions_per_second",
+    "waiting_for_capacity",
+    "cpu_fill_ratio_since_start",
+    "store_rate_bytes_per_second",
 )
 
 
@@ -136,8 +146,9 @@ def advise(
         )
     else:
         per_engine = _per_engine(figures, max(engines, 1))
-        rec = (_advise_on(per_engine, window_seconds, t) if offloading
-               else _advise_off(per_engine, t))
+        rec = (
+            _advise_on(per_engine, window_seconds, t) if offloading else _advise_off(per_engine, t)
+        )
     rec.evidence = {k: figures.get(k) for k in EVIDENCE_KEYS}
     _memory_check(rec, figures, offloading, memory_limit_bytes, t, max(engines, 1))
     return rec
@@ -159,8 +170,9 @@ def _floor_bytes(figures: dict[str, float | None], t: Thresholds) -> float | Non
     return gpu * t.gpu_floor_ratio if gpu else None
 
 
-def _sized(need: float | None, figures: dict[str, float | None], t: Thresholds,
-           what: str) -> tuple[float | None, str]:
+def _sized(
+    need: float | None, figures: dict[str, float | None], t: Thresholds, what: str
+) -> tuple[float | None, str]:
     floor = _floor_bytes(figures, t)
     candidates = [x for x in (need * (1 + t.size_headroom_ratio) if need else None, floor) if x]
     if not candidates:
@@ -192,27 +204,35 @@ def _advise_off(figures: dict[str, float | None], t: Thresholds) -> Recommendati
     if not REUSE_EVIDENCE.holds(figures, t):
         return Recommendation(
             "leave_off",
-            reasons=[f"GPU KV pressure but no prefix reuse to win (hit ratio under "
-                     f"{t.min_reuse_evidence_ratio:g}): {evidence}"],
+            reasons=[
+                f"GPU KV pressure but no prefix reuse to win (hit ratio under "
+                f"{t.min_reuse_evidence_ratio:g}): {evidence}"
+            ],
         )
     if not GPU_MISSES_REUSE.holds(figures, t):
         return Recommendation(
             "leave_off",
-            reasons=[f"the GPU prefix cache already serves most reuse (hit ratio ≥ "
-                     f"{t.low_gpu_prefix_hit_ratio:g}): {evidence}"],
+            reasons=[
+                f"the GPU prefix cache already serves most reuse (hit ratio ≥ "
+                f"{t.low_gpu_prefix_hit_ratio:g}): {evidence}"
+            ],
         )
     # Counters cannot see reuse distances: start at twice the GPU KV cache (a CPU tier must
     # exceed it to add hits) and let the figures, or KV events, size it from there.
     gpu = figures.get("gpu_capacity_bytes")
     size, why = _sized(2 * gpu if gpu else None, figures, t, "twice the GPU KV cache")
-    return Recommendation("enable", size, [
-        f"the GPU prefix cache keeps losing reusable prefixes: {evidence}",
-        why + "; a start: watch the offload hit ratio as it grows, or enable KV events for "
-        "an exact size"])
+    return Recommendation(
+        "enable",
+        size,
+        [
+            f"the GPU prefix cache keeps losing reusable prefixes: {evidence}",
+            why + "; a start: watch the offload hit ratio as it grows, or enable KV events for "
+            "an exact size",
+        ],
+    )
 
 
-def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
-               ) -> Recommendation:
+def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -> Recommendation:
     speed = figures.get("speedup")
     reuse = figures.get("reuse_ratio")
     fill = figures.get("cpu_fill_seconds")
@@ -225,40 +245,63 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds
     low_reuse = reuse is not None and reuse < t.low_reuse_ratio
 
     if low_reuse and turnover is not None and turnover > t.reuse_horizon_seconds:
-        return Recommendation("disable", reasons=[
-            f"the GPU KV cache holds the working set: prefixes survive {turnover:.0f} s on the "
-            f"GPU (> {t.reuse_horizon_seconds:.0f} s reuse horizon), GPU prefix hit ratio "
-            f"{_fmt(figures.get('gpu_prefix_hit_ratio'))}, and the CPU tier is not read back "
-            f"(reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g})"])
+        return Recommendation(
+            "disable",
+            reasons=[
+                f"the GPU KV cache holds the working set: prefixes survive {turnover:.0f} s on the "
+                f"GPU (> {t.reuse_horizon_seconds:.0f} s reuse horizon), GPU prefix hit ratio "
+                f"{_fmt(figures.get('gpu_prefix_hit_ratio'))}, and the CPU tier is not read back "
+                f"(reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g})"
+            ],
+        )
     if (cpu is not None and gpu is not None and cpu <= gpu) or failures > 0:
         # Reuse lost to capacity cannot be measured from counters: double the tier (at least
         # past the GPU floor) and judge again; KV events give the exact curve.
         current = figures.get("cpu_capacity_bytes")
         size, why = _sized(2 * current if current else None, figures, t, "twice the tier")
-        return Recommendation("grow", size, [
-            f"CPU tier too small to add hits: {_fmt(cpu, '', 0)} tokens vs GPU "
-            f"{_fmt(gpu, '', 0)} tokens (it must exceed the GPU KV cache), allocation failures "
-            f"{_fmt(failures, '/s', 3)}, offload hit ratio {_fmt(hit)}", why])
+        return Recommendation(
+            "grow",
+            size,
+            [
+                f"CPU tier too small to add hits: {_fmt(cpu, '', 0)} tokens vs GPU "
+                f"{_fmt(gpu, '', 0)} tokens (it must exceed the GPU KV cache), allocation failures "
+                f"{_fmt(failures, '/s', 3)}, offload hit ratio {_fmt(hit)}",
+                why,
+            ],
+        )
     if low_reuse and (fill is None or window >= fill):
-        return Recommendation("store_threshold", reasons=[
-            f"stores without loads: reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g} "
-            f"over {window:.0f} s, longer than the fill time {_fmt(fill, ' s', 0)}: set "
-            "\"store_threshold\": 2 in kv_connector_extra_config (stores a prefix on its "
-            "second computation), or disable offloading"])
-    if filled is not None and filled < 1.0 and fill is not None \
-            and fill > t.oversized_fill_seconds:
+        return Recommendation(
+            "store_threshold",
+            reasons=[
+                f"stores without loads: reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g} "
+                f"over {window:.0f} s, longer than the fill time {_fmt(fill, ' s', 0)}: set "
+                '"store_threshold": 2 in kv_connector_extra_config (stores a prefix on its '
+                "second computation), or disable offloading"
+            ],
+        )
+    if filled is not None and filled < 1.0 and fill is not None and fill > t.oversized_fill_seconds:
         capacity = figures.get("cpu_capacity_bytes")
         stored = filled * capacity if capacity else None
         # Never full: everything ever stored still fits, so that (plus headroom) is enough.
         size, why = _sized(stored, figures, t, "everything stored since start")
         if size is not None and capacity and size * GIB < capacity:
-            return Recommendation("shrink", size, [
-                f"the CPU tier has never been full ({filled:.0%} of it stored since start) and "
-                f"would take {fill / 3600:.1f} h to fill at the current store rate "
-                f"(> {t.oversized_fill_seconds / 3600:.0f} h): its pinned memory is idle", why])
-    return Recommendation("keep", reasons=[
-        f"offloading pays: offload hit ratio {_fmt(hit)}, speedup {_fmt(speed)}x, reuse ratio "
-        f"{_fmt(reuse)}, CPU tier {_fmt(cpu, '', 0)} tokens vs GPU {_fmt(gpu, '', 0)}"])
+            return Recommendation(
+                "shrink",
+                size,
+                [
+                    f"the CPU tier has never been full ({filled:.0%} of it stored since start) and "
+                    f"would take {fill / 3600:.1f} h to fill at the current store rate "
+                    f"(> {t.oversized_fill_seconds / 3600:.0f} h): its pinned memory is idle",
+                    why,
+                ],
+            )
+    return Recommendation(
+        "keep",
+        reasons=[
+            f"offloading pays: offload hit ratio {_fmt(hit)}, speedup {_fmt(speed)}x, reuse ratio "
+            f"{_fmt(reuse)}, CPU tier {_fmt(cpu, '', 0)} tokens vs GPU {_fmt(gpu, '', 0)}"
+        ],
+    )
 
 
 def refine_with_curve(
@@ -283,17 +326,25 @@ def refine_with_curve(
     if rec.insufficient_data:
         return rec
     floor = gpu_bytes * t.gpu_floor_ratio if gpu_bytes else 0.0
-    curve_note = (f"the KV-event curve decided: achievable offload hit ratio "
-                  f"{achievable:.3f}, 95% of it from {_gib(right_size_bytes)} per engine")
+    curve_note = (
+        f"the KV-event curve decided: achievable offload hit ratio "
+        f"{achievable:.3f}, 95% of it from {_gib(right_size_bytes)} per engine"
+    )
     if achievable < t.low_reuse_ratio or right_size_bytes is None:
         if rec.action in ("store_threshold", "disable", "leave_off"):
-            rec.reasons.append(f"the KV-event curve agrees: achievable offload hit ratio "
-                               f"{achievable:.3f} < {t.low_reuse_ratio:g}")
+            rec.reasons.append(
+                f"the KV-event curve agrees: achievable offload hit ratio "
+                f"{achievable:.3f} < {t.low_reuse_ratio:g}"
+            )
             return rec
         action = "disable" if offloading else "leave_off"
-        new = Recommendation(action, reasons=[
-            f"the KV-event curve shows no reuse a CPU tier could serve: achievable offload hit "
-            f"ratio {achievable:.3f} < {t.low_reuse_ratio:g}"])
+        new = Recommendation(
+            action,
+            reasons=[
+                f"the KV-event curve shows no reuse a CPU tier could serve: achievable offload hit "
+                f"ratio {achievable:.3f} < {t.low_reuse_ratio:g}"
+            ],
+        )
         new.evidence = rec.evidence
         return new
     size_bytes = max(right_size_bytes, floor)
@@ -303,12 +354,15 @@ def refine_with_curve(
         ceiling = memory_limit_bytes / (1 + t.memory_headroom_ratio) / max(engines, 1)
         if size * GIB > ceiling:
             size = max(0.25, math.floor(ceiling / GIB / 0.25) * 0.25)
-            warnings.append(f"capped at {size:g} GiB per engine by the memory limit "
-                            f"{memory_limit_bytes / GIB:.2f} GiB less "
-                            f"{t.memory_headroom_ratio:.0%} headroom")
+            warnings.append(
+                f"capped at {size:g} GiB per engine by the memory limit "
+                f"{memory_limit_bytes / GIB:.2f} GiB less "
+                f"{t.memory_headroom_ratio:.0%} headroom"
+            )
     predicted = predicted_at(size * GIB)
-    sized = (f"--kv-offloading-size {size:g} (per engine): predicted offload hit ratio "
-             f"{predicted:.3f}")
+    sized = (
+        f"--kv-offloading-size {size:g} (per engine): predicted offload hit ratio {predicted:.3f}"
+    )
     if not offloading:
         action = "enable"
     elif current_bytes is None:
@@ -322,9 +376,13 @@ def refine_with_curve(
         else:
             action = "keep"
         curve_note += f"; the current {_gib(current_bytes)} gives {at_current:.3f}"
-    new = Recommendation(action, None if action == "keep" else size,
-                         [curve_note, sized] if action != "keep" else [curve_note],
-                         warnings, rec.evidence)
+    new = Recommendation(
+        action,
+        None if action == "keep" else size,
+        [curve_note, sized] if action != "keep" else [curve_note],
+        warnings,
+        rec.evidence,
+    )
     return new
 
 
@@ -374,10 +432,12 @@ def _ms(seconds: float) -> str:
 def _effect_words(effect: Effect) -> str:
     parts = effect.parts
     wait = _ms(parts["reload_wait_seconds"])
-    return (f"a reloaded request waits for the asynchronous load (~{wait}"
-            f" per request), the offload path costs ~{_ms(parts['store_seconds'])}, and "
-            f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per "
-            f"request would cost ~{_ms(parts['recompute_saved_seconds'])}")
+    return (
+        f"a reloaded request waits for the asynchronous load (~{wait}"
+        f" per request), the offload path costs ~{_ms(parts['store_seconds'])}, and "
+        f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per "
+        f"request would cost ~{_ms(parts['recompute_saved_seconds'])}"
+    )
 
 
 def _range(effect: Effect, sign: float = 1.0) -> list[float]:
@@ -412,9 +472,11 @@ def judge_ttft(
         return effect.high < 0 and -effect.seconds >= floor
 
     def verdict_note(effect: Effect) -> str:
-        return (f"mean TTFT {_ms(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
-                f" than recomputing (range {effect.low * 1000:+.0f} … "
-                f"{effect.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)")
+        return (
+            f"mean TTFT {_ms(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
+            f" than recomputing (range {effect.low * 1000:+.0f} … "
+            f"{effect.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)"
+        )
 
     if not offloading:
         size = rec.kv_offloading_size_gib
@@ -427,22 +489,37 @@ def judge_ttft(
             rec.reasons.append(
                 f"even at best (every GPU-missed token reloaded) the tier would make "
                 f"{verdict_note(effect)}; the hit ratio at {size:g} GiB is unknown without KV "
-                "events, so the saving is not predicted")
+                "events, so the saving is not predicted"
+            )
             return rec
         if best_case_only:
-            return Recommendation("leave_off", reasons=[
-                f"even if every GPU-missed token reloaded from CPU, {_effect_words(effect)}: "
-                f"{verdict_note(effect)}"], warnings=rec.warnings, evidence=rec.evidence)
+            return Recommendation(
+                "leave_off",
+                reasons=[
+                    f"even if every GPU-missed token reloaded from CPU, {_effect_words(effect)}: "
+                    f"{verdict_note(effect)}"
+                ],
+                warnings=rec.warnings,
+                evidence=rec.evidence,
+            )
         if pays(effect):
             rec.ttft_change_seconds = effect.seconds
             rec.ttft_change_basis = "predicted"
             rec.ttft_change_range_seconds = _range(effect)
-            rec.reasons.append(f"a {size:g} GiB tier is predicted to make {verdict_note(effect)}:"
-                               f" {_effect_words(effect)}")
+            rec.reasons.append(
+                f"a {size:g} GiB tier is predicted to make {verdict_note(effect)}:"
+                f" {_effect_words(effect)}"
+            )
             return rec
-        new = Recommendation("leave_off", reasons=[
-            f"a {size:g} GiB tier would hit, but {_effect_words(effect)}: predicted "
-            f"{verdict_note(effect)}"], warnings=rec.warnings, evidence=rec.evidence)
+        new = Recommendation(
+            "leave_off",
+            reasons=[
+                f"a {size:g} GiB tier would hit, but {_effect_words(effect)}: predicted "
+                f"{verdict_note(effect)}"
+            ],
+            warnings=rec.warnings,
+            evidence=rec.evidence,
+        )
         return new
 
     if now is None:
@@ -454,8 +531,9 @@ def judge_ttft(
 
     def change_to(target: Effect) -> Effect:
         ref = base or now
-        return Effect(target.seconds - ref.seconds, target.low - ref.low,
-                      target.high - ref.high, target.parts)
+        return Effect(
+            target.seconds - ref.seconds, target.low - ref.low, target.high - ref.high, target.parts
+        )
 
     def predicted(change: Effect) -> None:
         if not best_case_only:
@@ -463,60 +541,77 @@ def judge_ttft(
             rec.ttft_change_basis = "predicted"
             rec.ttft_change_range_seconds = [change.low, change.high]
 
-    hit = f"{hit_ratio_now:.0%} of GPU-missed tokens reload from CPU, but " \
-        if hit_ratio_now is not None else ""
+    hit = (
+        f"{hit_ratio_now:.0%} of GPU-missed tokens reload from CPU, but "
+        if hit_ratio_now is not None
+        else ""
+    )
     if not pays(now):
         if rec.action == "grow" and at_size is not None and pays(at_size):
             rec.reasons.append(
                 f"too small to pay now ({verdict_note(now)}), but a {size:g} GiB tier is "
-                f"predicted to make {verdict_note(at_size)}")
+                f"predicted to make {verdict_note(at_size)}"
+            )
             predicted(change_to(at_size))
             return rec
         store = now.parts.get("store_seconds", 0.0)
         if rec.action == "store_threshold" and now.seconds < floor:
             # Stores without reloads: what the tier costs is its stores (PCIe traffic, pinned
             # memory, and ~store of TTFT); storing a prefix only when it comes back cuts them.
-            rec.reasons.append(f"the stores cost ~{_ms(store)} of mean TTFT per request now "
-                               f"({verdict_note(now)})")
+            rec.reasons.append(
+                f"the stores cost ~{_ms(store)} of mean TTFT per request now ({verdict_note(now)})"
+            )
             predicted(Effect(-store, -1.5 * store, -0.5 * store, {}))
             return rec
-        why = ("costs TTFT" if now.seconds > 0 else "saves too little to show")
+        why = "costs TTFT" if now.seconds > 0 else "saves too little to show"
         return Recommendation(
             "disable",
             reasons=[f"the CPU tier {why}: {hit}{_effect_words(now)}: {verdict_note(now)}"],
-            warnings=rec.warnings, evidence=rec.evidence,
-            ttft_change_seconds=-now.seconds, ttft_change_basis="measured",
-            ttft_change_range_seconds=_range(now, -1.0))
+            warnings=rec.warnings,
+            evidence=rec.evidence,
+            ttft_change_seconds=-now.seconds,
+            ttft_change_basis="measured",
+            ttft_change_range_seconds=_range(now, -1.0),
+        )
     rec.reasons.append(f"the CPU tier pays: {verdict_note(now)}: {_effect_words(now)}")
     if rec.action == "disable":
         rec.action, rec.kv_offloading_size_gib = "keep", None
         return rec
     if rec.action in ("grow", "shrink") and at_size is not None and base is not None:
         change = change_to(at_size)
-        if rec.action == "grow" and not best_case_only and not (
-                change.high < 0 and -change.seconds >= floor):
+        if (
+            rec.action == "grow"
+            and not best_case_only
+            and not (change.high < 0 and -change.seconds >= floor)
+        ):
             rec.reasons.append(
                 f"growing to {size:g} GiB would change mean TTFT by only "
                 f"{change.seconds * 1000:+.0f} ms (range {change.low * 1000:+.0f} … "
-                f"{change.high * 1000:+.0f}): keep the current size")
+                f"{change.high * 1000:+.0f}): keep the current size"
+            )
             rec.action, rec.kv_offloading_size_gib = "keep", None
             return rec
         predicted(change)
     return rec
 
 
-def judge_fleet(rec: Recommendation, offloading: bool, mean_ttft: float, fleet: Effect,
-                t: Thresholds) -> Recommendation:
+def judge_fleet(
+    rec: Recommendation, offloading: bool, mean_ttft: float, fleet: Effect, t: Thresholds
+) -> Recommendation:
     """Re-decide from replicas of the same model with and without a tier (kvoffload.analysis.fleet):
     measured TTFT, not a model of it, so it outranks judge_ttft's estimate."""
     floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
     n = int(fleet.parts.get("replicas_compared", 0))
-    seen = (f"{n} comparable replica(s) of this model {'without' if offloading else 'with'} a "
-            f"tier answer in {fleet.parts['other_mean_ttft_seconds'] * 1000:.1f} ms on average "
-            f"against {mean_ttft * 1000:.1f} ms here")
-    note = (f"with a tier, mean TTFT is {_ms(fleet.seconds)} "
-            f"{'worse' if fleet.seconds > 0 else 'better'} (range {fleet.low * 1000:+.0f} … "
-            f"{fleet.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)")
+    seen = (
+        f"{n} comparable replica(s) of this model {'without' if offloading else 'with'} a "
+        f"tier answer in {fleet.parts['other_mean_ttft_seconds'] * 1000:.1f} ms on average "
+        f"against {mean_ttft * 1000:.1f} ms here"
+    )
+    note = (
+        f"with a tier, mean TTFT is {_ms(fleet.seconds)} "
+        f"{'worse' if fleet.seconds > 0 else 'better'} (range {fleet.low * 1000:+.0f} … "
+        f"{fleet.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)"
+    )
     pays = fleet.high < 0 and -fleet.seconds >= floor
     if offloading:
         if pays:
@@ -527,19 +622,33 @@ def judge_fleet(rec: Recommendation, offloading: bool, mean_ttft: float, fleet: 
                 rec.ttft_change_range_seconds = None
             return rec
         return Recommendation(
-            "disable", reasons=[f"the fleet shows the tier does not pay: {seen}: {note}"],
-            warnings=rec.warnings, evidence=rec.evidence, ttft_change_seconds=-fleet.seconds,
-            ttft_change_basis="fleet", ttft_change_range_seconds=[-fleet.high, -fleet.low])
+            "disable",
+            reasons=[f"the fleet shows the tier does not pay: {seen}: {note}"],
+            warnings=rec.warnings,
+            evidence=rec.evidence,
+            ttft_change_seconds=-fleet.seconds,
+            ttft_change_basis="fleet",
+            ttft_change_range_seconds=[-fleet.high, -fleet.low],
+        )
     if not pays:
         return Recommendation(
-            "leave_off", reasons=[f"the fleet shows a tier would not pay: {seen}: {note}"],
-            warnings=rec.warnings, evidence=rec.evidence)
+            "leave_off",
+            reasons=[f"the fleet shows a tier would not pay: {seen}: {note}"],
+            warnings=rec.warnings,
+            evidence=rec.evidence,
+        )
     size = rec.kv_offloading_size_gib if rec.action == "enable" else None
     tier = fleet.parts.get("tier_bytes_per_engine")
     if size is None and tier:
         size = round_size_gib(tier)
     return Recommendation(
-        "enable", size, reasons=[f"the fleet shows a tier pays: {seen}: {note}"]
+        "enable",
+        size,
+        reasons=[f"the fleet shows a tier pays: {seen}: {note}"]
         + ([] if rec.action != "enable" else rec.reasons),
-        warnings=rec.warnings, evidence=rec.evidence, ttft_change_seconds=fleet.seconds,
-        ttft_change_basis="fleet", ttft_change_range_seconds=[fleet.low, fleet.high])
+        warnings=rec.warnings,
+        evidence=rec.evidence,
+        ttft_change_seconds=fleet.seconds,
+        ttft_change_basis="fleet",
+        ttft_change_range_seconds=[fleet.low, fleet.high],
+    )

@@ -45,8 +45,9 @@ def analyze_window(
     event_baselines: dict[GroupKey, dict[str, float]] | None = None,
 ) -> list[dict[str, object]]:
     """The JSON contract (`analyze --json`, /api/v1/status): analyze_groups, serialised."""
-    return [g.to_json() for g in analyze_groups(window, settings, lifetime, events,
-                                                event_baselines)]
+    return [
+        g.to_json() for g in analyze_groups(window, settings, lifetime, events, event_baselines)
+    ]
 
 
 def analyze_groups(
@@ -72,11 +73,16 @@ def analyze_groups(
         entry, ctx = _group_entry(window, group, settings, lifetime)
         target_events = (events or {}).get(group[0])
         hit_at: Callable[[float], float] | None = None
-        if (ctx is not None and target_events is not None and target_events.messages()
-                and _events_belong_to(window, group, entry.offloading)):
+        if (
+            ctx is not None
+            and target_events is not None
+            and target_events.messages()
+            and _events_belong_to(window, group, entry.offloading)
+        ):
             missed = _missed_tokens(window, group, ctx, event_baselines)
-            hit_at = _add_event_evidence(entry, window.static(group), target_events, missed,
-                                         settings)
+            hit_at = _add_event_evidence(
+                entry, window.static(group), target_events, missed, settings
+            )
         if ctx is not None:
             _add_ttft_verdict(entry, ctx, settings, hit_at)
         groups.append(entry)
@@ -93,13 +99,18 @@ def _add_fleet_evidence(groups: list[GroupAnalysis], settings: Settings) -> None
         if fleet is None or entry.ttft is None:
             continue
         entry.ttft.fleet = fleet.to_json()
-        entry.recommendation = judge_fleet(entry.recommendation, entry.offloading,
-                                           entry.ttft.mean_ttft_seconds, fleet,
-                                           settings.thresholds)
+        entry.recommendation = judge_fleet(
+            entry.recommendation,
+            entry.offloading,
+            entry.ttft.mean_ttft_seconds,
+            fleet,
+            settings.thresholds,
+        )
 
 
-def _group_entry(window: Window, group: GroupKey, settings: Settings, lifetime: bool
-                 ) -> tuple[GroupAnalysis, Context | None]:
+def _group_entry(
+    window: Window, group: GroupKey, settings: Settings, lifetime: bool
+) -> tuple[GroupAnalysis, Context | None]:
     """The figures and the counter-based advice of one group."""
     instance, model = group
     static = window.static(group)
@@ -107,27 +118,51 @@ def _group_entry(window: Window, group: GroupKey, settings: Settings, lifetime: 
     offloading = static.offload_families
     if delta is None:
         return GroupAnalysis(
-            instance, model, offloading, 0.0, static.naming, sorted(static.engines),
+            instance,
+            model,
+            offloading,
+            0.0,
+            static.naming,
+            sorted(static.engines),
             dict.fromkeys(FIGURE_KEYS),
-            Recommendation("keep" if offloading else "leave_off",
-                           reasons=["waiting for a second scrape to compute rates"],
-                           insufficient_data=True)), None
+            Recommendation(
+                "keep" if offloading else "leave_off",
+                reasons=["waiting for a second scrape to compute rates"],
+                insufficient_data=True,
+            ),
+        ), None
     ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
     figures = compute_figures(ctx)
-    rec = advise(figures, offloading, delta.seconds, settings.memory_limit_bytes,
-                 settings.thresholds, lifetime=lifetime,
-                 prompt_tokens=ctx.inc("prompt_tokens"), engines=len(static.engines),
-                 requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None)
-    return GroupAnalysis(instance, model, offloading, delta.seconds, static.naming,
-                         sorted(static.engines), figures, rec), ctx
+    rec = advise(
+        figures,
+        offloading,
+        delta.seconds,
+        settings.memory_limit_bytes,
+        settings.thresholds,
+        lifetime=lifetime,
+        prompt_tokens=ctx.inc("prompt_tokens"),
+        engines=len(static.engines),
+        requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None,
+    )
+    return GroupAnalysis(
+        instance,
+        model,
+        offloading,
+        delta.seconds,
+        static.naming,
+        sorted(static.engines),
+        figures,
+        rec,
+    ), ctx
 
 
 # Below this many sampled blocks per engine the sampled curve is coarse (docs/sizing.md).
 MIN_SAMPLED_BLOCKS = 1000
 
 
-def _add_ttft_verdict(entry: GroupAnalysis, ctx: Context, settings: Settings,
-                      hit_at: Callable[[float], float] | None) -> None:
+def _add_ttft_verdict(
+    entry: GroupAnalysis, ctx: Context, settings: Settings, hit_at: Callable[[float], float] | None
+) -> None:
     """The TTFT effect (analysis.ttft) joins the figures, and the advice is re-judged by it."""
     figures = entry.figures
     rec = entry.recommendation
@@ -150,13 +185,22 @@ def _add_ttft_verdict(entry: GroupAnalysis, ctx: Context, settings: Settings,
         if obs.waiting_for_capacity > 0:
             rec.warnings.append(
                 f"requests also wait for KV capacity ({obs.waiting_for_capacity:.2f} on "
-                "average): the queue time read as the reload wait overstates it")
+                "average): the queue time read as the reload wait overstates it"
+            )
     proposed = rec.kv_offloading_size_gib
     capacity = figures.get("cpu_capacity_bytes")
     engines = max(len(ctx.static.engines), 1)
     entry.recommendation = judge_ttft(
-        rec, offloading, obs.mean_ttft, now, effect_at, t, figures.get("offload_hit_ratio"),
-        best_case_only=hit_at is None, current_bytes=capacity / engines if capacity else None)
+        rec,
+        offloading,
+        obs.mean_ttft,
+        now,
+        effect_at,
+        t,
+        figures.get("offload_hit_ratio"),
+        best_case_only=hit_at is None,
+        current_bytes=capacity / engines if capacity else None,
+    )
     predicted = None
     if hit_at is not None and proposed is not None:
         at_size = effect_at(proposed * GIB)
@@ -164,13 +208,24 @@ def _add_ttft_verdict(entry: GroupAnalysis, ctx: Context, settings: Settings,
             predicted = {"kv_offloading_size_gib": proposed, **at_size.to_json()}
     cost: dict[str, object] | None = dict(obs.cost.to_json()) if obs.cost else None
     entry.ttft = TtftVerdict(
-        obs.mean_ttft, obs.mean_queue, obs.mean_prefill, obs.requests, obs.prompt_tokens,
-        cost, now.to_json() if now else None, predicted)
+        obs.mean_ttft,
+        obs.mean_queue,
+        obs.mean_prefill,
+        obs.requests,
+        obs.prompt_tokens,
+        cost,
+        now.to_json() if now else None,
+        predicted,
+    )
 
 
-def _add_event_evidence(entry: GroupAnalysis, static: GroupStatic, events: TargetEvents,
-                        missed: float | None, settings: Settings,
-                        ) -> Callable[[float], float] | None:
+def _add_event_evidence(
+    entry: GroupAnalysis,
+    static: GroupStatic,
+    events: TargetEvents,
+    missed: float | None,
+    settings: Settings,
+) -> Callable[[float], float] | None:
     """The curve and the exact figures join the entry; the advice is re-decided from the
     curve (the advisor's preferred evidence). Returns the curve's hit ratio at a size (bytes
     per engine), when there is a curve."""
@@ -185,21 +240,38 @@ def _add_event_evidence(entry: GroupAnalysis, static: GroupStatic, events: Targe
         # The histogram at the curve's sizes: computed here, exported as is by /metrics.
         total, finite = events.histogram_totals()
         entry.reuse_histogram = ReuseHistogram(
-            (*((p.cpu_bytes, events.hit_tokens(p.cpu_bytes, ev.bytes_per_block))
-               for p in curve.points), (math.inf, total)),
-            finite * ev.bytes_per_block)
+            (
+                *(
+                    (p.cpu_bytes, events.hit_tokens(p.cpu_bytes, ev.bytes_per_block))
+                    for p in curve.points
+                ),
+                (math.inf, total),
+            ),
+            finite * ev.bytes_per_block,
+        )
 
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
     rec = refine_with_curve(
-        entry.recommendation, figures, entry.offloading, curve.right_size_bytes,
-        curve.achievable_hit_ratio, lambda size: curve.at(size, events),
-        ev.current_cpu_bytes_per_engine, gpu / engines if gpu else None,
-        settings.memory_limit_bytes, settings.thresholds, engines)
+        entry.recommendation,
+        figures,
+        entry.offloading,
+        curve.right_size_bytes,
+        curve.achievable_hit_ratio,
+        lambda size: curve.at(size, events),
+        ev.current_cpu_bytes_per_engine,
+        gpu / engines if gpu else None,
+        settings.memory_limit_bytes,
+        settings.thresholds,
+        engines,
+    )
     t = settings.thresholds
     provisional = provisional_reasons(
-        events, gpu / engines / ev.bytes_per_block if gpu and ev.bytes_per_block else None,
-        t.min_gpu_turnovers, t.max_first_touch_gap_ratio)
+        events,
+        gpu / engines / ev.bytes_per_block if gpu and ev.bytes_per_block else None,
+        t.min_gpu_turnovers,
+        t.max_first_touch_gap_ratio,
+    )
     ev.json["provisional"] = bool(provisional)
     ev.json["provisional_reasons"] = provisional
     rec.warnings.extend(f"provisional: {reason}" for reason in provisional)
@@ -209,13 +281,18 @@ def _add_event_evidence(entry: GroupAnalysis, static: GroupStatic, events: Targe
             f"the curve comes from a sample of {tracked:,} blocks per engine (rate "
             f"{events.sample_rate_now():.3g}): on the simulator, samples of a few dozen blocks "
             "erred by up to 0.13 in hit ratio, a few thousand by 0.01; raise "
-            "--kv-events-sample-rate or --kv-events-sample-budget")
+            "--kv-events-sample-rate or --kv-events-sample-budget"
+        )
     entry.recommendation = rec
     size = rec.kv_offloading_size_gib
     current = ev.json.get("predicted_offload_hit_ratio_current")
     entry.predicted_offload_hit_ratio = (
-        curve.at(size * GIB, events) if size is not None
-        else float(current) if isinstance(current, float | int) else None)
+        curve.at(size * GIB, events)
+        if size is not None
+        else float(current)
+        if isinstance(current, float | int)
+        else None
+    )
     return lambda size: curve.at(size, events)
 
 
@@ -229,8 +306,12 @@ def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool
     return offloading and len(with_offload) == 1
 
 
-def _missed_tokens(window: Window, group: GroupKey, ctx: Context,
-                   baselines: dict[GroupKey, dict[str, float]] | None) -> float | None:
+def _missed_tokens(
+    window: Window,
+    group: GroupKey,
+    ctx: Context,
+    baselines: dict[GroupKey, dict[str, float]] | None,
+) -> float | None:
     """GPU-missed prompt tokens over the events' period, from the counters."""
     if baselines is None:
         inc = ctx.inc

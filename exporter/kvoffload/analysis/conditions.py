@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from kvoffload.mixin.promql import MixinConfig
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge, ">": operator.gt, "<": operator.lt, "<=": operator.le,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "<": operator.lt,
+    "<=": operator.le,
 }
 
 

@@ -47,9 +47,15 @@ def replica(group: GroupAnalysis) -> Replica | None:
         return None
     capacity = group.figures.get("cpu_capacity_bytes")
     engines = max(len(group.engines), 1)
-    return Replica(group.key, group.offloading, verdict.mean_ttft_seconds, verdict.requests,
-                   verdict.requests / window, verdict.prompt_tokens_per_request,
-                   capacity / engines if capacity else None)
+    return Replica(
+        group.key,
+        group.offloading,
+        verdict.mean_ttft_seconds,
+        verdict.requests,
+        verdict.requests / window,
+        verdict.prompt_tokens_per_request,
+        capacity / engines if capacity else None,
+    )
 
 
 def _pool_mean(pool: list[Replica]) -> tuple[float, float]:
@@ -63,9 +69,12 @@ def _pool_mean(pool: list[Replica]) -> tuple[float, float]:
 
 
 def _comparable(one: Replica, pool: list[Replica]) -> list[Replica]:
-    return [r for r in pool
-            if abs(r.prompt_tokens - one.prompt_tokens) <= _PROMPT_SPREAD * one.prompt_tokens
-            and 1 / _RATE_SPREAD <= r.rate / one.rate <= _RATE_SPREAD]
+    return [
+        r
+        for r in pool
+        if abs(r.prompt_tokens - one.prompt_tokens) <= _PROMPT_SPREAD * one.prompt_tokens
+        and 1 / _RATE_SPREAD <= r.rate / one.rate <= _RATE_SPREAD
+    ]
 
 
 def fleet_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
@@ -74,8 +83,9 @@ def fleet_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
     replicas = [r for r in (replica(g) for g in groups) if r is not None]
     out: dict[tuple[str, str], Effect] = {}
     for one in replicas:
-        others = _comparable(one, [r for r in replicas if r.key[1] == one.key[1]
-                                   and r.offloading != one.offloading])
+        others = _comparable(
+            one, [r for r in replicas if r.key[1] == one.key[1] and r.offloading != one.offloading]
+        )
         if not others:
             continue
         other, spread = _pool_mean(others)

@@ -81,12 +81,20 @@ def sidecar(cfg: MixinConfig, name: str, *matchers: str) -> str:
 
 def sidecar_as_vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
     """A sidecar gauge relabelled to join vLLM rules: its `target` names the vLLM instance."""
-    return (f'label_replace({sidecar(cfg, name, *matchers)}, "instance", "$1", '
-            f'"{cfg.sidecar_target_label}", "(.+)")')
+    return (
+        f'label_replace({sidecar(cfg, name, *matchers)}, "instance", "$1", '
+        f'"{cfg.sidecar_target_label}", "(.+)")'
+    )
 
 
-def sum_fn(cfg: MixinConfig, fn: str, name: str, window: str, *matchers: str,
-           extra_by: tuple[str, ...] = ()) -> str:
+def sum_fn(
+    cfg: MixinConfig,
+    fn: str,
+    name: str,
+    window: str,
+    *matchers: str,
+    extra_by: tuple[str, ...] = (),
+) -> str:
     by = ", ".join((*cfg.target_labels, "model_name", *extra_by))
     return f"sum by ({by}) ({fn}({vllm(cfg, name, *matchers)}[{window}]))"
 
@@ -128,8 +136,13 @@ def counter_series(keys: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
     return [_core_selector(keys)]
 
 
-def counter_sum(cfg: MixinConfig, fn: str, keys: tuple[str, ...], window: str | None,
-                extra_by: tuple[str, ...] = ()) -> str:
+def counter_sum(
+    cfg: MixinConfig,
+    fn: str,
+    keys: tuple[str, ...],
+    window: str | None,
+    extra_by: tuple[str, ...] = (),
+) -> str:
     """`sum by (...) (fn(series[window]))` of catalog counter keys, alternatives joined with
     `or` (window None: the raw counters, totals since start)."""
     by = ", ".join((*cfg.target_labels, "model_name", *extra_by))
@@ -258,11 +271,15 @@ class Ratio(Expr):
     def promql(self, cfg: MixinConfig, w: str) -> str:
         den = _operand(self.den, cfg, w)
         if isinstance(self.num, Sidecar):
-            return (f"{self.num.promql(cfg, w)}\n/ on (instance, model_name) group_right ()\n"
-                    f"{paren(den + chr(10) + '> 0')}")
+            return (
+                f"{self.num.promql(cfg, w)}\n/ on (instance, model_name) group_right ()\n"
+                f"{paren(den + chr(10) + '> 0')}"
+            )
         if isinstance(self.den, Sidecar):
-            return (f"{_operand(self.num, cfg, w)}\n/ on (instance, model_name) group_left ()\n"
-                    f"{paren(den + ' > 0')}")
+            return (
+                f"{_operand(self.num, cfg, w)}\n/ on (instance, model_name) group_left ()\n"
+                f"{paren(den + ' > 0')}"
+            )
         return div(_operand(self.num, cfg, w), den)
 
 

@@ -33,8 +33,9 @@ _YY = _XY + len(_X) * len(_Y)
 FIT_SIZE = _YY + len(_Y) + 1
 
 
-def add_interval(fit: tuple[float, ...], before: dict[str, float], after: dict[str, float]
-                 ) -> tuple[float, ...]:
+def add_interval(
+    fit: tuple[float, ...], before: dict[str, float], after: dict[str, float]
+) -> tuple[float, ...]:
     """The running sums with one more interval (between two scrapes' adjusted totals).
     Intervals with no finished request carry no information and are skipped."""
     x = [max(after.get(k, 0.0) - before.get(k, 0.0), 0.0) for k in _X]
@@ -70,12 +71,17 @@ class Coefficient:
         return value**3 / (value * value + z * z * se2) if value > 0 else 0.0
 
     def bounds(self, z: float = 2.0) -> tuple[float, float]:
-        return (max(self.value - z * self.standard_error, 0.0),
-                max(self.value + z * self.standard_error, 0.0))
+        return (
+            max(self.value - z * self.standard_error, 0.0),
+            max(self.value + z * self.standard_error, 0.0),
+        )
 
     def to_json(self) -> dict[str, float | int]:
-        return {"value": self.value, "standard_error": self.standard_error,
-                "intervals": self.intervals}
+        return {
+            "value": self.value,
+            "standard_error": self.standard_error,
+            "intervals": self.intervals,
+        }
 
 
 # Fewer intervals than this cannot separate a per-request from a per-token cost.
@@ -85,8 +91,7 @@ MIN_INTERVALS = 5
 def _solve(a: list[list[float]], b: list[float]) -> tuple[list[float], list[list[float]]] | None:
     """x = A⁻¹b and A⁻¹ by Gauss-Jordan with partial pivoting; None when A is singular."""
     size = len(a)
-    m = [row[:] + [1.0 if i == j else 0.0 for j in range(size)] + [b[i]]
-         for i, row in enumerate(a)]
+    m = [row[:] + [1.0 if i == j else 0.0 for j in range(size)] + [b[i]] for i, row in enumerate(a)]
     scale = max(abs(a[i][i]) for i in range(size)) or 1.0
     for col in range(size):
         pivot = max(range(col, size), key=lambda r: abs(m[r][col]))
@@ -99,11 +104,12 @@ def _solve(a: list[list[float]], b: list[float]) -> tuple[list[float], list[list
             if r != col and m[r][col]:
                 f = m[r][col]
                 m[r] = [v - f * w for v, w in zip(m[r], m[col], strict=True)]
-    return [m[i][-1] for i in range(size)], [m[i][size:2 * size] for i in range(size)]
+    return [m[i][-1] for i in range(size)], [m[i][size : 2 * size] for i in range(size)]
 
 
-def _fit(fit: tuple[float, ...], response: int, columns: tuple[int, ...], wanted: int
-         ) -> Coefficient | None:
+def _fit(
+    fit: tuple[float, ...], response: int, columns: tuple[int, ...], wanted: int
+) -> Coefficient | None:
     """The least-squares coefficient of column `wanted` for one response over `columns`
     (dropping the loads column when the window has none, or when it cannot be separated)."""
     rows = int(fit[-1])
@@ -124,9 +130,15 @@ def _fit(fit: tuple[float, ...], response: int, columns: tuple[int, ...], wanted
             continue
         coef, inverse = solved
         # Residual sum of squares from the sums: yᵀy − 2bᵀXᵀy + bᵀXᵀXb.
-        rss = yy - 2 * sum(c * xy[i] for c, i in zip(coef, cols, strict=True)) + sum(
-            coef[p] * coef[q] * xx[(cols[p], cols[q])]
-            for p in range(len(cols)) for q in range(len(cols)))
+        rss = (
+            yy
+            - 2 * sum(c * xy[i] for c, i in zip(coef, cols, strict=True))
+            + sum(
+                coef[p] * coef[q] * xx[(cols[p], cols[q])]
+                for p in range(len(cols))
+                for q in range(len(cols))
+            )
+        )
         sigma2 = max(rss, 0.0) / (rows - len(cols))
         k = cols.index(wanted)
         return Coefficient(coef[k], math.sqrt(sigma2 * max(inverse[k][k], 0.0)), rows)

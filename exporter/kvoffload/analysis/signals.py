@@ -94,8 +94,9 @@ def _sum_of_all(values: list[float | None]) -> float | None:
 
 
 def cpu_capacity_bytes(c: Context) -> float | None:
-    sizes = _sum_of_all([label_number(lb, "cpu_kv_cache_size_bytes")
-                         for lb in c.static.offload_config])
+    sizes = _sum_of_all(
+        [label_number(lb, "cpu_kv_cache_size_bytes") for lb in c.static.offload_config]
+    )
     if sizes is not None:
         return sizes
     # Older releases: --kv-offloading-size (GiB, total over TP ranks) on each engine's series.
@@ -104,15 +105,22 @@ def cpu_capacity_bytes(c: Context) -> float | None:
 
 
 def cpu_capacity_tokens(c: Context) -> float | None:
-    tokens = _sum_of_all([label_number(lb, "cpu_kv_cache_size_tokens")
-                          for lb in c.static.offload_config])
+    tokens = _sum_of_all(
+        [label_number(lb, "cpu_kv_cache_size_tokens") for lb in c.static.offload_config]
+    )
     if tokens is not None:
         return tokens
     block_size = _block_size(c.static)
-    blocks = _sum_of_all([
-        (n * (label_number(lb, "cpu_blocks_per_chunk") or 1.0)
-         if (n := label_number(lb, "cpu_num_chunks")) is not None else None)
-        for lb in c.static.offload_config])
+    blocks = _sum_of_all(
+        [
+            (
+                n * (label_number(lb, "cpu_blocks_per_chunk") or 1.0)
+                if (n := label_number(lb, "cpu_num_chunks")) is not None
+                else None
+            )
+            for lb in c.static.offload_config
+        ]
+    )
     if blocks is not None and block_size:
         return blocks * block_size
     size = cpu_capacity_bytes(c)
@@ -123,8 +131,9 @@ def cpu_capacity_tokens(c: Context) -> float | None:
 
 
 def gpu_capacity_tokens(c: Context) -> float | None:
-    per_engine = _sum_of_all([label_number(lb, "kv_cache_size_tokens")
-                              for lb in c.static.cache_config])
+    per_engine = _sum_of_all(
+        [label_number(lb, "kv_cache_size_tokens") for lb in c.static.cache_config]
+    )
     if per_engine is not None:
         return per_engine
     # num_gpu_blocks is already the DP total on every engine's series: take it once.
@@ -145,14 +154,19 @@ def gpu_capacity_bytes(c: Context) -> float | None:
 # -- the formulas -------------------------------------------------------------------------------
 _LABELS_WHY = "PromQL cannot turn a label value into a number"
 _CPU_CAPACITY_BYTES = PythonOnly(
-    cpu_capacity_bytes, f"kv_offload_config_info / kv_offloading_size label values: {_LABELS_WHY}")
+    cpu_capacity_bytes, f"kv_offload_config_info / kv_offloading_size label values: {_LABELS_WHY}"
+)
 _CPU_CAPACITY_TOKENS = PythonOnly(
-    cpu_capacity_tokens, f"kv_offload_config_info / cache_config_info label values: {_LABELS_WHY}")
+    cpu_capacity_tokens, f"kv_offload_config_info / cache_config_info label values: {_LABELS_WHY}"
+)
 _GPU_CAPACITY_TOKENS = PythonOnly(
-    gpu_capacity_tokens, f"cache_config_info label values (kv_cache_size_tokens, num_gpu_blocks "
-    f"× block_size): {_LABELS_WHY}")
+    gpu_capacity_tokens,
+    f"cache_config_info label values (kv_cache_size_tokens, num_gpu_blocks "
+    f"× block_size): {_LABELS_WHY}",
+)
 _GPU_CAPACITY_BYTES = PythonOnly(
-    gpu_capacity_bytes, f"capacity tokens (label values) × KV bytes per token: {_LABELS_WHY}")
+    gpu_capacity_bytes, f"capacity tokens (label values) × KV bytes per token: {_LABELS_WHY}"
+)
 
 # Tokens served by the offload tier: tier-attributed in 0.33, any connector's before.
 LOADED_TOKENS = FirstOf(Rate("cached_host", "cached_disk"), Rate("src_external"))
@@ -162,8 +176,10 @@ LOADED = OrZero(Rate("load_bytes"), like=STORED)  # vLLM <= 0.23 creates loads o
 LOAD_TOKENS_PER_SECOND = TimesWorldSize(Ratio(Positive(LOADED_TOKENS), Rate("load_time")))
 RECOMPUTE_TOKENS_PER_SECOND = Ratio(Rate("src_local_compute"), Rate("prefill_time_sum"))
 KV_BYTES_PER_TOKEN = FirstOf(
-    PythonOnly(lambda c: static_bytes_per_token(c.static),
-               f"kv_offload_config_info and cache_config_info label values: {_LABELS_WHY}"),
+    PythonOnly(
+        lambda c: static_bytes_per_token(c.static),
+        f"kv_offload_config_info and cache_config_info label values: {_LABELS_WHY}",
+    ),
     # Bytes loaded per token loaded since the engines started: a window opening mid-run
     # splits a load's bytes and its tokens across its edge (−1.1% seen live).
     Ratio(Total("load_bytes"), LOADED_TOKENS_SINCE_START),
@@ -209,107 +225,255 @@ def _share(key: str) -> Ratio:
 
 
 FIGURES: tuple[Figure, ...] = (
-    Figure("offload_hit_ratio", "kvoffload_offload_hit_ratio", "ratio",
-           "Share of GPU-missed prompt tokens served from the CPU offload tier over the window.",
-           # The external prefix-cache counters exist (at 0) without offloading: gate on it.
-           WhenOffloading(Ratio(FirstOf(Rate("cached_host", "cached_disk"), Rate("ext_hits")),
-                                Rate("ext_queries")), gate=True)),
-    Figure("gpu_prefix_hit_ratio", "kvoffload_gpu_prefix_hit_ratio", "ratio",
-           "Share of queried prompt tokens found in the GPU prefix cache over the window.",
-           Ratio(Rate("prefix_hits"), Rate("prefix_queries"))),
-    Figure("prompt_share_local_compute", "kvoffload_prompt_tokens_source_ratio", "ratio",
-           "Share of prompt tokens by where they came from over the window.",
-           _share("src_local_compute"), labels=(("source", "local_compute"),)),
-    Figure("prompt_share_local_cache_hit", "kvoffload_prompt_tokens_source_ratio", "ratio",
-           "Share of prompt tokens by where they came from over the window.",
-           _share("src_local_cache_hit"), labels=(("source", "local_cache_hit"),)),
-    Figure("prompt_share_external", "kvoffload_prompt_tokens_source_ratio", "ratio",
-           "Share of prompt tokens by where they came from over the window.",
-           _share("src_external"), labels=(("source", "external_kv_transfer"),)),
-    Figure("load_gbps", "kvoffload_load_bandwidth_bytes_per_second", "GB/s",
-           "CPU-to-GPU copy bandwidth per worker while loading (bytes / copy time).",
-           WhenOffloading(Ratio(Rate("load_bytes"), Rate("load_time"))), export_scale=1e9),
-    Figure("store_gbps", "kvoffload_store_bandwidth_bytes_per_second", "GB/s",
-           "GPU-to-CPU copy bandwidth per worker while storing (bytes / copy time).",
-           WhenOffloading(Ratio(STORED, Rate("store_time"))), export_scale=1e9),
-    Figure("reuse_ratio", "kvoffload_reuse_ratio", "ratio",
-           "Bytes loaded back from the CPU tier per byte stored into it over the window.",
-           WhenOffloading(Ratio(LOADED, STORED))),
-    Figure("wasted_bytes", "kvoffload_wasted_offload_bytes", "bytes",
-           "Bytes stored minus bytes loaded over the window, floored at 0: a lower bound on "
-           "offloaded KV never read back (exact when each reloaded block is read once).",
-           WhenOffloading(ClampMin(Minus(Increase("store_bytes"),
-                                         OrZero(Increase("load_bytes"),
-                                                like=Increase("store_bytes")))))),
-    Figure("loaded_bytes", "kvoffload_loaded_bytes", "bytes",
-           "Bytes copied from the CPU tier to the GPU over the window.",
-           WhenOffloading(OrZero(Increase("load_bytes"), like=Increase("store_bytes")))),
-    Figure("stored_bytes", "kvoffload_stored_bytes", "bytes",
-           "Bytes copied from the GPU to the CPU tier over the window.",
-           WhenOffloading(Increase("store_bytes"))),
-    Figure("store_rate_bytes_per_second", "kvoffload_store_rate_bytes_per_second", "B/s",
-           "Wall-clock rate of bytes stored into the CPU tier.",
-           WhenOffloading(PerSecond(STORED))),
-    Figure("kv_bytes_per_token", "kvoffload_kv_token_size_bytes", "bytes",
-           "KV cache bytes per token over all workers (config info, else loaded bytes / tokens "
-           "since start).", KV_BYTES_PER_TOKEN),
-    Figure("recompute_tokens_per_second", "kvoffload_recompute_tokens_per_second", "tokens/s",
-           "Prefill compute throughput: locally computed prompt tokens / prefill time.",
-           RECOMPUTE_TOKENS_PER_SECOND),
-    Figure("load_tokens_per_second", "kvoffload_load_tokens_per_second", "tokens/s",
-           "Tokens restored from the CPU tier per second of copy time (per instance).",
-           LOAD_TOKENS_PER_SECOND),
-    Figure("speedup", "kvoffload_load_speedup_ratio", "x",
-           "Load tokens/s over recompute tokens/s: a throughput ratio, not the TTFT gain.",
-           Ratio(LOAD_TOKENS_PER_SECOND, RECOMPUTE_TOKENS_PER_SECOND)),
-    Figure("cpu_capacity_tokens", "kvoffload_cpu_capacity_tokens", "tokens",
-           "Tokens the CPU offload tier holds, summed over engines.", _CPU_CAPACITY_TOKENS),
-    Figure("gpu_capacity_tokens", "kvoffload_gpu_capacity_tokens", "tokens",
-           "Tokens the GPU KV cache holds, summed over engines.", _GPU_CAPACITY_TOKENS),
-    Figure("cpu_capacity_bytes", "kvoffload_cpu_capacity_bytes", "bytes",
-           "Size of the CPU offload tier (pinned host memory), summed over engines.",
-           _CPU_CAPACITY_BYTES),
-    Figure("gpu_capacity_bytes", "kvoffload_gpu_capacity_bytes", "bytes",
-           "Size of the GPU KV cache in bytes (capacity tokens × KV bytes per token).",
-           _GPU_CAPACITY_BYTES),
-    Figure("cpu_fill_seconds", "kvoffload_cpu_fill_seconds", "s",
-           "Time to fill the CPU tier at the current store rate (capacity / store rate).",
-           Ratio(Sidecar("kvoffload_cpu_capacity_bytes", cpu_capacity_bytes),
-                 WhenOffloading(PerSecond(STORED)))),
-    Figure("gpu_turnover_seconds", "kvoffload_gpu_turnover_seconds", "s",
-           "GPU KV capacity ÷ rate of prompt tokens written into it: how long an idle prefix "
-           "survives on the GPU.",
-           # Every prompt token the GPU prefix cache missed is computed or loaded into it.
-           Ratio(Sidecar("kvoffload_gpu_capacity_tokens", gpu_capacity_tokens),
-                 PerSecond(Rate("src_local_compute", "src_external")))),
-    Figure("stored_bytes_since_start", "kvoffload_stored_since_start_bytes", "bytes",
-           "Bytes stored into the CPU tier since the engines started (raw counter).",
-           WhenOffloading(Total("store_bytes"))),
-    Figure("cpu_fill_ratio_since_start", "kvoffload_cpu_fill_since_start_ratio", "ratio",
-           "Bytes stored since start ÷ CPU tier size: under 1 the tier has never been full.",
-           Ratio(WhenOffloading(Total("store_bytes")),
-                 Sidecar("kvoffload_cpu_capacity_bytes", cpu_capacity_bytes))),
-    Figure("mean_ttft_seconds", "kvoffload_mean_ttft_seconds", "s",
-           "Mean time to first token over the window.",
-           Ratio(Rate("ttft_sum"), Rate("ttft_count"))),
-    Figure("mean_queue_seconds", "kvoffload_mean_queue_seconds", "s",
-           "Mean queue time (includes asynchronous offload loads) over the window.",
-           Ratio(Rate("queue_time_sum"), Rate("queue_time_count"))),
-    Figure("gpu_kv_usage_ratio", "kvoffload_gpu_kv_usage_ratio", "ratio",
-           "Mean share of GPU KV blocks held by running requests over the window.",
-           GaugeMean("gpu_kv_usage")),
-    Figure("waiting_for_capacity", "kvoffload_requests_waiting_for_capacity", "requests",
-           "Mean number of requests waiting for KV capacity over the window.",
-           GaugeMean("waiting_capacity")),
-    Figure("preemptions_per_second", "kvoffload_preemptions_per_second", "1/s",
-           "Rate of request preemptions over the window.", PerSecond(Rate("preemptions"))),
-    Figure("allocation_failures_per_second", "kvoffload_allocation_failures_per_second", "1/s",
-           "Rate of CPU-tier store attempts that found no free slot over the window.",
-           # The family is lazy (first failure): 0, not absent, wherever stores exist.
-           WhenOffloading(OrZeroPerSecond(OrZero(Rate("allocation_failures"), like=STORED)))),
-    Figure("prompt_tokens_per_second", "kvoffload_prompt_tokens_per_second", "tokens/s",
-           "Prompt tokens per second of wall clock over the window.",
-           PerSecond(Rate("prompt_tokens"))),
+    Figure(
+        "offload_hit_ratio",
+        "kvoffload_offload_hit_ratio",
+        "ratio",
+        "Share of GPU-missed prompt tokens served from the CPU offload tier over the window.",
+        # The external prefix-cache counters exist (at 0) without offloading: gate on it.
+        WhenOffloading(
+            Ratio(
+                FirstOf(Rate("cached_host", "cached_disk"), Rate("ext_hits")), Rate("ext_queries")
+            ),
+            gate=True,
+        ),
+    ),
+    Figure(
+        "gpu_prefix_hit_ratio",
+        "kvoffload_gpu_prefix_hit_ratio",
+        "ratio",
+        "Share of queried prompt tokens found in the GPU prefix cache over the window.",
+        Ratio(Rate("prefix_hits"), Rate("prefix_queries")),
+    ),
+    Figure(
+        "prompt_share_local_compute",
+        "kvoffload_prompt_tokens_source_ratio",
+        "ratio",
+        "Share of prompt tokens by where they came from over the window.",
+        _share("src_local_compute"),
+        labels=(("source", "local_compute"),),
+    ),
+    Figure(
+        "prompt_share_local_cache_hit",
+        "kvoffload_prompt_tokens_source_ratio",
+        "ratio",
+        "Share of prompt tokens by where they came from over the window.",
+        _share("src_local_cache_hit"),
+        labels=(("source", "local_cache_hit"),),
+    ),
+    Figure(
+        "prompt_share_external",
+        "kvoffload_prompt_tokens_source_ratio",
+        "ratio",
+        "Share of prompt tokens by where they came from over the window.",
+        _share("src_external"),
+        labels=(("source", "external_kv_transfer"),),
+    ),
+    Figure(
+        "load_gbps",
+        "kvoffload_load_bandwidth_bytes_per_second",
+        "GB/s",
+        "CPU-to-GPU copy bandwidth per worker while loading (bytes / copy time).",
+        WhenOffloading(Ratio(Rate("load_bytes"), Rate("load_time"))),
+        export_scale=1e9,
+    ),
+    Figure(
+        "store_gbps",
+        "kvoffload_store_bandwidth_bytes_per_second",
+        "GB/s",
+        "GPU-to-CPU copy bandwidth per worker while storing (bytes / copy time).",
+        WhenOffloading(Ratio(STORED, Rate("store_time"))),
+        export_scale=1e9,
+    ),
+    Figure(
+        "reuse_ratio",
+        "kvoffload_reuse_ratio",
+        "ratio",
+        "Bytes loaded back from the CPU tier per byte stored into it over the window.",
+        WhenOffloading(Ratio(LOADED, STORED)),
+    ),
+    Figure(
+        "wasted_bytes",
+        "kvoffload_wasted_offload_bytes",
+        "bytes",
+        "Bytes stored minus bytes loaded over the window, floored at 0: a lower bound on "
+        "offloaded KV never read back (exact when each reloaded block is read once).",
+        WhenOffloading(
+            ClampMin(
+                Minus(
+                    Increase("store_bytes"),
+                    OrZero(Increase("load_bytes"), like=Increase("store_bytes")),
+                )
+            )
+        ),
+    ),
+    Figure(
+        "loaded_bytes",
+        "kvoffload_loaded_bytes",
+        "bytes",
+        "Bytes copied from the CPU tier to the GPU over the window.",
+        WhenOffloading(OrZero(Increase("load_bytes"), like=Increase("store_bytes"))),
+    ),
+    Figure(
+        "stored_bytes",
+        "kvoffload_stored_bytes",
+        "bytes",
+        "Bytes copied from the GPU to the CPU tier over the window.",
+        WhenOffloading(Increase("store_bytes")),
+    ),
+    Figure(
+        "store_rate_bytes_per_second",
+        "kvoffload_store_rate_bytes_per_second",
+        "B/s",
+        "Wall-clock rate of bytes stored into the CPU tier.",
+        WhenOffloading(PerSecond(STORED)),
+    ),
+    Figure(
+        "kv_bytes_per_token",
+        "kvoffload_kv_token_size_bytes",
+        "bytes",
+        "KV cache bytes per token over all workers (config info, else loaded bytes / tokens "
+        "since start).",
+        KV_BYTES_PER_TOKEN,
+    ),
+    Figure(
+        "recompute_tokens_per_second",
+        "kvoffload_recompute_tokens_per_second",
+        "tokens/s",
+        "Prefill compute throughput: locally computed prompt tokens / prefill time.",
+        RECOMPUTE_TOKENS_PER_SECOND,
+    ),
+    Figure(
+        "load_tokens_per_second",
+        "kvoffload_load_tokens_per_second",
+        "tokens/s",
+        "Tokens restored from the CPU tier per second of copy time (per instance).",
+        LOAD_TOKENS_PER_SECOND,
+    ),
+    Figure(
+        "speedup",
+        "kvoffload_load_speedup_ratio",
+        "x",
+        "Load tokens/s over recompute tokens/s: a throughput ratio, not the TTFT gain.",
+        Ratio(LOAD_TOKENS_PER_SECOND, RECOMPUTE_TOKENS_PER_SECOND),
+    ),
+    Figure(
+        "cpu_capacity_tokens",
+        "kvoffload_cpu_capacity_tokens",
+        "tokens",
+        "Tokens the CPU offload tier holds, summed over engines.",
+        _CPU_CAPACITY_TOKENS,
+    ),
+    Figure(
+        "gpu_capacity_tokens",
+        "kvoffload_gpu_capacity_tokens",
+        "tokens",
+        "Tokens the GPU KV cache holds, summed over engines.",
+        _GPU_CAPACITY_TOKENS,
+    ),
+    Figure(
+        "cpu_capacity_bytes",
+        "kvoffload_cpu_capacity_bytes",
+        "bytes",
+        "Size of the CPU offload tier (pinned host memory), summed over engines.",
+        _CPU_CAPACITY_BYTES,
+    ),
+    Figure(
+        "gpu_capacity_bytes",
+        "kvoffload_gpu_capacity_bytes",
+        "bytes",
+        "Size of the GPU KV cache in bytes (capacity tokens × KV bytes per token).",
+        _GPU_CAPACITY_BYTES,
+    ),
+    Figure(
+        "cpu_fill_seconds",
+        "kvoffload_cpu_fill_seconds",
+        "s",
+        "Time to fill the CPU tier at the current store rate (capacity / store rate).",
+        Ratio(
+            Sidecar("kvoffload_cpu_capacity_bytes", cpu_capacity_bytes),
+            WhenOffloading(PerSecond(STORED)),
+        ),
+    ),
+    Figure(
+        "gpu_turnover_seconds",
+        "kvoffload_gpu_turnover_seconds",
+        "s",
+        "GPU KV capacity ÷ rate of prompt tokens written into it: how long an idle prefix "
+        "survives on the GPU.",
+        # Every prompt token the GPU prefix cache missed is computed or loaded into it.
+        Ratio(
+            Sidecar("kvoffload_gpu_capacity_tokens", gpu_capacity_tokens),
+            PerSecond(Rate("src_local_compute", "src_external")),
+        ),
+    ),
+    Figure(
+        "stored_bytes_since_start",
+        "kvoffload_stored_since_start_bytes",
+        "bytes",
+        "Bytes stored into the CPU tier since the engines started (raw counter).",
+        WhenOffloading(Total("store_bytes")),
+    ),
+    Figure(
+        "cpu_fill_ratio_since_start",
+        "kvoffload_cpu_fill_since_start_ratio",
+        "ratio",
+        "Bytes stored since start ÷ CPU tier size: under 1 the tier has never been full.",
+        Ratio(
+            WhenOffloading(Total("store_bytes")),
+            Sidecar("kvoffload_cpu_capacity_bytes", cpu_capacity_bytes),
+        ),
+    ),
+    Figure(
+        "mean_ttft_seconds",
+        "kvoffload_mean_ttft_seconds",
+        "s",
+        "Mean time to first token over the window.",
+        Ratio(Rate("ttft_sum"), Rate("ttft_count")),
+    ),
+    Figure(
+        "mean_queue_seconds",
+        "kvoffload_mean_queue_seconds",
+        "s",
+        "Mean queue time (includes asynchronous offload loads) over the window.",
+        Ratio(Rate("queue_time_sum"), Rate("queue_time_count")),
+    ),
+    Figure(
+        "gpu_kv_usage_ratio",
+        "kvoffload_gpu_kv_usage_ratio",
+        "ratio",
+        "Mean share of GPU KV blocks held by running requests over the window.",
+        GaugeMean("gpu_kv_usage"),
+    ),
+    Figure(
+        "waiting_for_capacity",
+        "kvoffload_requests_waiting_for_capacity",
+        "requests",
+        "Mean number of requests waiting for KV capacity over the window.",
+        GaugeMean("waiting_capacity"),
+    ),
+    Figure(
+        "preemptions_per_second",
+        "kvoffload_preemptions_per_second",
+        "1/s",
+        "Rate of request preemptions over the window.",
+        PerSecond(Rate("preemptions")),
+    ),
+    Figure(
+        "allocation_failures_per_second",
+        "kvoffload_allocation_failures_per_second",
+        "1/s",
+        "Rate of CPU-tier store attempts that found no free slot over the window.",
+        # The family is lazy (first failure): 0, not absent, wherever stores exist.
+        WhenOffloading(OrZeroPerSecond(OrZero(Rate("allocation_failures"), like=STORED))),
+    ),
+    Figure(
+        "prompt_tokens_per_second",
+        "kvoffload_prompt_tokens_per_second",
+        "tokens/s",
+        "Prompt tokens per second of wall clock over the window.",
+        PerSecond(Rate("prompt_tokens")),
+    ),
 )
 FIGURES_BY_KEY = {f.key: f for f in FIGURES}
 

@@ -97,8 +97,11 @@ class Effect:
     parts: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
-        return {"seconds": self.seconds, "range_seconds": [self.low, self.high],
-                "parts": self.parts}
+        return {
+            "seconds": self.seconds,
+            "range_seconds": [self.low, self.high],
+            "parts": self.parts,
+        }
 
 
 def _beta(obs: Observed, fallback_rate: float | None) -> tuple[float, float, float] | None:
@@ -106,16 +109,14 @@ def _beta(obs: Observed, fallback_rate: float | None) -> tuple[float, float, flo
     request's own recompute at the window's token rate, with a range of half to twice it."""
     if obs.cost is not None:
         low, high = obs.cost.bounds()
-        return (obs.cost.shrunk() * _GLOBAL_FACTOR, low * _GLOBAL_RANGE[0],
-                high * _GLOBAL_RANGE[1])
+        return (obs.cost.shrunk() * _GLOBAL_FACTOR, low * _GLOBAL_RANGE[0], high * _GLOBAL_RANGE[1])
     if fallback_rate:
         per_token = 1.0 / fallback_rate
         return per_token, 0.5 * per_token, 2 * per_token
     return None
 
 
-def _store_seconds(obs: Observed, stored_bytes: float | None, rate: float,
-                   beta: float) -> float:
+def _store_seconds(obs: Observed, stored_bytes: float | None, rate: float, beta: float) -> float:
     """The offload path copies every computed block out; that work sits on the critical path
     of an engine bound by per-step overhead (eager, small models: on real vLLM the prefill got
     8–12 ms slower with a tier while recomputing less) and hides behind compute on one bound
@@ -129,8 +130,15 @@ def _store_seconds(obs: Observed, stored_bytes: float | None, rate: float,
     return stored_bytes / rate * min(max(1.0 - explained, 0.0), 1.0)
 
 
-def _effect(reloads: float, wait: float, wait_spread: float, store: float, x: float,
-            beta: tuple[float, float, float], loads: float) -> Effect:
+def _effect(
+    reloads: float,
+    wait: float,
+    wait_spread: float,
+    store: float,
+    x: float,
+    beta: tuple[float, float, float],
+    loads: float,
+) -> Effect:
     """effect = reloads · wait + store − x · β, and its range (module docstring)."""
     point, b_low, b_high = beta
     waited = reloads * wait
@@ -138,14 +146,17 @@ def _effect(reloads: float, wait: float, wait_spread: float, store: float, x: fl
         waited + store - x * point,
         waited * (1 - wait_spread) + store * (1 - _STORE_SPREAD) - x * b_high,
         waited * (1 + wait_spread) + store * (1 + _STORE_SPREAD) - x * b_low,
-        {"reload_wait_seconds": waited, "store_seconds": store,
-         "recompute_saved_seconds": x * point, "reloads_per_request": loads,
-         "reloaded_tokens_per_request": x},
+        {
+            "reload_wait_seconds": waited,
+            "store_seconds": store,
+            "recompute_saved_seconds": x * point,
+            "reloads_per_request": loads,
+            "reloaded_tokens_per_request": x,
+        },
     )
 
 
-def effect_now(obs: Observed, store_rate: float, recompute_rate: float | None
-               ) -> Effect | None:
+def effect_now(obs: Observed, store_rate: float, recompute_rate: float | None) -> Effect | None:
     """The tier's effect on this server now, from its own measurements (offloading on)."""
     beta = _beta(obs, recompute_rate)
     if beta is None:
@@ -156,8 +167,9 @@ def effect_now(obs: Observed, store_rate: float, recompute_rate: float | None
     return _effect(1.0, obs.mean_queue, 0.0, store, obs.loaded_tokens, beta, obs.loads)
 
 
-def predict(obs: Observed, reloaded_tokens: float, store_rate: float,
-            recompute_rate: float | None) -> Effect | None:
+def predict(
+    obs: Observed, reloaded_tokens: float, store_rate: float, recompute_rate: float | None
+) -> Effect | None:
     """The effect per request of a tier that reloads `reloaded_tokens` per request, against no
     tier at all. With offloading on, the wait per reload and tokens per reload are this
     server's; with it off, a reload waits about one prefill step and brings a whole prompt."""
@@ -167,7 +179,8 @@ def predict(obs: Observed, reloaded_tokens: float, store_rate: float,
     x = max(reloaded_tokens, 0.0)
     computed = max(obs.missed_tokens - x, 0.0)
     store = _store_seconds(
-        obs, computed * obs.bytes_per_token if obs.bytes_per_token else None, store_rate, beta[0])
+        obs, computed * obs.bytes_per_token if obs.bytes_per_token else None, store_rate, beta[0]
+    )
     if obs.loads > 0 and obs.loaded_tokens > 0:
         # A tier that barely hits now reloads scraps; a bigger one brings whole prefixes.
         per_reload = max(obs.loaded_tokens / obs.loads, obs.missed_tokens)

@@ -114,8 +114,11 @@ class Window:
             else:
                 restarted = (
                     raw < state.raw
-                    or (created is not None and state.created is not None
-                        and created != state.created)
+                    or (
+                        created is not None
+                        and state.created is not None
+                        and created != state.created
+                    )
                     or state.seen_at != scrape_no - 1
                 )
                 state.adjusted += raw if restarted else raw - state.raw
@@ -166,8 +169,10 @@ class Window:
             # The engines of the latest scrape: after a DP shrink, sizes divide by the new count.
             static.engines = {e for (_k, i, m, e) in ex.counters if i == instance and m == model}
 
-            gauges = {k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
-                      for k, v in gauge_now.get(g, {}).items()}
+            gauges = {
+                k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
+                for k, v in gauge_now.get(g, {}).items()
+            }
             sums, counts = self._gauge_running.get(g, ({}, {}))
             sums, counts = dict(sums), dict(counts)
             for k in GAUGE_KEYS:
@@ -177,8 +182,11 @@ class Window:
             self._gauge_running[g] = (sums, counts)
             points = self._points.get(g)
             previous = points[-1] if points else None
-            fit = (add_interval(previous.fit, previous.counters, totals) if previous
-                   else (0.0,) * FIT_SIZE)
+            fit = (
+                add_interval(previous.fit, previous.counters, totals)
+                if previous
+                else (0.0,) * FIT_SIZE
+            )
             point = Point(ex.timestamp, dict(totals), sums, counts, fit)
             if points is None:
                 points = deque()
@@ -237,4 +245,3 @@ class Window:
                 gauge_avg[k] = (v - first.gauge_sums.get(k, 0.0)) / n
         fit = tuple(a - b for a, b in zip(last.fit, first.fit, strict=True))
         return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points), fit)
-

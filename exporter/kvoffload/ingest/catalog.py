@@ -192,8 +192,9 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
             if kind == "offload_config":
                 # Under TieringOffloadingSpec each secondary tier has its own series with the
                 # CPU keys empty: only the CPU (primary) tier's facts size the CPU tier.
-                if labels.get("tier", "0:primary") == "0:primary" or \
-                        labels.get("cpu_kv_cache_size_bytes"):
+                if labels.get("tier", "0:primary") == "0:primary" or labels.get(
+                    "cpu_kv_cache_size_bytes"
+                ):
                     out.offload_config[(instance, model, engine)] = labels
                 continue
             if not math.isfinite(value):

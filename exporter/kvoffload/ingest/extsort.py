@@ -69,8 +69,9 @@ def sorted_lines(
 
 
 def _spool(lines: Iterable[str], tmp_dir: str | None) -> TextIO:
-    fh = tempfile.TemporaryFile("w+", encoding="utf-8", newline="", dir=tmp_dir,  # noqa: SIM115
-                                prefix="kvoffload-sort-")
+    fh = tempfile.TemporaryFile(  # noqa: SIM115 (returned open: the caller reads it back)
+        "w+", encoding="utf-8", newline="", dir=tmp_dir, prefix="kvoffload-sort-"
+    )
     try:
         fh.writelines(lines)
         fh.seek(0)

@@ -224,8 +224,9 @@ def parse_text(
         try:
             sample = _parse_sample_line(line, 0, wanted)
         except ParseError as exc:
-            raise ParseError(str(exc).replace("line 0:", f"line {_lineno(text, pos)}:", 1)) \
-                from None
+            raise ParseError(
+                str(exc).replace("line 0:", f"line {_lineno(text, pos)}:", 1)
+            ) from None
         pos = end + 1
         if sample is None:
             pos = _skip_same_name(text, pos, line)
@@ -306,8 +307,7 @@ _TS_KEY = 16
 _LINE_KEY = _TS_KEY + 10
 
 
-def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None
-               ) -> Iterator[Exposition]:
+def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None) -> Iterator[Exposition]:
     """Families or series contiguous → scrapes: each kept sample line goes through an on-disk
     sort keyed by (timestamp, order in the file), so a scrape's samples keep their file order,
     and the sorted lines are parsed again one scrape at a time (mostly from the caches; each
@@ -333,8 +333,12 @@ def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None
     yield _with_families(current, state.all_families, users, declared)
 
 
-def _with_families(expo: Exposition, families: dict[str, str], users: dict[str, set[str]],
-                   cache: dict[frozenset[str], dict[str, str]]) -> Exposition:
+def _with_families(
+    expo: Exposition,
+    families: dict[str, str],
+    users: dict[str, set[str]],
+    cache: dict[frozenset[str], dict[str, str]],
+) -> Exposition:
     """The families a regrouped scrape declares. A scrape-ordered file says it exactly; in the
     other layouts a family is declared once for all targets and times, so a scrape (of one
     target) gets the families that target has series of anywhere in the file, and those
@@ -344,14 +348,17 @@ def _with_families(expo: Exposition, families: dict[str, str], users: dict[str, 
     known = cache.get(instances)
     if known is None:
         known = cache[instances] = {
-            fam: mtype for fam, mtype in families.items()
-            if fam not in users or not users[fam].isdisjoint(instances)}
+            fam: mtype
+            for fam, mtype in families.items()
+            if fam not in users or not users[fam].isdisjoint(instances)
+        }
     expo.families = dict(known)
     return expo
 
 
-def _keyed_samples(state: _OMState, chunks: Iterable[str], users: dict[str, set[str]]
-                   ) -> Iterator[str]:
+def _keyed_samples(
+    state: _OMState, chunks: Iterable[str], users: dict[str, set[str]]
+) -> Iterator[str]:
     """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key. TYPE
     lines are collected in `state.all_families`; skipped families are jumped over (with a
     look at their `instance` labels only, recorded in `users`: family → instances)."""
@@ -408,8 +415,9 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str], users: dict[str, set[
             try:
                 sample = parse_line(line, 0, wanted)
             except ParseError as exc:
-                raise ParseError(str(exc).replace(
-                    "line 0:", f"line {state._lineno(text, pos)}:", 1)) from None
+                raise ParseError(
+                    str(exc).replace("line 0:", f"line {state._lineno(text, pos)}:", 1)
+                ) from None
             if sample is None:
                 skipped = pos
                 pos = _skip_same_name(text, end + 1, line)
@@ -417,8 +425,9 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str], users: dict[str, set[
                 continue
             ts = sample[3]
             if ts is None:
-                raise ParseError(f"line {state._lineno(text, pos)}: recording sample without "
-                                 "a timestamp")
+                raise ParseError(
+                    f"line {state._lineno(text, pos)}: recording sample without a timestamp"
+                )
             seen = (family, sample[1].get("instance", ""))
             if seen != last_seen:  # a family's samples come together: one set.add per run
                 users.setdefault(family, set()).add(seen[1])
@@ -435,16 +444,18 @@ def _keyed_samples(state: _OMState, chunks: Iterable[str], users: dict[str, set[
     if not state.saw_eof:
         # In these layouts a cut file misses whole series or families at its end, not the
         # last scrape: say so, and use what is there (bar a line cut in the middle).
-        log.warning("truncated recording: no '# EOF' after line %d (cut short?): families "
-                    "or series at its end may be missing%s", state.lines_before,
-                    "; its last, cut line dropped" if cut_line else "")
+        log.warning(
+            "truncated recording: no '# EOF' after line %d (cut short?): families "
+            "or series at its end may be missing%s",
+            state.lines_before,
+            "; its last, cut line dropped" if cut_line else "",
+        )
 
 
 _INSTANCE_RE = re.compile(r'[{,]instance="((?:[^"\\]|\\.)*)"')
 
 
-def _note_users(users: dict[str, set[str]], family: str, text: str, start: int, end: int
-                ) -> None:
+def _note_users(users: dict[str, set[str]], family: str, text: str, start: int, end: int) -> None:
     """The instances with series in text[start:end] (lines of `family` not parsed)."""
     found = set(_INSTANCE_RE.findall(text, start, end))
     if not found and text.find("\n", start, end - 1) != -1:
@@ -504,9 +515,12 @@ def read_chunks(fh: TextIO, size: int = 4 * 2**20) -> Iterator[str]:
 class _OMState:
     """The scanner behind iter_openmetrics, fed one chunk at a time."""
 
-    def __init__(self, wanted: Callable[[str], bool] | None,
-                 wanted_families: frozenset[str] | set[str] | None,
-                 journal: str | None = None) -> None:
+    def __init__(
+        self,
+        wanted: Callable[[str], bool] | None,
+        wanted_families: frozenset[str] | set[str] | None,
+        journal: str | None = None,
+    ) -> None:
         self.wanted = wanted
         self.journal = journal
         self.families = wanted_families
@@ -566,16 +580,18 @@ class _OMState:
             try:
                 sample = parse_line(line, 0, wanted)
             except ParseError as exc:
-                raise ParseError(str(exc).replace(
-                    "line 0:", f"line {self._lineno(text, pos)}:", 1)) from None
+                raise ParseError(
+                    str(exc).replace("line 0:", f"line {self._lineno(text, pos)}:", 1)
+                ) from None
             pos = end + 1
             if sample is None:
                 pos = _skip_same_name(text, pos, line)
                 continue
             ts = sample[3]
             if ts is None:
-                raise ParseError(f"line {self._lineno(text, pos - 1)}: recording sample "
-                                 "without a timestamp")
+                raise ParseError(
+                    f"line {self._lineno(text, pos - 1)}: recording sample without a timestamp"
+                )
             current = self.current
             if current is None or ts != current.timestamp:
                 if current is not None:
@@ -585,7 +601,8 @@ class _OMState:
                         raise ParseError(
                             f"line {self._lineno(text, pos - 1)}: timestamp {ts} goes back "
                             f"in time (after {current.timestamp}); recordings must be "
-                            "written scrape by scrape")
+                            "written scrape by scrape"
+                        )
                     self.complete += 1
                     yield current
                 current = self.current = Exposition(timestamp=ts)
@@ -598,8 +615,10 @@ class _OMState:
     def finish(self) -> Iterator[Exposition]:
         if not self.saw_eof:
             if not self.complete:
-                raise ParseError(f"truncated recording: no '# EOF' after line "
-                                 f"{self.lines_before} and no complete scrape")
+                raise ParseError(
+                    f"truncated recording: no '# EOF' after line "
+                    f"{self.lines_before} and no complete scrape"
+                )
             # A recording cut short (its writer was killed): every scrape before the last is
             # whole; the last may be half-written, so it goes.
             if self.journal is not None:
@@ -607,11 +626,18 @@ class _OMState:
                     "%s is the journal of a recording that did not finish (`record` was "
                     "killed, or is still writing): read %d complete scrapes, the last, "
                     "possibly partial one dropped; `kvoffload record --finalize %s` turns it "
-                    "into an OpenMetrics file", self.journal, self.complete, self.journal)
+                    "into an OpenMetrics file",
+                    self.journal,
+                    self.complete,
+                    self.journal,
+                )
                 return
-            log.warning("truncated recording: no '# EOF' after line %d (cut short?): read "
-                        "%d complete scrapes, the last, possibly partial one dropped",
-                        self.lines_before, self.complete)
+            log.warning(
+                "truncated recording: no '# EOF' after line %d (cut short?): read "
+                "%d complete scrapes, the last, possibly partial one dropped",
+                self.lines_before,
+                self.complete,
+            )
             return
         if self.current is not None:
             self.current.families.update(self.pending)

@@ -65,8 +65,9 @@ class RecordingWriter:
     scrapes it is not (families repeat): `Recording` rewrites it at the end.
     """
 
-    def __init__(self, out: TextIO, instance: str = "", job: str = "vllm",
-                 header: str | None = None) -> None:
+    def __init__(
+        self, out: TextIO, instance: str = "", job: str = "vllm", header: str | None = None
+    ) -> None:
         self.out = out
         self.instance = instance
         self.job = job
@@ -89,8 +90,7 @@ class RecordingWriter:
         if self._last_ts is not None and timestamp < self._last_ts:
             raise ValueError("recording timestamps must not go back in time")
         self._last_ts = timestamp
-        extra = {"instance": instance if instance is not None else self.instance,
-                 "job": self.job}
+        extra = {"instance": instance if instance is not None else self.instance, "job": self.job}
         extra = {k: v for k, v in extra.items() if v}
         ts = repr(float(timestamp))
         lines: list[str] = []
@@ -141,8 +141,10 @@ def _group_by_family(
     for fam, mtype in types.items():
         if fam.endswith("_created") and mtype == "gauge":
             continue
-        out[fam] = (mtype if mtype in ("counter", "gauge", "histogram", "summary") else "unknown",
-                    [])
+        out[fam] = (
+            mtype if mtype in ("counter", "gauge", "histogram", "summary") else "unknown",
+            [],
+        )
     for sample in expo.samples:
         name = sample[0]
         fam = _family_of(name, types)
@@ -181,13 +183,17 @@ class Recording:
             raise InputError(
                 f"{self.journal} exists: a recording to {path} is still running or was killed; "
                 f"`kvoffload analyze {self.journal}` reads it, `kvoffload record --finalize "
-                f"{self.journal}` turns it into {path}; or remove it") from None
+                f"{self.journal}` turns it into {path}; or remove it"
+            ) from None
         except OSError as exc:
             raise InputError(f"{self.journal}: {exc.strerror}") from None
         self.writer = RecordingWriter(
-            self._fh, instance, job,
+            self._fh,
+            instance,
+            job,
             header=f"{JOURNAL_MARK} of {os.path.basename(path)}: scrape by scrape, rewritten "
-                   "into OpenMetrics when `record` ends")
+            "into OpenMetrics when `record` ends",
+        )
 
     @property
     def scrapes(self) -> int:
@@ -296,8 +302,11 @@ class _JournalScan:
                     if len(parts) != 4:
                         raise ParseError(f"{path}: line {lineno}: malformed TYPE line")
                     fam = self._family(fam_index, parts[2], parts[3])
-                    drop = {"histogram": _LE_RE, "gaugehistogram": _LE_RE,
-                            "summary": _QUANTILE_RE}.get(self.families[fam][1])
+                    drop = {
+                        "histogram": _LE_RE,
+                        "gaugehistogram": _LE_RE,
+                        "summary": _QUANTILE_RE,
+                    }.get(self.families[fam][1])
                 elif line == "# EOF\n":
                     eof = True
                     break
@@ -329,7 +338,7 @@ class _JournalScan:
                 drop = None
             prefix = prefixes.get((fam, head))
             if prefix is None:
-                labels = head[head.find("{") + 1:-1] if labelled else ""
+                labels = head[head.find("{") + 1 : -1] if labelled else ""
                 if drop is not None:
                     labels = drop.sub("", labels).lstrip(",")
                 series = series_index.setdefault((fam, labels), len(series_index))
@@ -341,8 +350,12 @@ class _JournalScan:
                 self.scrapes += 1
                 yield from held
             else:
-                log.warning("%s: no '# EOF' after line %d (its recorder was killed?): the "
-                            "last, possibly partial scrape dropped", path, lineno)
+                log.warning(
+                    "%s: no '# EOF' after line %d (its recorder was killed?): the "
+                    "last, possibly partial scrape dropped",
+                    path,
+                    lineno,
+                )
 
     def _family(self, index: dict[str, int], name: str, mtype: str) -> int:
         fam = index.get(name)
@@ -382,7 +395,8 @@ def _read_recording(
             raise InputError(
                 f"{path}: no such file, but {path + JOURNAL_SUFFIX} is there: the journal of a "
                 "recording that is still running or was killed; analyze that, or "
-                f"`kvoffload record --finalize {path + JOURNAL_SUFFIX}`") from None
+                f"`kvoffload record --finalize {path + JOURNAL_SUFFIX}`"
+            ) from None
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory") from None
@@ -404,8 +418,12 @@ def _read_recording(
                 if journal and ordered:
                     _note_journal(path)
                 yield from iter_openmetrics(
-                    read_chunks(fh), wanted, wanted_families, unordered=not ordered,
-                    journal=path if journal else None)
+                    read_chunks(fh),
+                    wanted,
+                    wanted_families,
+                    unordered=not ordered,
+                    journal=path if journal else None,
+                )
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
         else:
@@ -449,9 +467,13 @@ def _note_journal(path: str) -> None:
         size = raw.seek(0, os.SEEK_END)
         raw.seek(max(0, size - 6))
         if raw.read() == b"# EOF\n":
-            log.warning("%s is the journal of a recording whose OpenMetrics file was not "
-                        "written (`record` was stopped while closing); it is complete. "
-                        "`kvoffload record --finalize %s` writes the file", path, path)
+            log.warning(
+                "%s is the journal of a recording whose OpenMetrics file was not "
+                "written (`record` was stopped while closing); it is complete. "
+                "`kvoffload record --finalize %s` writes the file",
+                path,
+                path,
+            )
 
 
 def _looks_like_openmetrics(head: str) -> bool:

@@ -41,7 +41,8 @@ async def fetch(
     try:
         async with asyncio.timeout(timeout_seconds):
             async with session.get(
-                url, headers={"Accept": ACCEPT, "User-Agent": USER_AGENT},
+                url,
+                headers={"Accept": ACCEPT, "User-Agent": USER_AGENT},
                 allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
@@ -57,9 +58,7 @@ async def fetch(
                 async for chunk in resp.content.iter_chunked(65536):
                     size += len(chunk)
                     if size > max_bytes:
-                        raise ScrapeError(
-                            f"{url}: payload exceeds the {max_bytes}-byte limit"
-                        )
+                        raise ScrapeError(f"{url}: payload exceeds the {max_bytes}-byte limit")
                     chunks.append(chunk)
                 body = b"".join(chunks)
     except TimeoutError:
@@ -112,8 +111,13 @@ async def scrape(
         expo = parse_text(result.body, wanted, wanted_families)
     except InputError as exc:
         raise ScrapeError(f"{url}: {exc}") from None
-    return Scrape(expo, scrape_time(expo, result.timestamp), result.timestamp,
-                  result.duration_seconds, len(result.body))
+    return Scrape(
+        expo,
+        scrape_time(expo, result.timestamp),
+        result.timestamp,
+        result.duration_seconds,
+        len(result.body),
+    )
 
 
 class SyncScraper:
@@ -123,14 +127,20 @@ class SyncScraper:
         self._loop = asyncio.new_event_loop()
         self._session: aiohttp.ClientSession | None = None
 
-    def scrape(self, url: str, timeout_seconds: float = 10.0, max_bytes: int = 16 * 2**20,
-               wanted: Callable[[str], bool] | None = None,
-               wanted_families: frozenset[str] | None = None) -> Scrape:
+    def scrape(
+        self,
+        url: str,
+        timeout_seconds: float = 10.0,
+        max_bytes: int = 16 * 2**20,
+        wanted: Callable[[str], bool] | None = None,
+        wanted_families: frozenset[str] | None = None,
+    ) -> Scrape:
         async def run() -> Scrape:
             if self._session is None:
                 self._session = aiohttp.ClientSession()
-            return await scrape(self._session, url, timeout_seconds, max_bytes, wanted,
-                                wanted_families)
+            return await scrape(
+                self._session, url, timeout_seconds, max_bytes, wanted, wanted_families
+            )
 
         return self._loop.run_until_complete(run())
 

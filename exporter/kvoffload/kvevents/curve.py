@@ -24,8 +24,10 @@ class CurvePoint:
     predicted_offload_hit_ratio: float
 
     def to_json(self) -> dict[str, float]:
-        return {"cpu_gib": self.cpu_bytes / GIB,
-                "predicted_offload_hit_ratio": self.predicted_offload_hit_ratio}
+        return {
+            "cpu_gib": self.cpu_bytes / GIB,
+            "predicted_offload_hit_ratio": self.predicted_offload_hit_ratio,
+        }
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,17 @@ def build_curve(
     sizes = sorted(set(LOG_BOUNDS_BYTES) | {s for s in extra_sizes if s and s > 0})
     points = [CurvePoint(s, events.hit_tokens(s, bytes_per_block) / denominator) for s in sizes]
     achievable = events.achievable_tokens() / denominator
-    right = _smallest_size_reaching(events, bytes_per_block, target_share * achievable
-                                    * denominator) if achievable > 0 else None
+    right = (
+        _smallest_size_reaching(events, bytes_per_block, target_share * achievable * denominator)
+        if achievable > 0
+        else None
+    )
     return Curve(points, achievable, right, denominator, bytes_per_block)
 
 
-def _smallest_size_reaching(events: TargetEvents, bytes_per_block: float, tokens: float
-                            ) -> float | None:
+def _smallest_size_reaching(
+    events: TargetEvents, bytes_per_block: float, tokens: float
+) -> float | None:
     """Binary search over whole blocks: hits grow monotonically with the size."""
     lo, hi = 1, 1
     limit = 1 << 40

@@ -20,8 +20,15 @@ from kvoffload.errors import InputError
 
 # Field order of the array-like encodings (msgspec array_like=True), tag first.
 _ARRAY_FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                    "medium", "lora_name"),
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+    ),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
@@ -94,11 +101,14 @@ def _event(raw: Any) -> Event | None:
         block_hashes = tuple(hashes)
     else:
         block_hashes = tuple(_hash(h) for h in hashes)
-    return Event(kind, block_hashes,
-                 medium if isinstance(medium, str) else None,
-                 int(block_size) if isinstance(block_size, int) else 0,
-                 group if isinstance(group, int) else None,
-                 _hash(parent) if parent is not None else None)
+    return Event(
+        kind,
+        block_hashes,
+        medium if isinstance(medium, str) else None,
+        int(block_size) if isinstance(block_size, int) else 0,
+        group if isinstance(group, int) else None,
+        _hash(parent) if parent is not None else None,
+    )
 
 
 def decode_batch(payload: bytes, default_rank: int = 0) -> Batch:
@@ -155,8 +165,16 @@ def _fast_decode(payload: bytes, default_rank: int) -> Batch | None:
         if type(ev) is _Removed:
             append(Event(REMOVED, ev.block_hashes, ev.medium, 0, ev.group_idx))
         elif type(ev) is _Stored:
-            append(Event(STORED, ev.block_hashes, ev.medium, ev.block_size, ev.group_idx,
-                         ev.parent_block_hash))
+            append(
+                Event(
+                    STORED,
+                    ev.block_hashes,
+                    ev.medium,
+                    ev.block_size,
+                    ev.group_idx,
+                    ev.parent_block_hash,
+                )
+            )
         else:
             append(Event(CLEARED))
     return batch

@@ -38,9 +38,7 @@ class EventFileWriter:
         self.messages = 0
 
     def write(self, msg: RawMessage) -> None:
-        record = self._enc.encode(
-            [msg.dp_rank, msg.seq, msg.received_at, msg.topic, msg.payload]
-        )
+        record = self._enc.encode([msg.dp_rank, msg.seq, msg.received_at, msg.topic, msg.payload])
         self.out.write(_LEN.pack(len(record)))
         self.out.write(record)
         self.messages += 1
@@ -76,9 +74,13 @@ def read_event_file(path: str) -> Iterator[RawMessage]:
                 raise InputError(f"{path}: truncated after {n} messages")
             try:
                 dp_rank, seq, received_at, topic, payload = dec.decode(record)
-                if not (isinstance(dp_rank, int) and isinstance(seq, int)
-                        and isinstance(received_at, int | float)
-                        and isinstance(topic, bytes) and isinstance(payload, bytes)):
+                if not (
+                    isinstance(dp_rank, int)
+                    and isinstance(seq, int)
+                    and isinstance(received_at, int | float)
+                    and isinstance(topic, bytes)
+                    and isinstance(payload, bytes)
+                ):
                     raise TypeError("field types")
             except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
                 raise InputError(f"{path}: record {n + 1} is not a valid event record") from None

@@ -42,10 +42,22 @@ FORMAT = "kvoffload.kv-events-state"
 VERSION = 1
 _HASH_BYTES = 17  # signed: int hashes may be negative, folded bytes hashes use 128 bits
 
-_ENGINE_SCALARS = ("block_size", "gpu_missed_blocks", "cpu_stored_blocks", "cpu_loaded_blocks",
-                   "cpu_evicted_never_loaded_blocks", "cpu_evicted_blocks", "clears",
-                   "last_seq", "history_from_seq", "messages", "lost_messages",
-                   "unknown_events", "first_ts", "last_ts")
+_ENGINE_SCALARS = (
+    "block_size",
+    "gpu_missed_blocks",
+    "cpu_stored_blocks",
+    "cpu_loaded_blocks",
+    "cpu_evicted_never_loaded_blocks",
+    "cpu_evicted_blocks",
+    "clears",
+    "last_seq",
+    "history_from_seq",
+    "messages",
+    "lost_messages",
+    "unknown_events",
+    "first_ts",
+    "last_ts",
+)
 
 
 class StateError(Exception):
@@ -69,29 +81,43 @@ class Snapshot:
     engines: list[dict[str, Any]]
 
 
-def snapshot(events: TargetEvents, instance: str,
-             baselines: dict[str, dict[str, float]] | None = None) -> Snapshot:
+def snapshot(
+    events: TargetEvents, instance: str, baselines: dict[str, dict[str, float]] | None = None
+) -> Snapshot:
     engines = []
     for rank, e in sorted(events.engines.items()):
         t = e.tracker
-        engines.append({
-            "rank": rank,
-            "scalars": {k: getattr(e, k) for k in _ENGINE_SCALARS},
-            "checkpoints": [list(c) for c in e.checkpoints],
-            "cpu_resident": dict(e.cpu_resident),
-            "gpu_parent": dict(e.gpu_parent),
-            "tracker_last": dict(t._last),
-            "tracker": {"threshold": t.threshold, "sampled": t.sampled, "budget": t.budget,
-                        "accesses": t.accesses},
-            "histogram_exact": list(t.histogram._fw.tree),
-            "histogram_coarse": list(t.histogram._coarse),
-            "histogram": {"cold": t.histogram.cold, "total": t.histogram.total,
-                          "finite_sum": t.histogram.finite_sum},
-        })
+        engines.append(
+            {
+                "rank": rank,
+                "scalars": {k: getattr(e, k) for k in _ENGINE_SCALARS},
+                "checkpoints": [list(c) for c in e.checkpoints],
+                "cpu_resident": dict(e.cpu_resident),
+                "gpu_parent": dict(e.gpu_parent),
+                "tracker_last": dict(t._last),
+                "tracker": {
+                    "threshold": t.threshold,
+                    "sampled": t.sampled,
+                    "budget": t.budget,
+                    "accesses": t.accesses,
+                },
+                "histogram_exact": list(t.histogram._fw.tree),
+                "histogram_coarse": list(t.histogram._coarse),
+                "histogram": {
+                    "cold": t.histogram.cold,
+                    "total": t.histogram.total,
+                    "finite_sum": t.histogram.finite_sum,
+                },
+            }
+        )
     header = {
-        "format": FORMAT, "version": VERSION, "instance": instance,
-        "sample_rate": events.sample_rate, "sample_budget": events.sample_budget,
-        "decode_errors": events.decode_errors, "last_error": events.last_error,
+        "format": FORMAT,
+        "version": VERSION,
+        "instance": instance,
+        "sample_rate": events.sample_rate,
+        "sample_budget": events.sample_budget,
+        "decode_errors": events.decode_errors,
+        "last_error": events.last_error,
         "bytes_per_block": events.bytes_per_block,
         "baselines": baselines or {},
     }
@@ -105,8 +131,10 @@ def _pack_hashes(hashes: Any) -> bytes:
 def _unpack_hashes(blob: bytes) -> list[int]:
     if len(blob) % _HASH_BYTES:
         raise StateError("a hash list is cut short")
-    return [int.from_bytes(blob[i:i + _HASH_BYTES], "big", signed=True)
-            for i in range(0, len(blob), _HASH_BYTES)]
+    return [
+        int.from_bytes(blob[i : i + _HASH_BYTES], "big", signed=True)
+        for i in range(0, len(blob), _HASH_BYTES)
+    ]
 
 
 def encode(snap: Snapshot) -> bytes:
@@ -115,21 +143,23 @@ def encode(snap: Snapshot) -> bytes:
         parents = eng["gpu_parent"]
         # Access order is all the tracker needs: positions are renumbered 0..n-1 on load.
         order = sorted(eng["tracker_last"].items(), key=lambda kv: kv[1])
-        engines.append({
-            "rank": eng["rank"],
-            "scalars": eng["scalars"],
-            "checkpoints": eng["checkpoints"],
-            "cpu_resident": _pack_hashes(eng["cpu_resident"]),
-            "cpu_loaded": bytes(bytearray(int(v) for v in eng["cpu_resident"].values())),
-            "gpu_blocks": _pack_hashes(parents),
-            "gpu_has_parent": bytes(bytearray(p is not None for p in parents.values())),
-            "gpu_parents": _pack_hashes(0 if p is None else p for p in parents.values()),
-            "tracker": eng["tracker"],
-            "tracker_blocks": _pack_hashes(b for b, _pos in order),
-            "histogram_exact": array("d", eng["histogram_exact"]).tobytes(),
-            "histogram_coarse": array("d", eng["histogram_coarse"]).tobytes(),
-            "histogram": eng["histogram"],
-        })
+        engines.append(
+            {
+                "rank": eng["rank"],
+                "scalars": eng["scalars"],
+                "checkpoints": eng["checkpoints"],
+                "cpu_resident": _pack_hashes(eng["cpu_resident"]),
+                "cpu_loaded": bytes(bytearray(int(v) for v in eng["cpu_resident"].values())),
+                "gpu_blocks": _pack_hashes(parents),
+                "gpu_has_parent": bytes(bytearray(p is not None for p in parents.values())),
+                "gpu_parents": _pack_hashes(0 if p is None else p for p in parents.values()),
+                "tracker": eng["tracker"],
+                "tracker_blocks": _pack_hashes(b for b, _pos in order),
+                "histogram_exact": array("d", eng["histogram_exact"]).tobytes(),
+                "histogram_coarse": array("d", eng["histogram_coarse"]).tobytes(),
+                "histogram": eng["histogram"],
+            }
+        )
     return msgspec.msgpack.encode({**snap.header, "engines": engines})
 
 
@@ -148,8 +178,12 @@ def write_snapshot(path: Path, snap: Snapshot) -> None:
     write_atomic(path, encode(snap))
 
 
-def save(events: TargetEvents, instance: str, path: Path,
-         baselines: dict[str, dict[str, float]] | None = None) -> None:
+def save(
+    events: TargetEvents,
+    instance: str,
+    path: Path,
+    baselines: dict[str, dict[str, float]] | None = None,
+) -> None:
     write_snapshot(path, snapshot(events, instance, baselines))
 
 
@@ -160,12 +194,16 @@ def _floats(blob: Any, n: int, what: str) -> list[float]:
     return array("d", blob).tolist()
 
 
-def _tracker(raw: dict[str, Any], sample_rate: float, sample_budget: int | None
-             ) -> StackDistanceTracker:
+def _tracker(
+    raw: dict[str, Any], sample_rate: float, sample_budget: int | None
+) -> StackDistanceTracker:
     t = StackDistanceTracker(sample_rate, sample_budget)
     meta = raw["tracker"]
-    if bool(meta["sampled"]) != t.sampled or meta["budget"] != t.budget \
-            or int(meta["threshold"]) > t.threshold:
+    if (
+        bool(meta["sampled"]) != t.sampled
+        or meta["budget"] != t.budget
+        or int(meta["threshold"]) > t.threshold
+    ):
         raise StateError("it was built with other --kv-events-sample-rate/-budget settings")
     t.threshold = int(meta["threshold"])
     t.accesses = int(meta["accesses"])
@@ -194,8 +232,7 @@ def _tracker(raw: dict[str, Any], sample_rate: float, sample_budget: int | None
     return t
 
 
-def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None
-            ) -> EngineEvents:
+def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None) -> EngineEvents:
     e = EngineEvents(sample_rate, sample_budget)
     scalars = raw["scalars"]
     for key in _ENGINE_SCALARS:
@@ -211,8 +248,9 @@ def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None
     has_parent = raw["gpu_has_parent"]
     if not len(blocks) == len(parents) == len(has_parent):
         raise StateError("the GPU prefix chains are inconsistent")
-    e.gpu_parent = {b: (p if flag else None)
-                    for b, p, flag in zip(blocks, parents, has_parent, strict=True)}
+    e.gpu_parent = {
+        b: (p if flag else None) for b, p, flag in zip(blocks, parents, has_parent, strict=True)
+    }
     e.tracker = _tracker(raw, sample_rate, sample_budget)
     return e
 
@@ -224,8 +262,7 @@ class Loaded:
     saved_messages: int
 
 
-def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | None
-           ) -> Loaded:
+def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded:
     try:
         raw = msgspec.msgpack.decode(data)
     except msgspec.DecodeError as exc:
@@ -233,8 +270,9 @@ def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | 
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise StateError("not a kvoffload KV-event state file")
     if raw.get("version") != VERSION:
-        raise StateError(f"state format version {raw.get('version')!r}, this release reads "
-                         f"{VERSION}")
+        raise StateError(
+            f"state format version {raw.get('version')!r}, this release reads {VERSION}"
+        )
     if raw.get("instance") != instance:
         raise StateError(f"it belongs to target {raw.get('instance')!r}, not {instance!r}")
     try:
@@ -245,8 +283,9 @@ def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | 
         events.bytes_per_block = float(bpb) if bpb is not None else None
         for eng in raw["engines"]:
             events.engines[int(eng["rank"])] = _engine(eng, sample_rate, sample_budget)
-        baselines = {str(k): {str(n): float(v) for n, v in d.items()}
-                     for k, d in raw["baselines"].items()}
+        baselines = {
+            str(k): {str(n): float(v) for n, v in d.items()} for k, d in raw["baselines"].items()
+        }
     except StateError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -254,8 +293,7 @@ def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | 
     return Loaded(events, baselines, events.messages())
 
 
-def load(path: Path, instance: str, sample_rate: float, sample_budget: int | None
-         ) -> Loaded | None:
+def load(path: Path, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded | None:
     """The saved state, or None when there is none; an unusable file is renamed `*.bad`
     (replacing an older one) with a one-line warning, never raised."""
     try:
@@ -263,8 +301,11 @@ def load(path: Path, instance: str, sample_rate: float, sample_budget: int | Non
     except FileNotFoundError:
         return None
     except OSError as exc:
-        log.warning("kv events: cannot read %s (%s); starting without saved state", path,
-                    exc.strerror or exc)
+        log.warning(
+            "kv events: cannot read %s (%s); starting without saved state",
+            path,
+            exc.strerror or exc,
+        )
         return None
     try:
         return decode(data, instance, sample_rate, sample_budget)

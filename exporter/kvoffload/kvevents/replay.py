@@ -7,8 +7,9 @@ from kvoffload.kvevents.eventfile import read_event_file
 from kvoffload.kvevents.state import TargetEvents
 
 
-def load_event_file(path: str, sample_rate: float = 1.0,
-                    sample_budget: int | None = None) -> TargetEvents:
+def load_event_file(
+    path: str, sample_rate: float = 1.0, sample_budget: int | None = None
+) -> TargetEvents:
     state = TargetEvents(sample_rate, sample_budget)
     for msg in read_event_file(path):
         state.ingest_message(msg)

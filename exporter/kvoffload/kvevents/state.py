@@ -203,8 +203,9 @@ class TargetEvents:
         self.ingest(batch, msg.seq, msg.dp_rank)
         return True
 
-    def ingest(self, batch: Batch, seq: int | None = None, publisher_rank: int | None = None
-               ) -> None:
+    def ingest(
+        self, batch: Batch, seq: int | None = None, publisher_rank: int | None = None
+    ) -> None:
         eng = self.engine(publisher_rank if publisher_rank is not None else batch.dp_rank)
         if seq is not None:
             eng.sequence(seq)
@@ -232,29 +233,43 @@ class TargetEvents:
         if bytes_per_block <= 0:
             return 0.0
         blocks = cpu_bytes_per_engine / bytes_per_block
-        return sum(e.tracker.histogram.hits_below(blocks) * self._scale(e)
-                   for e in self.engines.values()) * self.block_size
+        return (
+            sum(
+                e.tracker.histogram.hits_below(blocks) * self._scale(e)
+                for e in self.engines.values()
+            )
+            * self.block_size
+        )
 
     def histogram_totals(self) -> tuple[float, float]:
         """(all GPU-missed full-block tokens, Σ finite distance × tokens in blocks), with the
         same per-engine normalisation as hit_tokens, so the histogram stays cumulative."""
         total = sum(e.gpu_missed_blocks for e in self.engines.values()) * self.block_size
-        finite = sum(e.tracker.histogram.finite_sum * self._scale(e)
-                     for e in self.engines.values()) * self.block_size
+        finite = (
+            sum(e.tracker.histogram.finite_sum * self._scale(e) for e in self.engines.values())
+            * self.block_size
+        )
         return total, finite
 
     def achievable_tokens(self) -> float:
         """Every non-cold miss: what an unbounded tier would serve."""
-        return sum((e.tracker.histogram.total - e.tracker.histogram.cold) * self._scale(e)
-                   for e in self.engines.values()) * self.block_size
+        return (
+            sum(
+                (e.tracker.histogram.total - e.tracker.histogram.cold) * self._scale(e)
+                for e in self.engines.values()
+            )
+            * self.block_size
+        )
 
     def cpu_resident_blocks(self) -> int:
         return sum(len(e.cpu_resident) for e in self.engines.values())
 
     def never_loaded_blocks(self) -> tuple[int, int]:
         """(evicted without a load, resident and not loaded yet)."""
-        return (sum(e.cpu_evicted_never_loaded_blocks for e in self.engines.values()),
-                sum(e.resident_never_loaded_blocks for e in self.engines.values()))
+        return (
+            sum(e.cpu_evicted_never_loaded_blocks for e in self.engines.values()),
+            sum(e.resident_never_loaded_blocks for e in self.engines.values()),
+        )
 
     def cpu_loaded_blocks(self) -> int:
         return sum(e.cpu_loaded_blocks for e in self.engines.values())

@@ -73,11 +73,15 @@ class Subscriber:
     ) -> None:
         """resume_after_seq: the last sequence a saved state holds (`--state-dir`): the first
         message asks vLLM to replay everything after it, as after a gap."""
-        self.state = SubscriberState(offset_endpoint(check_endpoint(endpoint), rank), rank,
-                                     last_seq=resume_after_seq,
-                                     history_from_seq=resume_history_from_seq)
-        self.replay_endpoint = (offset_endpoint(check_endpoint(replay_endpoint), rank)
-                                if replay_endpoint else None)
+        self.state = SubscriberState(
+            offset_endpoint(check_endpoint(endpoint), rank),
+            rank,
+            last_seq=resume_after_seq,
+            history_from_seq=resume_history_from_seq,
+        )
+        self.replay_endpoint = (
+            offset_endpoint(check_endpoint(replay_endpoint), rank) if replay_endpoint else None
+        )
         self.topic = topic.encode()
         self.on_message = on_message
         self.replay_timeout = replay_timeout_seconds
@@ -94,8 +98,9 @@ class Subscriber:
                 frames = await sub.recv_multipart()
                 self.state.connected = True
                 if len(frames) != 3 or len(frames[1]) != 8:
-                    self.state.last_error = f"{self.state.endpoint}: malformed message " \
-                        f"({len(frames)} frames)"
+                    self.state.last_error = (
+                        f"{self.state.endpoint}: malformed message ({len(frames)} frames)"
+                    )
                     continue
                 seq = int.from_bytes(frames[1], "big", signed=True)
                 last = self.state.last_seq
@@ -114,8 +119,9 @@ class Subscriber:
             self.state.connected = False
 
     def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
-        if self.state.history_from_seq is None or (self.state.last_seq is not None
-                                                   and seq <= self.state.last_seq):
+        if self.state.history_from_seq is None or (
+            self.state.last_seq is not None and seq <= self.state.last_seq
+        ):
             self.state.history_from_seq = seq
         self.state.last_seq = seq
         self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
@@ -150,8 +156,9 @@ class Subscriber:
                 if seq == END_SEQ:
                     return
                 fresh = self.state.history_from_seq is None
-                if start <= seq < stop and (fresh or self.state.last_seq is None
-                                            or seq > self.state.last_seq):
+                if start <= seq < stop and (
+                    fresh or self.state.last_seq is None or seq > self.state.last_seq
+                ):
                     self.state.replayed += 1
                     self._deliver(seq, topic, payload)
         except zmq.ZMQError as exc:

@@ -40,8 +40,9 @@ def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> di
     defaults = {f.name: getattr(base, f.name) for f in fields(base)}
     out: dict[str, Any] = {}
     for pair in pairs:
-        name, entry, raw = split_pair("--set", pair, defaults, usage="expected", strip=True,
-                                      entries=True)
+        name, entry, raw = split_pair(
+            "--set", pair, defaults, usage="expected", strip=True, entries=True
+        )
         default = defaults[name]
         if isinstance(default, dict):
             if not entry:
@@ -61,8 +62,9 @@ def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> di
     return out
 
 
-def make_config(config: MixinConfig | None = None, *, selector: str | None = None,
-                **overrides: Any) -> MixinConfig:
+def make_config(
+    config: MixinConfig | None = None, *, selector: str | None = None, **overrides: Any
+) -> MixinConfig:
     """The default config (or `config`) with `selector` (the vLLM matchers, e.g.
     'job="vllm"') and any other MixinConfig field overridden by name."""
     cfg = config or MixinConfig()
@@ -71,8 +73,13 @@ def make_config(config: MixinConfig | None = None, *, selector: str | None = Non
     return cfg.with_overrides(**overrides) if overrides else cfg
 
 
-def generate(out_dir: str | Path, config: MixinConfig | None = None, *,
-             selector: str | None = None, **overrides: Any) -> list[Path]:
+def generate(
+    out_dir: str | Path,
+    config: MixinConfig | None = None,
+    *,
+    selector: str | None = None,
+    **overrides: Any,
+) -> list[Path]:
     """Write every generated file under `out_dir` (alerts/…, dashboards/…); return the paths.
 
     `overrides` are MixinConfig fields: thresholds (`low_reuse_ratio=0.1`), windows
@@ -91,8 +98,13 @@ def generate(out_dir: str | Path, config: MixinConfig | None = None, *,
     return written
 
 
-def check(out_dir: str | Path, config: MixinConfig | None = None, *,
-          selector: str | None = None, **overrides: Any) -> list[str]:
+def check(
+    out_dir: str | Path,
+    config: MixinConfig | None = None,
+    *,
+    selector: str | None = None,
+    **overrides: Any,
+) -> list[str]:
     """Relative paths whose content under `out_dir` differs from what would be generated."""
     cfg = make_config(config, selector=selector, **overrides)
     root = Path(out_dir)

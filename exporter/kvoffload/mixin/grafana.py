@@ -26,15 +26,53 @@ IMPORT_INPUT = "DS_PROMETHEUS"
 GRID_WIDTH = 24
 
 # Target keys worth keeping; the rest are Graphite/legacy leftovers of grafanalib's Target.
-_TARGET_KEYS = ("datasource", "expr", "legendFormat", "refId", "instant", "range", "format",
-                "editorMode")
-_PANEL_DROP = ("cacheTimeout", "editable", "error", "height", "hideTimeOverride", "links",
-               "maxDataPoints", "minSpan", "repeat", "repeatDirection", "maxPerRow", "span",
-               "timeFrom", "timeShift", "transparent", "interval", "targets_legacy")
+_TARGET_KEYS = (
+    "datasource",
+    "expr",
+    "legendFormat",
+    "refId",
+    "instant",
+    "range",
+    "format",
+    "editorMode",
+)
+_PANEL_DROP = (
+    "cacheTimeout",
+    "editable",
+    "error",
+    "height",
+    "hideTimeOverride",
+    "links",
+    "maxDataPoints",
+    "minSpan",
+    "repeat",
+    "repeatDirection",
+    "maxPerRow",
+    "span",
+    "timeFrom",
+    "timeShift",
+    "transparent",
+    "interval",
+    "targets_legacy",
+)
 _DASHBOARD_DROP = ("rows", "sharedCrosshair", "style", "hideControls", "gnetId")
-_VARIABLE_KEYS = ("name", "label", "type", "datasource", "query", "definition", "current",
-                  "options", "hide", "includeAll", "multi", "allValue", "refresh", "regex",
-                  "sort")
+_VARIABLE_KEYS = (
+    "name",
+    "label",
+    "type",
+    "datasource",
+    "query",
+    "definition",
+    "current",
+    "options",
+    "hide",
+    "includeAll",
+    "multi",
+    "allValue",
+    "refresh",
+    "regex",
+    "sort",
+)
 
 
 @dataclass
@@ -46,10 +84,16 @@ class Panel:
     height: int
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False,
-           ref: str = "A") -> G.Target:
-    return G.Target(expr=expr, legendFormat=legend, refId=ref, instant=instant,
-                    format="table" if table else "time_series")
+def target(
+    expr: str, legend: str = "", *, instant: bool = False, table: bool = False, ref: str = "A"
+) -> G.Target:
+    return G.Target(
+        expr=expr,
+        legendFormat=legend,
+        refId=ref,
+        instant=instant,
+        format="table" if table else "time_series",
+    )
 
 
 def _refs(targets: Sequence[G.Target]) -> list[G.Target]:
@@ -67,66 +111,126 @@ def _steps(lines: Sequence[tuple[float, str]]) -> list[G.Threshold]:
     return steps
 
 
-def timeseries(title: str, description: str, unit: str, targets: Sequence[G.Target], *,
-               stack: bool = False, min_value: float | None = None,
-               max_value: float | None = None, lines: Sequence[tuple[float, str]] = (),
-               width: int = 12, height: int = 8) -> Panel:
+def timeseries(
+    title: str,
+    description: str,
+    unit: str,
+    targets: Sequence[G.Target],
+    *,
+    stack: bool = False,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    lines: Sequence[tuple[float, str]] = (),
+    width: int = 12,
+    height: int = 8,
+) -> Panel:
     """A time series; `lines` are (value, color) reference lines drawn dashed."""
     body = G.TimeSeries(
-        title=title, description=description, dataSource=DATASOURCE_REF,
-        targets=_refs(targets), unit=unit, valueMin=min_value, valueMax=max_value,
-        fillOpacity=30 if stack else 10, showPoints="never", lineWidth=1,
+        title=title,
+        description=description,
+        dataSource=DATASOURCE_REF,
+        targets=_refs(targets),
+        unit=unit,
+        valueMin=min_value,
+        valueMax=max_value,
+        fillOpacity=30 if stack else 10,
+        showPoints="never",
+        lineWidth=1,
         stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none"},
-        legendDisplayMode="table", legendPlacement="bottom",
-        legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
+        legendDisplayMode="table",
+        legendPlacement="bottom",
+        legendCalcs=["lastNotNull", "max"],
+        tooltipMode="multi",
         thresholds=_steps(lines) if lines else [G.Threshold("green", 0, 0.0)],
         thresholdsStyleMode="dashed" if lines else "off",
     )
     return Panel(body, width, height)
 
 
-def stat(title: str, description: str, unit: str, targets: Sequence[G.Target], *,
-         text_mode: str = "value", decimals: int | None = None,
-         thresholds: Sequence[tuple[float, str]] = (), width: int = 4, height: int = 5
-         ) -> Panel:
+def stat(
+    title: str,
+    description: str,
+    unit: str,
+    targets: Sequence[G.Target],
+    *,
+    text_mode: str = "value",
+    decimals: int | None = None,
+    thresholds: Sequence[tuple[float, str]] = (),
+    width: int = 4,
+    height: int = 5,
+) -> Panel:
     """A single-value panel; text_mode "name" shows the series' legend (a label value)."""
     steps = [G.Threshold("blue", 0, 0.0)]
     steps += [G.Threshold(c, i + 1, float(v)) for i, (v, c) in enumerate(thresholds)]
     body = G.Stat(
-        title=title, description=description, dataSource=DATASOURCE_REF,
-        targets=_refs(targets), format=unit, textMode=text_mode, decimals=decimals,
-        graphMode="none" if text_mode == "name" else "area", reduceCalc="lastNotNull",
-        colorMode="value", thresholds=steps, noValue="–",
+        title=title,
+        description=description,
+        dataSource=DATASOURCE_REF,
+        targets=_refs(targets),
+        format=unit,
+        textMode=text_mode,
+        decimals=decimals,
+        graphMode="none" if text_mode == "name" else "area",
+        reduceCalc="lastNotNull",
+        colorMode="value",
+        thresholds=steps,
+        noValue="–",
     )
     return Panel(body, width, height)
 
 
-def bargauge(title: str, description: str, unit: str, targets: Sequence[G.Target], *,
-             min_value: float = 0.0, max_value: float | None = None, width: int = 12,
-             height: int = 8) -> Panel:
+def bargauge(
+    title: str,
+    description: str,
+    unit: str,
+    targets: Sequence[G.Target],
+    *,
+    min_value: float = 0.0,
+    max_value: float | None = None,
+    width: int = 12,
+    height: int = 8,
+) -> Panel:
     """One bar per series (e.g. per histogram bucket), each the mean over the time range."""
     body = G.BarGauge(
-        title=title, description=description, dataSource=DATASOURCE_REF,
-        targets=_refs(targets), format=unit, min=min_value, max=max_value,
-        calc="mean", orientation="horizontal", displayMode="gradient",
+        title=title,
+        description=description,
+        dataSource=DATASOURCE_REF,
+        targets=_refs(targets),
+        format=unit,
+        min=min_value,
+        max=max_value,
+        calc="mean",
+        orientation="horizontal",
+        displayMode="gradient",
         thresholds=[G.Threshold("blue", 0, 0.0)],
     )
     return Panel(body, width, height)
 
 
-def table(title: str, description: str, targets: Sequence[G.Target],
-          columns: Sequence[tuple[str, str, str]], *, width: int = 24, height: int = 9
-          ) -> Panel:
+def table(
+    title: str,
+    description: str,
+    targets: Sequence[G.Target],
+    columns: Sequence[tuple[str, str, str]],
+    *,
+    width: int = 24,
+    height: int = 9,
+) -> Panel:
     """Instant queries merged into one row per series; columns = (refId field, header, unit)."""
     overrides = [
-        {"matcher": {"id": "byName", "options": f"Value #{ref}"},
-         "properties": [{"id": "unit", "value": unit},
-                        {"id": "displayName", "value": header}]}
+        {
+            "matcher": {"id": "byName", "options": f"Value #{ref}"},
+            "properties": [{"id": "unit", "value": unit}, {"id": "displayName", "value": header}],
+        }
         for ref, header, unit in columns
     ]
     body = G.Table(
-        title=title, description=description, dataSource=DATASOURCE_REF,
-        targets=_refs(targets), unit="none", overrides=overrides,
+        title=title,
+        description=description,
+        dataSource=DATASOURCE_REF,
+        targets=_refs(targets),
+        unit="none",
+        overrides=overrides,
         thresholds=[G.Threshold("green", 0, 0.0)],
         transformations=[
             {"id": "merge", "options": {}},
@@ -137,21 +241,39 @@ def table(title: str, description: str, targets: Sequence[G.Target],
 
 
 def datasource_variable() -> G.Template:
-    return G.Template(name=DATASOURCE_VAR, label="Data source", type="datasource",
-                      query="prometheus", hide=0)
+    return G.Template(
+        name=DATASOURCE_VAR, label="Data source", type="datasource", query="prometheus", hide=0
+    )
 
 
 def query_variable(name: str, query: str, *, label: str | None = None) -> G.Template:
     """A multi-select label_values() variable whose "All" is `.+` (dashboard-linter style)."""
-    return G.Template(name=name, label=label or name.replace("_", " ").capitalize(),
-                      query=query, dataSource=DATASOURCE_REF, includeAll=True, multi=True,
-                      allValue=".+", refresh=2, sort=1, type="query")
+    return G.Template(
+        name=name,
+        label=label or name.replace("_", " ").capitalize(),
+        query=query,
+        dataSource=DATASOURCE_REF,
+        includeAll=True,
+        multi=True,
+        allValue=".+",
+        refresh=2,
+        sort=1,
+        type="query",
+    )
 
 
-def dashboard(*, title: str, uid: str, description: str, tags: Sequence[str],
-              sections: Sequence[tuple[str, Sequence[Panel]]], variables: Sequence[G.Template],
-              refresh: str, time_from: str, links: Sequence[dict[str, Any]] = ()
-              ) -> dict[str, Any]:
+def dashboard(
+    *,
+    title: str,
+    uid: str,
+    description: str,
+    tags: Sequence[str],
+    sections: Sequence[tuple[str, Sequence[Panel]]],
+    variables: Sequence[G.Template],
+    refresh: str,
+    time_from: str,
+    links: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     """The dashboard as Grafana JSON: one row per section, panels packed on the 24-column grid."""
     panels: list[Any] = []
     y = 0
@@ -169,9 +291,16 @@ def dashboard(*, title: str, uid: str, description: str, tags: Sequence[str],
             row_height = max(row_height, p.height)
         y += row_height
     d = G.Dashboard(
-        title=title, uid=uid, description=description, tags=list(tags), panels=panels,
-        templating=G.Templating(list=list(variables)), refresh=refresh,
-        time=G.Time(time_from, "now"), timezone="browser", graphTooltip=1,
+        title=title,
+        uid=uid,
+        description=description,
+        tags=list(tags),
+        panels=panels,
+        templating=G.Templating(list=list(variables)),
+        refresh=refresh,
+        time=G.Time(time_from, "now"),
+        timezone="browser",
+        graphTooltip=1,
     ).auto_panel_ids()
     raw = json.loads(json.dumps(d.to_json_data(), cls=DashboardEncoder))
     raw["links"] = list(links)
@@ -195,8 +324,7 @@ def _thresholds(field_config: dict[str, Any]) -> None:
     steps = []
     for step in th.get("steps", []):
         value = step.get("value")
-        steps.append({"color": step["color"],
-                      "value": None if value in (None, "null") else value})
+        steps.append({"color": step["color"], "value": None if value in (None, "null") else value})
     defaults["thresholds"] = {"mode": "absolute", "steps": steps}
 
 
@@ -253,11 +381,19 @@ def _normalise(d: dict[str, Any]) -> dict[str, Any]:
     d["schemaVersion"] = SCHEMA_VERSION
     d["panels"] = [_panel(p) for p in d["panels"]]
     d["templating"] = {"list": [_variable(v) for v in d["templating"]["list"]]}
-    d["annotations"] = {"list": [{
-        "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-        "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-        "name": "Annotations & Alerts", "type": "dashboard",
-    }]}
+    d["annotations"] = {
+        "list": [
+            {
+                "builtIn": 1,
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": True,
+                "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts",
+                "type": "dashboard",
+            }
+        ]
+    }
     d["timepicker"] = {}
     d.pop("__inputs", None)
     # Top-level nulls only: panels keep the null of their base threshold step.
@@ -273,13 +409,24 @@ def for_import(d: dict[str, Any], panel_types: Sequence[str]) -> dict[str, Any]:
         if v["type"] == "datasource":
             ref = "${" + IMPORT_INPUT + "}"
             v["current"] = {"selected": False, "text": ref, "value": ref}
-    requires = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
-                {"type": "datasource", "id": "prometheus", "name": "Prometheus",
-                 "version": "1.0.0"}]
-    requires += [{"type": "panel", "id": t, "name": t.capitalize(), "version": ""}
-                 for t in sorted(set(panel_types))]
-    inputs = [{"name": IMPORT_INPUT, "label": "Prometheus", "description": "",
-               "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}]
+    requires = [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+    ]
+    requires += [
+        {"type": "panel", "id": t, "name": t.capitalize(), "version": ""}
+        for t in sorted(set(panel_types))
+    ]
+    inputs = [
+        {
+            "name": IMPORT_INPUT,
+            "label": "Prometheus",
+            "description": "",
+            "type": "datasource",
+            "pluginId": "prometheus",
+            "pluginName": "Prometheus",
+        }
+    ]
     return {"__inputs": inputs, "__requires": requires, **out}
 
 

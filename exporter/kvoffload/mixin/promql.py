@@ -169,8 +169,10 @@ class MixinConfig:
         known = {f.name for f in fields(self)}
         unknown = set(overrides) - known
         if unknown:
-            raise InputError(f"unknown setting(s): {', '.join(sorted(unknown))} "
-                             f"(known: {', '.join(sorted(known))})")
+            raise InputError(
+                f"unknown setting(s): {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(known))})"
+            )
         return replace(self, **overrides)
 
 
@@ -244,13 +246,16 @@ def _shares(*keys: str) -> Callable[[MixinConfig, str], str]:
 
 def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
     """Mean TTFT per model over the replicas with (or without) offloading: fleet A/B."""
+
     def build(cfg: MixinConfig, w: str) -> str:
         gate = f"{'and' if offloading else 'unless'} on ({target_by(cfg)}) {GATE_RECORD}"
 
         def total(part: str) -> str:
             gated = f"{sum_rate(cfg, f'time_to_first_token_seconds_{part}', w)}\n{gate}"
             return f"sum by (model_name) (\n{indent(gated)}\n)"
+
         return div(total("sum"), total("count"))
+
     return build
 
 
@@ -258,8 +263,7 @@ def _fleet_effect(cfg: MixinConfig, w: str) -> str:
     """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without (seconds;
     negative = the tier makes TTFT better). Load is not matched: read it next to the rates."""
     mean = f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate{w}"
-    return (f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n'
-            f'{mean}{{offloading="off"}}')
+    return f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n{mean}{{offloading="off"}}'
 
 
 def _helper(formula: Expr) -> Callable[[MixinConfig, str], str]:
@@ -273,86 +277,248 @@ def _ttft_quantile(q: str) -> Callable[[MixinConfig, str], str]:
         # All-zero buckets (idle) give NaN: keep only groups that finished requests.
         busy = paren(f"{sum_rate(cfg, 'time_to_first_token_seconds_count', w)} > 0")
         return f"{quantile}\nand on ({by_labels(cfg)})\n{busy}"
+
     return build
 
 
 RENDERINGS: tuple[Rendering, ...] = (
-    Rendering((), "vllm_kv_offload_configured", "group", (), lambda cfg, _w:
-              offload_configured(cfg), level="instance",
-              help="1 per target with KV offloading on (offload series, or a configured size)."),
-    Rendering(("offload_hit_ratio",), "vllm_kv_offload_hit", "ratio_rate", ("fast",),
-              _figure("offload_hit_ratio")),
-    Rendering(("gpu_prefix_hit_ratio",), "vllm_prefix_cache_hit", "ratio_rate", ("fast",),
-              _figure("gpu_prefix_hit_ratio")),
-    Rendering(("prompt_share_local_compute", "prompt_share_local_cache_hit",
-               "prompt_share_external"), "vllm_prompt_tokens_by_source", "ratio_rate",
-              ("fast",), _shares("prompt_share_local_compute", "prompt_share_local_cache_hit",
-                                 "prompt_share_external")),
-    Rendering(("load_gbps",), "vllm_kv_offload_load_bytes_per_second", "ratio_rate",
-              ("fast", "slow"), _figure("load_gbps")),
-    Rendering(("store_gbps",), "vllm_kv_offload_store_bytes_per_second", "ratio_rate",
-              ("fast",), _figure("store_gbps")),
-    Rendering(("reuse_ratio",), "vllm_kv_offload_reuse", "ratio_rate", ("slow",),
-              _figure("reuse_ratio")),
-    Rendering(("wasted_bytes",), "vllm_kv_offload_wasted_bytes", "increase", ("slow",),
-              _figure("wasted_bytes")),
-    Rendering(("loaded_bytes",), "vllm_kv_offload_load_bytes", "increase", ("slow",),
-              _figure("loaded_bytes")),
-    Rendering(("stored_bytes",), "vllm_kv_offload_store_bytes", "increase", ("slow",),
-              _figure("stored_bytes")),
-    Rendering(("store_rate_bytes_per_second",), "vllm_kv_offload_store_bytes", "rate",
-              ("fast", "slow"), _figure("store_rate_bytes_per_second")),
-    Rendering((), "vllm_kv_offload_load_bytes", "rate", ("fast", "slow"), _helper(LOADED),
-              help="Wall-clock load traffic (traffic floor of the transfer alerts)."),
+    Rendering(
+        (),
+        "vllm_kv_offload_configured",
+        "group",
+        (),
+        lambda cfg, _w: offload_configured(cfg),
+        level="instance",
+        help="1 per target with KV offloading on (offload series, or a configured size).",
+    ),
+    Rendering(
+        ("offload_hit_ratio",),
+        "vllm_kv_offload_hit",
+        "ratio_rate",
+        ("fast",),
+        _figure("offload_hit_ratio"),
+    ),
+    Rendering(
+        ("gpu_prefix_hit_ratio",),
+        "vllm_prefix_cache_hit",
+        "ratio_rate",
+        ("fast",),
+        _figure("gpu_prefix_hit_ratio"),
+    ),
+    Rendering(
+        ("prompt_share_local_compute", "prompt_share_local_cache_hit", "prompt_share_external"),
+        "vllm_prompt_tokens_by_source",
+        "ratio_rate",
+        ("fast",),
+        _shares(
+            "prompt_share_local_compute", "prompt_share_local_cache_hit", "prompt_share_external"
+        ),
+    ),
+    Rendering(
+        ("load_gbps",),
+        "vllm_kv_offload_load_bytes_per_second",
+        "ratio_rate",
+        ("fast", "slow"),
+        _figure("load_gbps"),
+    ),
+    Rendering(
+        ("store_gbps",),
+        "vllm_kv_offload_store_bytes_per_second",
+        "ratio_rate",
+        ("fast",),
+        _figure("store_gbps"),
+    ),
+    Rendering(
+        ("reuse_ratio",), "vllm_kv_offload_reuse", "ratio_rate", ("slow",), _figure("reuse_ratio")
+    ),
+    Rendering(
+        ("wasted_bytes",),
+        "vllm_kv_offload_wasted_bytes",
+        "increase",
+        ("slow",),
+        _figure("wasted_bytes"),
+    ),
+    Rendering(
+        ("loaded_bytes",),
+        "vllm_kv_offload_load_bytes",
+        "increase",
+        ("slow",),
+        _figure("loaded_bytes"),
+    ),
+    Rendering(
+        ("stored_bytes",),
+        "vllm_kv_offload_store_bytes",
+        "increase",
+        ("slow",),
+        _figure("stored_bytes"),
+    ),
+    Rendering(
+        ("store_rate_bytes_per_second",),
+        "vllm_kv_offload_store_bytes",
+        "rate",
+        ("fast", "slow"),
+        _figure("store_rate_bytes_per_second"),
+    ),
+    Rendering(
+        (),
+        "vllm_kv_offload_load_bytes",
+        "rate",
+        ("fast", "slow"),
+        _helper(LOADED),
+        help="Wall-clock load traffic (traffic floor of the transfer alerts).",
+    ),
     # Loaded bytes ÷ loaded tokens since the engines started (the config's figure, from
     # labels, is the sidecar's only).
-    Rendering(("kv_bytes_per_token",), "vllm_kv_offload_bytes_per_token", "ratio",
-              ("slow",), _figure("kv_bytes_per_token")),
-    Rendering(("recompute_tokens_per_second",), "vllm_prefill_computed_tokens_per_second",
-              "ratio_rate", ("fast",), _figure("recompute_tokens_per_second")),
-    Rendering(("load_tokens_per_second",), "vllm_kv_offload_loaded_tokens_per_second",
-              "ratio_rate", ("fast",), _figure("load_tokens_per_second")),
-    Rendering(("speedup",), "vllm_kv_offload_load_speedup", "ratio_rate", ("fast", "slow"),
-              _figure("speedup")),
-    Rendering(("cpu_fill_seconds",), "kvoffload_cpu_fill_seconds", "ratio_rate", ("slow",),
-              _figure("cpu_fill_seconds")),
-    Rendering(("gpu_turnover_seconds",), "kvoffload_gpu_turnover_seconds", "ratio_rate",
-              ("fast",), _figure("gpu_turnover_seconds")),
-    Rendering(("stored_bytes_since_start",), "vllm_kv_offload_store_bytes", "sum", (),
-              _figure("stored_bytes_since_start")),
-    Rendering(("cpu_fill_ratio_since_start",), "kvoffload_cpu_fill_since_start", "ratio", (),
-              _figure("cpu_fill_ratio_since_start")),
-    Rendering(("mean_ttft_seconds",), "vllm_time_to_first_token_seconds", "mean_rate",
-              ("fast",), _figure("mean_ttft_seconds")),
-    Rendering(("mean_queue_seconds",), "vllm_request_queue_time_seconds", "mean_rate",
-              ("fast",), _figure("mean_queue_seconds")),
-    Rendering(("gpu_kv_usage_ratio",), "vllm_kv_cache_usage_perc", "avg_over_time",
-              ("fast",), _figure("gpu_kv_usage_ratio")),
-    Rendering(("waiting_for_capacity",), "vllm_num_requests_waiting_for_capacity",
-              "avg_over_time", ("fast",), _figure("waiting_for_capacity")),
-    Rendering(("preemptions_per_second",), "vllm_num_preemptions", "rate", ("fast",),
-              _figure("preemptions_per_second")),
-    Rendering(("allocation_failures_per_second",), "vllm_kv_offload_allocation_failure",
-              "rate", ("fast",), _figure("allocation_failures_per_second")),
-    Rendering(("prompt_tokens_per_second",), "vllm_prompt_tokens", "rate", ("fast", "slow"),
-              _figure("prompt_tokens_per_second")),
-    Rendering((), "vllm_prefix_cache_queries", "rate", ("fast",),
-              _helper(Rate("prefix_queries")),
-              help="Prompt tokens looked up in the GPU prefix cache (traffic floor)."),
-    Rendering((), "vllm_time_to_first_token_seconds", "fleet_mean_rate", ("slow",),
-              _fleet_mean_ttft(True), labels=(("offloading", "on"),),
-              help="Mean TTFT per model over its replicas with offloading (fleet A/B)."),
-    Rendering((), "vllm_time_to_first_token_seconds", "fleet_mean_rate", ("slow",),
-              _fleet_mean_ttft(False), labels=(("offloading", "off"),),
-              help="Mean TTFT per model over its replicas without offloading (fleet A/B)."),
-    Rendering((), "kvoffload_offload_ttft_effect_seconds", "fleet_rate", ("slow",),
-              _fleet_effect,
-              help="Fleet A/B: mean TTFT with a tier minus without, per model (negative = "
-                   "faster); load is not matched."),
+    Rendering(
+        ("kv_bytes_per_token",),
+        "vllm_kv_offload_bytes_per_token",
+        "ratio",
+        ("slow",),
+        _figure("kv_bytes_per_token"),
+    ),
+    Rendering(
+        ("recompute_tokens_per_second",),
+        "vllm_prefill_computed_tokens_per_second",
+        "ratio_rate",
+        ("fast",),
+        _figure("recompute_tokens_per_second"),
+    ),
+    Rendering(
+        ("load_tokens_per_second",),
+        "vllm_kv_offload_loaded_tokens_per_second",
+        "ratio_rate",
+        ("fast",),
+        _figure("load_tokens_per_second"),
+    ),
+    Rendering(
+        ("speedup",),
+        "vllm_kv_offload_load_speedup",
+        "ratio_rate",
+        ("fast", "slow"),
+        _figure("speedup"),
+    ),
+    Rendering(
+        ("cpu_fill_seconds",),
+        "kvoffload_cpu_fill_seconds",
+        "ratio_rate",
+        ("slow",),
+        _figure("cpu_fill_seconds"),
+    ),
+    Rendering(
+        ("gpu_turnover_seconds",),
+        "kvoffload_gpu_turnover_seconds",
+        "ratio_rate",
+        ("fast",),
+        _figure("gpu_turnover_seconds"),
+    ),
+    Rendering(
+        ("stored_bytes_since_start",),
+        "vllm_kv_offload_store_bytes",
+        "sum",
+        (),
+        _figure("stored_bytes_since_start"),
+    ),
+    Rendering(
+        ("cpu_fill_ratio_since_start",),
+        "kvoffload_cpu_fill_since_start",
+        "ratio",
+        (),
+        _figure("cpu_fill_ratio_since_start"),
+    ),
+    Rendering(
+        ("mean_ttft_seconds",),
+        "vllm_time_to_first_token_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("mean_ttft_seconds"),
+    ),
+    Rendering(
+        ("mean_queue_seconds",),
+        "vllm_request_queue_time_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("mean_queue_seconds"),
+    ),
+    Rendering(
+        ("gpu_kv_usage_ratio",),
+        "vllm_kv_cache_usage_perc",
+        "avg_over_time",
+        ("fast",),
+        _figure("gpu_kv_usage_ratio"),
+    ),
+    Rendering(
+        ("waiting_for_capacity",),
+        "vllm_num_requests_waiting_for_capacity",
+        "avg_over_time",
+        ("fast",),
+        _figure("waiting_for_capacity"),
+    ),
+    Rendering(
+        ("preemptions_per_second",),
+        "vllm_num_preemptions",
+        "rate",
+        ("fast",),
+        _figure("preemptions_per_second"),
+    ),
+    Rendering(
+        ("allocation_failures_per_second",),
+        "vllm_kv_offload_allocation_failure",
+        "rate",
+        ("fast",),
+        _figure("allocation_failures_per_second"),
+    ),
+    Rendering(
+        ("prompt_tokens_per_second",),
+        "vllm_prompt_tokens",
+        "rate",
+        ("fast", "slow"),
+        _figure("prompt_tokens_per_second"),
+    ),
+    Rendering(
+        (),
+        "vllm_prefix_cache_queries",
+        "rate",
+        ("fast",),
+        _helper(Rate("prefix_queries")),
+        help="Prompt tokens looked up in the GPU prefix cache (traffic floor).",
+    ),
+    Rendering(
+        (),
+        "vllm_time_to_first_token_seconds",
+        "fleet_mean_rate",
+        ("slow",),
+        _fleet_mean_ttft(True),
+        labels=(("offloading", "on"),),
+        help="Mean TTFT per model over its replicas with offloading (fleet A/B).",
+    ),
+    Rendering(
+        (),
+        "vllm_time_to_first_token_seconds",
+        "fleet_mean_rate",
+        ("slow",),
+        _fleet_mean_ttft(False),
+        labels=(("offloading", "off"),),
+        help="Mean TTFT per model over its replicas without offloading (fleet A/B).",
+    ),
+    Rendering(
+        (),
+        "kvoffload_offload_ttft_effect_seconds",
+        "fleet_rate",
+        ("slow",),
+        _fleet_effect,
+        help="Fleet A/B: mean TTFT with a tier minus without, per model (negative = "
+        "faster); load is not matched.",
+    ),
     *(
-        Rendering((), "vllm_time_to_first_token_seconds", "histogram_quantile_rate", ("fast",),
-                  _ttft_quantile(q), labels=(("quantile", q),),
-                  help=f"TTFT {float(q):.0%} quantile.")
+        Rendering(
+            (),
+            "vllm_time_to_first_token_seconds",
+            "histogram_quantile_rate",
+            ("fast",),
+            _ttft_quantile(q),
+            labels=(("quantile", q),),
+            help=f"TTFT {float(q):.0%} quantile.",
+        )
         for q in ("0.5", "0.9", "0.99")
     ),
 )

@@ -61,6 +61,7 @@ def make_app(sidecar: Sidecar, manage_lifecycle: bool = True) -> web.Application
     app.router.add_get("/readyz", readyz)
 
     if manage_lifecycle:
+
         async def lifecycle(_app: web.Application):
             await sidecar.start()
             yield

@@ -25,39 +25,69 @@ GROUP_LABELS = ["target", "model_name"]
 # exposition and for docs/metrics.md.
 KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
     "kvoffload_kv_events_messages": (
-        "counter", ["target"], "KV-event messages received from vLLM."),
+        "counter",
+        ["target"],
+        "KV-event messages received from vLLM.",
+    ),
     "kvoffload_kv_events_lost_messages": (
-        "counter", ["target"], "KV-event messages lost (sequence gaps not replayed)."),
+        "counter",
+        ["target"],
+        "KV-event messages lost (sequence gaps not replayed).",
+    ),
     "kvoffload_kv_events_decode_errors": (
-        "counter", ["target"], "KV-event payloads that did not decode."),
+        "counter",
+        ["target"],
+        "KV-event payloads that did not decode.",
+    ),
     "kvoffload_kv_events_unseen_messages": (
-        "gauge", ["target"],
+        "gauge",
+        ["target"],
         "KV-event messages vLLM published before the sidecar listened and no longer holds for "
-        "replay: history the curve does not contain (0 = complete)."),
+        "replay: history the curve does not contain (0 = complete).",
+    ),
     "kvoffload_curve_provisional": (
-        "gauge", GROUP_LABELS,
+        "gauge",
+        GROUP_LABELS,
         "1 while the KV-event curve cannot size a tier yet (a partial stream, too short, or "
         "still warming up from a cold start: the reasons are in the JSON and the advice), "
-        "else 0."),
+        "else 0.",
+    ),
     "kvoffload_kv_events_sample_ratio": (
-        "gauge", ["target"], "Share of blocks tracked for reuse distances (1 = exact)."),
+        "gauge",
+        ["target"],
+        "Share of blocks tracked for reuse distances (1 = exact).",
+    ),
     "kvoffload_reuse_distance_bytes": (
-        "histogram", GROUP_LABELS,
+        "histogram",
+        GROUP_LABELS,
         "GPU-missed prompt tokens by LRU reuse distance in bytes (KV events): the bucket at "
-        "le=C counts the tokens a CPU tier of C bytes per engine would have served."),
+        "le=C counts the tokens a CPU tier of C bytes per engine would have served.",
+    ),
     "kvoffload_cpu_resident_bytes": (
-        "gauge", GROUP_LABELS, "Bytes resident in the CPU tier (KV events)."),
+        "gauge",
+        GROUP_LABELS,
+        "Bytes resident in the CPU tier (KV events).",
+    ),
     "kvoffload_never_loaded_evicted_bytes": (
-        "counter", GROUP_LABELS,
-        "Bytes stored into the CPU tier and evicted without ever being loaded (KV events)."),
+        "counter",
+        GROUP_LABELS,
+        "Bytes stored into the CPU tier and evicted without ever being loaded (KV events).",
+    ),
     "kvoffload_never_loaded_resident_bytes": (
-        "gauge", GROUP_LABELS,
-        "Bytes in the CPU tier not loaded since they were stored (KV events)."),
+        "gauge",
+        GROUP_LABELS,
+        "Bytes in the CPU tier not loaded since they were stored (KV events).",
+    ),
     "kvoffload_achievable_offload_hit_ratio": (
-        "gauge", GROUP_LABELS, "Offload hit ratio an unbounded CPU tier would reach (KV events)."),
+        "gauge",
+        GROUP_LABELS,
+        "Offload hit ratio an unbounded CPU tier would reach (KV events).",
+    ),
     "kvoffload_predicted_offload_hit_ratio": (
-        "gauge", GROUP_LABELS,
-        "Predicted offload hit ratio at the recommended (else the current) CPU tier size."),
+        "gauge",
+        GROUP_LABELS,
+        "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
+    ),
 }
 
 # The TTFT verdict (analysis.ttft), per group: name → (extra labels, help). One table for the
@@ -66,20 +96,26 @@ TTFT_METRICS: dict[str, tuple[list[str], str]] = {
     "kvoffload_offload_ttft_effect_seconds": (
         ["bound"],
         "Mean TTFT change per request that the CPU tier causes now versus no offloading "
-        "(negative = faster), measured on this server; bound=estimate|low|high."),
+        "(negative = faster), measured on this server; bound=estimate|low|high.",
+    ),
     "kvoffload_recommended_ttft_change_seconds": (
         ["basis", "bound"],
         "Predicted mean TTFT change per request if the recommendation is applied, relative to "
-        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high."),
+        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high.",
+    ),
     "kvoffload_predicted_offload_ttft_effect_seconds": (
         [],
         "Predicted mean TTFT change per request of a CPU tier at the recommended size versus "
-        "none (negative = faster), from the KV-event curve."),
+        "none (negative = faster), from the KV-event curve.",
+    ),
     "kvoffload_marginal_recompute_ttft_seconds": (
         [],
         "Mean TTFT (summed over requests) that one more recomputed prompt token costs, fitted "
-        "over scrape intervals."),
+        "over scrape intervals.",
+    ),
 }
+
+
 def _event_gauge(name: str) -> GaugeMetricFamily:
     mtype, labels, help_text = KV_EVENT_METRICS[name]
     assert mtype == "gauge", name
@@ -104,27 +140,38 @@ class SidecarCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         sc = self.sidecar
-        build = GaugeMetricFamily("kvoffload_build_info", "kvoffload version (always 1).",
-                                  labels=["version"])
+        build = GaugeMetricFamily(
+            "kvoffload_build_info", "kvoffload version (always 1).", labels=["version"]
+        )
         build.add_metric([__version__], 1)
         yield build
 
-        up = GaugeMetricFamily("kvoffload_up", "1 if the last scrape of the vLLM target "
-                               "succeeded and parsed, else 0.", labels=["target"])
-        duration = GaugeMetricFamily("kvoffload_scrape_duration_seconds",
-                                     "Duration of the last successful scrape of the target, "
-                                     "fetch to updated figures.",
-                                     labels=["target"])
-        failures = CounterMetricFamily("kvoffload_scrape_failures",
-                                       "Scrapes of the target that failed (unreachable, slow, "
-                                       "HTTP error, oversized or unparsable).",
-                                       labels=["target"])
-        payload = GaugeMetricFamily("kvoffload_scrape_payload_bytes",
-                                    "Size of the target's last /metrics body.",
-                                    labels=["target"])
-        last_ok = GaugeMetricFamily("kvoffload_last_success_timestamp_seconds",
-                                    "Unix time of the target's last successful scrape.",
-                                    labels=["target"])
+        up = GaugeMetricFamily(
+            "kvoffload_up",
+            "1 if the last scrape of the vLLM target succeeded and parsed, else 0.",
+            labels=["target"],
+        )
+        duration = GaugeMetricFamily(
+            "kvoffload_scrape_duration_seconds",
+            "Duration of the last successful scrape of the target, fetch to updated figures.",
+            labels=["target"],
+        )
+        failures = CounterMetricFamily(
+            "kvoffload_scrape_failures",
+            "Scrapes of the target that failed (unreachable, slow, "
+            "HTTP error, oversized or unparsable).",
+            labels=["target"],
+        )
+        payload = GaugeMetricFamily(
+            "kvoffload_scrape_payload_bytes",
+            "Size of the target's last /metrics body.",
+            labels=["target"],
+        )
+        last_ok = GaugeMetricFamily(
+            "kvoffload_last_success_timestamp_seconds",
+            "Unix time of the target's last successful scrape.",
+            labels=["target"],
+        )
         for t in sc.targets:
             up.add_metric([t.name], 1.0 if t.up else 0.0)
             failures.add_metric([t.name], t.failures)
@@ -136,26 +183,35 @@ class SidecarCollector(Collector):
         yield from (up, duration, failures, payload, last_ok)
 
         groups = sc.groups()
-        offloading = GaugeMetricFamily("kvoffload_offloading_enabled",
-                                       "1 if the engine exposes KV offloading metrics.",
-                                       labels=GROUP_LABELS)
-        window = GaugeMetricFamily("kvoffload_window_seconds",
-                                   "Time span the figures of this group cover.",
-                                   labels=GROUP_LABELS)
+        offloading = GaugeMetricFamily(
+            "kvoffload_offloading_enabled",
+            "1 if the engine exposes KV offloading metrics.",
+            labels=GROUP_LABELS,
+        )
+        window = GaugeMetricFamily(
+            "kvoffload_window_seconds",
+            "Time span the figures of this group cover.",
+            labels=GROUP_LABELS,
+        )
         families: dict[str, GaugeMetricFamily] = {}
         for fig in FIGURES:
             if fig.metric not in families:
                 extra = [k for k, _ in fig.labels]
                 families[fig.metric] = GaugeMetricFamily(
-                    fig.metric, fig.help + " (windowed, computed by the sidecar)",
+                    fig.metric,
+                    fig.help + " (windowed, computed by the sidecar)",
                     labels=GROUP_LABELS + extra,
                 )
-        rec = GaugeMetricFamily("kvoffload_recommendation",
-                                "Current advice: 1 for the recommended action, 0 for the others.",
-                                labels=[*GROUP_LABELS, "action"])
-        size = GaugeMetricFamily("kvoffload_recommended_size_bytes",
-                                 "Recommended --kv-offloading-size, in bytes.",
-                                 labels=GROUP_LABELS)
+        rec = GaugeMetricFamily(
+            "kvoffload_recommendation",
+            "Current advice: 1 for the recommended action, 0 for the others.",
+            labels=[*GROUP_LABELS, "action"],
+        )
+        size = GaugeMetricFamily(
+            "kvoffload_recommended_size_bytes",
+            "Recommended --kv-offloading-size, in bytes.",
+            labels=GROUP_LABELS,
+        )
         verdict = _TtftFamilies()
         for g in groups:
             if g.stale:
@@ -213,14 +269,17 @@ class SidecarCollector(Collector):
                 continue
             key = [g.instance, g.model_name]
             if g.reuse_histogram is not None:
-                hist.add_metric(key, [(_le(le), tokens) for le, tokens
-                                      in g.reuse_histogram.buckets],
-                                g.reuse_histogram.sum_bytes)
+                hist.add_metric(
+                    key,
+                    [(_le(le), tokens) for le, tokens in g.reuse_histogram.buckets],
+                    g.reuse_histogram.sum_bytes,
+                )
             pairs: tuple[tuple[GaugeMetricFamily | CounterMetricFamily, str], ...] = (
                 (resident, "cpu_resident_bytes"),
                 (never_evicted, "never_loaded_evicted_bytes"),
                 (never_resident, "never_loaded_resident_bytes"),
-                (achievable, "achievable_hit_ratio"))
+                (achievable, "achievable_hit_ratio"),
+            )
             for family, field_name in pairs:
                 value = info.get(field_name)
                 if isinstance(value, float | int):
@@ -229,8 +288,15 @@ class SidecarCollector(Collector):
                 predicted.add_metric(key, g.predicted_offload_hit_ratio)
             if "provisional" in info:
                 provisional.add_metric(key, float(bool(info["provisional"])))
-        yield from (hist, resident, never_evicted, never_resident, achievable, predicted,
-                    provisional)
+        yield from (
+            hist,
+            resident,
+            never_evicted,
+            never_resident,
+            achievable,
+            predicted,
+            provisional,
+        )
 
 
 def _number(value: object) -> float:
@@ -252,8 +318,10 @@ class _TtftFamilies:
     """The TTFT verdict (kvoffload.analysis.ttft) of every group, as gauges (TTFT_METRICS)."""
 
     def __init__(self) -> None:
-        self.families = {name: GaugeMetricFamily(name, help_text, labels=GROUP_LABELS + extra)
-                         for name, (extra, help_text) in TTFT_METRICS.items()}
+        self.families = {
+            name: GaugeMetricFamily(name, help_text, labels=GROUP_LABELS + extra)
+            for name, (extra, help_text) in TTFT_METRICS.items()
+        }
 
     def _bounds(self, name: str, key: list[str], estimate: object, bounds: object) -> None:
         low, high = bounds if isinstance(bounds, list | tuple) else (None, None)
@@ -264,17 +332,26 @@ class _TtftFamilies:
     def add(self, key: list[str], group: GroupAnalysis) -> None:
         verdict = group.ttft
         if verdict is not None and verdict.now is not None:
-            self._bounds("kvoffload_offload_ttft_effect_seconds", key, verdict.now["seconds"],
-                         verdict.now["range_seconds"])
+            self._bounds(
+                "kvoffload_offload_ttft_effect_seconds",
+                key,
+                verdict.now["seconds"],
+                verdict.now["range_seconds"],
+            )
         rec = group.recommendation
         if rec.ttft_change_seconds is not None:
-            self._bounds("kvoffload_recommended_ttft_change_seconds",
-                         [*key, str(rec.ttft_change_basis)], rec.ttft_change_seconds,
-                         rec.ttft_change_range_seconds)
+            self._bounds(
+                "kvoffload_recommended_ttft_change_seconds",
+                [*key, str(rec.ttft_change_basis)],
+                rec.ttft_change_seconds,
+                rec.ttft_change_range_seconds,
+            )
         if verdict is not None and verdict.predicted is not None:
             self.families["kvoffload_predicted_offload_ttft_effect_seconds"].add_metric(
-                key, _number(verdict.predicted["seconds"]))
+                key, _number(verdict.predicted["seconds"])
+            )
         cost = verdict.marginal_recompute_seconds_per_token if verdict is not None else None
         if cost is not None:
             self.families["kvoffload_marginal_recompute_ttft_seconds"].add_metric(
-                key, _number(cost["value"]))
+                key, _number(cost["value"])
+            )

@@ -58,11 +58,14 @@ class TargetState:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "url": self.url, "instance": self.name, "up": self.up,
+            "url": self.url,
+            "instance": self.name,
+            "up": self.up,
             "last_error": self.last_error,
             "last_scrape_duration_seconds": self.last_duration_seconds,
             "last_success_timestamp": self.last_success_timestamp,
-            "scrapes": self.scrapes, "failures": self.failures,
+            "scrapes": self.scrapes,
+            "failures": self.failures,
             "payload_bytes": self.payload_bytes,
         }
 
@@ -119,11 +122,17 @@ class Sidecar:
             state = self.events[name]
             for rank in range(source.dp_size):
                 engine = state.engines.get(rank)
-                self.subscribers.append(Subscriber(
-                    source.endpoint, rank, self._on_event_message(name, state),
-                    source.replay_endpoint, source.topic,
-                    resume_after_seq=engine.last_seq if engine else None,
-                    resume_history_from_seq=engine.history_from_seq if engine else None))
+                self.subscribers.append(
+                    Subscriber(
+                        source.endpoint,
+                        rank,
+                        self._on_event_message(name, state),
+                        source.replay_endpoint,
+                        source.topic,
+                        resume_after_seq=engine.last_seq if engine else None,
+                        resume_history_from_seq=engine.history_from_seq if engine else None,
+                    )
+                )
         self._saved_generation: dict[str, int] = {}
         self._generation = 0
         self._cache: tuple[int, list[GroupAnalysis]] | None = None
@@ -155,9 +164,7 @@ class Sidecar:
                 log.warning("kv events: %s", sub.state.last_error)
             await asyncio.sleep(1.0)
 
-    def _on_event_message(
-        self, name: str, state: TargetEvents
-    ) -> Callable[[RawMessage], None]:
+    def _on_event_message(self, name: str, state: TargetEvents) -> Callable[[RawMessage], None]:
         def handle(msg: RawMessage) -> None:
             if state.ingest_message(msg):
                 self._generation += 1
@@ -179,32 +186,40 @@ class Sidecar:
         return persist.state_path(self.config.state_dir, name)
 
     def _restore(self, name: str) -> TargetEvents:
-        fresh = TargetEvents(self.config.kv_events_sample_rate,
-                             self.config.kv_events_sample_budget)
+        fresh = TargetEvents(self.config.kv_events_sample_rate, self.config.kv_events_sample_budget)
         if not self.config.state_dir:
             return fresh
-        loaded = persist.load(self._state_path(name), name, fresh.sample_rate,
-                              fresh.sample_budget)
+        loaded = persist.load(self._state_path(name), name, fresh.sample_rate, fresh.sample_budget)
         if loaded is None:
             return fresh
         for key, totals in loaded.baselines.items():
             instance, model = json.loads(key)
             self.event_baselines[(instance, model)] = totals
-        log.info("kv events: %s: resumed from %s (%d messages)", name,
-                 self._state_path(name), loaded.saved_messages)
+        log.info(
+            "kv events: %s: resumed from %s (%d messages)",
+            name,
+            self._state_path(name),
+            loaded.saved_messages,
+        )
         return loaded.events
 
     def _snapshot(self, name: str) -> persist.Snapshot:
-        baselines = {json.dumps(list(group)): totals
-                     for group, totals in self.event_baselines.items() if group[0] == name}
+        baselines = {
+            json.dumps(list(group)): totals
+            for group, totals in self.event_baselines.items()
+            if group[0] == name
+        }
         return persist.snapshot(self.events[name], name, baselines)
 
     def _save(self, name: str) -> None:
         try:
             persist.write_snapshot(self._state_path(name), self._snapshot(name))
         except OSError as exc:
-            log.warning("kv events: cannot save state to %s: %s", self._state_path(name),
-                        exc.strerror or exc)
+            log.warning(
+                "kv events: cannot save state to %s: %s",
+                self._state_path(name),
+                exc.strerror or exc,
+            )
 
     async def _save_loop(self) -> None:
         while True:
@@ -216,11 +231,13 @@ class Sidecar:
                 # in a thread so a big state does not hold up scrapes or the subscribers.
                 snap = self._snapshot(name)
                 try:
-                    await asyncio.to_thread(persist.write_snapshot, self._state_path(name),
-                                            snap)
+                    await asyncio.to_thread(persist.write_snapshot, self._state_path(name), snap)
                 except OSError as exc:
-                    log.warning("kv events: cannot save state to %s: %s",
-                                self._state_path(name), exc.strerror or exc)
+                    log.warning(
+                        "kv events: cannot save state to %s: %s",
+                        self._state_path(name),
+                        exc.strerror or exc,
+                    )
                     continue
                 self._saved_generation[name] = self._generation
 
@@ -244,14 +261,20 @@ class Sidecar:
         started = time.monotonic()
         try:
             result = await scrape(
-                self._session, target.url, self.config.timeout_seconds,
-                self.config.max_payload_bytes, wanted, WANTED_FAMILIES,
+                self._session,
+                target.url,
+                self.config.timeout_seconds,
+                self.config.max_payload_bytes,
+                wanted,
+                WANTED_FAMILIES,
             )
             expo = result.exposition
             ex = extract(expo, result.timestamp, target.name)
             if not ex.counters and not ex.gauges:
-                raise InputError(f"{target.url}: no vLLM metrics in the payload "
-                                 "(is this vLLM's /metrics? is --disable-log-stats set?)")
+                raise InputError(
+                    f"{target.url}: no vLLM metrics in the payload "
+                    "(is this vLLM's /metrics? is --disable-log-stats set?)"
+                )
             self.window.update(ex)
         except InputError as exc:
             target.up = False
@@ -288,9 +311,15 @@ class Sidecar:
     def groups(self) -> list[GroupAnalysis]:
         """Analysis of every group, recomputed only when a scrape landed since the last call."""
         if self._cache is None or self._cache[0] != self._generation:
-            self._cache = (self._generation, analyze_groups(
-                self.window, self.config.settings, events=self.events,
-                event_baselines=self.event_baselines))
+            self._cache = (
+                self._generation,
+                analyze_groups(
+                    self.window,
+                    self.config.settings,
+                    events=self.events,
+                    event_baselines=self.event_baselines,
+                ),
+            )
         down = {t.name for t in self.targets if not t.up}
         for group in self._cache[1]:
             # Figures of a target we cannot read any more describe the past: /metrics drops
@@ -307,9 +336,14 @@ class Sidecar:
             "groups": [g.to_json() for g in self.groups()],
             "targets": [t.to_json() for t in self.targets],
             "kv_events": [
-                {"endpoint": s.state.endpoint, "rank": s.state.rank,
-                 "connected": s.state.connected, "last_seq": s.state.last_seq,
-                 "replayed": s.state.replayed, "last_error": s.state.last_error}
+                {
+                    "endpoint": s.state.endpoint,
+                    "rank": s.state.rank,
+                    "connected": s.state.connected,
+                    "last_seq": s.state.last_seq,
+                    "replayed": s.state.replayed,
+                    "last_error": s.state.last_error,
+                }
                 for s in self.subscribers
             ],
             "window_seconds": self.config.window_seconds,

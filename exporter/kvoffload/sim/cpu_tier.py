@@ -91,9 +91,13 @@ class _Arc:
             self.t1[key] = None
 
     def evict_one(self, pinned: Callable[[int], bool]) -> int | None:
-        first, second = (self.t1, self.t2) if len(self.t1) > self.p or not self.t2 else (
-            self.t2,
-            self.t1,
+        first, second = (
+            (self.t1, self.t2)
+            if len(self.t1) > self.p or not self.t2
+            else (
+                self.t2,
+                self.t1,
+            )
         )
         for lst in (first, second):
             for k in lst:

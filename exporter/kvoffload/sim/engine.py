@@ -88,7 +88,12 @@ class EngineTruth:
 
 class Engine:
     def __init__(
-        self, scenario: Scenario, sizing: Sizing, index: int, host: Host, rng: random.Random,
+        self,
+        scenario: Scenario,
+        sizing: Sizing,
+        index: int,
+        host: Host,
+        rng: random.Random,
         started_at: float,
     ) -> None:
         self.s = scenario
@@ -109,7 +114,9 @@ class Engine:
         self.cpu: CpuTier | None = None
         if scenario.offloading:
             self.cpu = CpuTier(
-                sizing.cpu_num_chunks, sizing.chunk_bytes, scenario.eviction_policy,
+                sizing.cpu_num_chunks,
+                sizing.chunk_bytes,
+                scenario.eviction_policy,
                 scenario.store_threshold,
             )
         self.waiting: deque[Request] = deque()
@@ -159,8 +166,11 @@ class Engine:
             for tt in ("CPU_to_GPU", "GPU_to_CPU"):
                 for fam in mf.LEGACY_OFFLOAD:
                     m.ensure(fam.name, (*lab, tt), w)
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                     "vllm:kv_cache_usage_perc"):
+        for name in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+        ):
             m.set(name, lab, 0.0, w)
         for reason in mf.WAITING_REASONS:
             m.set("vllm:num_requests_waiting_by_reason", (*lab, reason), 0.0, w)
@@ -178,8 +188,10 @@ class Engine:
         for reason in mf.FINISHED_REASONS:
             m.ensure("vllm:request_success", (*lab, reason), w)
         for name, fam in m.families.items():
-            if fam.kind == "histogram" and fam.labels == mf.BASE and not name.startswith(
-                "vllm:kv_offload"
+            if (
+                fam.kind == "histogram"
+                and fam.labels == mf.BASE
+                and not name.startswith("vllm:kv_offload")
             ):
                 m.ensure(name, lab, w)
         self._cache_config_info(w)
@@ -198,7 +210,8 @@ class Engine:
             "kv_cache_size_tokens": str(sz.kv_cache_size_tokens),
             "kv_cache_max_concurrency": str(sz.num_gpu_blocks / blocks_per_request),
             "kv_cache_memory_bytes": str(s.kv_cache_memory_bytes)
-            if s.kv_cache_memory_bytes is not None else "None",
+            if s.kv_cache_memory_bytes is not None
+            else "None",
             "kv_offloading_size": str(float(s.cpu_gib)) if s.cpu_gib is not None else "None",
             "kv_offloading_backend": "native",
         }
@@ -211,10 +224,18 @@ class Engine:
         if self.cpu is None or not self.v033:
             return
         m, lab, sz = self.m, self.labels, self.sz
-        m.set(mf.CONFIG_INFO.name, (
-            *lab, str(sz.cpu_num_chunks), str(self.bpc), str(sz.cpu_kv_cache_size_bytes),
-            str(sz.cpu_num_chunks * self.bpc * self.bs),
-        ), 1.0, w)
+        m.set(
+            mf.CONFIG_INFO.name,
+            (
+                *lab,
+                str(sz.cpu_num_chunks),
+                str(self.bpc),
+                str(sz.cpu_kv_cache_size_bytes),
+                str(sz.cpu_num_chunks * self.bpc * self.bs),
+            ),
+            1.0,
+            w,
+        )
         m.ensure(mf.STORES_SKIPPED.name, lab, w)
 
     def _record_step(self, t: float) -> None:
@@ -303,7 +324,7 @@ class Engine:
             hits = self.cpu.lookup(keys[first:last]) if last > first else 0
             if hits:
                 ext_blocks = (first + hits) * bpc - gpu_hit
-                load_keys = keys[first:first + hits]
+                load_keys = keys[first : first + hits]
             delay = (15e-6 + 0.25e-6 * len(keys)) * self.rng.uniform(0.8, 1.2)
             m.observe("vllm:kv_offload_lookup_sync_delay_seconds", lab, delay, w)
         r.blocks = self.gpu.allocate(hashes, gpu_hit, total_blocks, t)
@@ -440,16 +461,20 @@ class Engine:
                 stored_chunks += len(r.store_keys)
             compute += r.computed(bs)
         hw = self.s.hardware
-        duration = (hw.prefill_overhead_s + compute / self.sz.prefill_tokens_per_s
-                    + len(decoders) * hw.decode_s_per_seq)
+        duration = (
+            hw.prefill_overhead_s
+            + compute / self.sz.prefill_tokens_per_s
+            + len(decoders) * hw.decode_s_per_seq
+        )
         if self.cpu is not None:
             duration += hw.offload_step_overhead_s
             if batch:
                 duration += hw.offload_prefill_overhead_s
             if hw.store_critical_gbps:
                 duration += stored_chunks * self.sz.chunk_bytes / (hw.store_critical_gbps * 1e9)
-        self.m.observe("vllm:iteration_tokens_total", self.labels, compute + len(decoders),
-                       self._wall(t))
+        self.m.observe(
+            "vllm:iteration_tokens_total", self.labels, compute + len(decoders), self._wall(t)
+        )
         self.in_step = True
         self.running = batch + decoders
         self._record_step(t)
@@ -551,21 +576,32 @@ class Engine:
             m.observe("vllm:request_decode_time_seconds", lab, t - r.t_done, w)
         self._report(t, r, *r.first)
 
-    def _report(self, t: float, r: Request, ttft: float, queue: float, prefill: float,
-                hit_tok: int, ext_tok: int, computed: int) -> None:
-        self.host.request_finished({
-            "rid": r.rid,
-            "t": r.spec.t,
-            "model_name": self.s.model_name,
-            "engine": str(self.index),
-            "label": r.spec.label,
-            "prompt_tokens": r.prompt,
-            "gpu_hit_tokens": hit_tok,
-            "cpu_hit_tokens": ext_tok,
-            "computed_tokens": computed,
-            "ttft_s": ttft,
-            "queue_s": queue,
-            "prefill_s": prefill,
-            "load_s": r.load_s,
-            "t_finished": t,
-        })
+    def _report(
+        self,
+        t: float,
+        r: Request,
+        ttft: float,
+        queue: float,
+        prefill: float,
+        hit_tok: int,
+        ext_tok: int,
+        computed: int,
+    ) -> None:
+        self.host.request_finished(
+            {
+                "rid": r.rid,
+                "t": r.spec.t,
+                "model_name": self.s.model_name,
+                "engine": str(self.index),
+                "label": r.spec.label,
+                "prompt_tokens": r.prompt,
+                "gpu_hit_tokens": hit_tok,
+                "cpu_hit_tokens": ext_tok,
+                "computed_tokens": computed,
+                "ttft_s": ttft,
+                "queue_s": queue,
+                "prefill_s": prefill,
+                "load_s": r.load_s,
+                "t_finished": t,
+            }
+        )

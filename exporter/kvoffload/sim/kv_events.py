@@ -112,16 +112,18 @@ class KvEventLog:
         block_size: int,
     ) -> None:
         """Blocks [start, end) of a prompt became cached on the GPU (one vLLM cache_full_blocks)."""
-        self._events(rank, t).append({
-            "type": "BlockStored",
-            "block_hashes": [h & _U64 for h in hashes[start:end]],
-            "parent_block_hash": hashes[start - 1] & _U64 if start > 0 else None,
-            "token_ids": synth_tokens(segments, start * block_size, end * block_size),
-            "block_size": block_size,
-            "lora_id": None,
-            "medium": MEDIUM_GPU,
-            "lora_name": None,
-        })
+        self._events(rank, t).append(
+            {
+                "type": "BlockStored",
+                "block_hashes": [h & _U64 for h in hashes[start:end]],
+                "parent_block_hash": hashes[start - 1] & _U64 if start > 0 else None,
+                "token_ids": synth_tokens(segments, start * block_size, end * block_size),
+                "block_size": block_size,
+                "lora_id": None,
+                "medium": MEDIUM_GPU,
+                "lora_name": None,
+            }
+        )
 
     def gpu_removed(self, rank: int, t: float, hashes: Iterable[int]) -> None:
         """GPU prefix-cache evictions: one event per block, as vLLM's block pool emits them."""
@@ -135,23 +137,28 @@ class KvEventLog:
         """Completed CPU stores: one placeholder event per chunk (vLLM 0.26's default)."""
         events = self._events(rank, t)
         for k in keys:
-            events.append({
-                "type": "BlockStored",
-                "block_hashes": [k & _U64],
-                "parent_block_hash": None,
-                "token_ids": [],
-                "block_size": 0,
-                "lora_id": None,
-                "medium": MEDIUM_CPU,
-                "lora_name": None,
-            })
+            events.append(
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [k & _U64],
+                    "parent_block_hash": None,
+                    "token_ids": [],
+                    "block_size": 0,
+                    "lora_id": None,
+                    "medium": MEDIUM_CPU,
+                    "lora_name": None,
+                }
+            )
 
     def cpu_removed(self, rank: int, t: float, keys: Sequence[int]) -> None:
         """Chunks one store evicted from the CPU tier: one event for the batch."""
         if keys:
             self._events(rank, t).append(
-                {"type": "BlockRemoved", "block_hashes": [k & _U64 for k in keys],
-                 "medium": MEDIUM_CPU}
+                {
+                    "type": "BlockRemoved",
+                    "block_hashes": [k & _U64 for k in keys],
+                    "medium": MEDIUM_CPU,
+                }
             )
 
     def new_process(self, t: float, ranks: Iterable[int]) -> None:
@@ -359,7 +366,8 @@ class ZmqEventPublisher:
             for seq, payload in self._buffer:
                 if seq >= start:
                     self._replay.send_multipart(
-                        (ident, b"", self.topic, seq.to_bytes(8, "big"), payload))
+                        (ident, b"", self.topic, seq.to_bytes(8, "big"), payload)
+                    )
             self._replay.send_multipart((ident, b"", b"", self.END_SEQ, b""))
 
     def close(self) -> None:

@@ -22,18 +22,114 @@ from prometheus_client.utils import floatToGoString
 BASE = ("model_name", "engine")
 
 # --- buckets (the defaults of vLLM's vllm/v1/metrics/loggers.py) -------------------------
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 # vLLM's inter-token latency and iteration-token buckets.
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               7.5, 10.0, 20.0, 40.0, 80.0)
-ITERATION_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
-                           4096.0, 8192.0, 16384.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITERATION_TOKEN_BUCKETS = (
+    1.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
-RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30,
-                     60, 120, 300, 600, 1200, 1800)
+RESIDENCY_BUCKETS = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    20,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1200,
+    1800,
+)
 TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 1e7, 2e7, 4e7, 6e7, 8e7, 1e8, 1.5e8, 2e8)
 ALLOCATION_SIZE_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 LOOKUP_SYNC_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1)
@@ -122,38 +218,80 @@ CPU_SPEC = [
     Family("vllm:kv_offload_cpu_cache_usage_perc", "gauge", H_CPU_USAGE),
     Family("vllm:kv_offload_cpu_cache_write_usage_perc", "gauge", H_CPU_WRITE),
     Family("vllm:kv_offload_cpu_cache_read_usage_perc", "gauge", H_CPU_READ),
-    Family("vllm:kv_offload_cpu_allocation_size", "histogram", H_ALLOC_SIZE, BASE,
-           ALLOCATION_SIZE_BUCKETS),
+    Family(
+        "vllm:kv_offload_cpu_allocation_size",
+        "histogram",
+        H_ALLOC_SIZE,
+        BASE,
+        ALLOCATION_SIZE_BUCKETS,
+    ),
 ]
 
 FLAT_OFFLOAD = [
-    Family("vllm:kv_offload_load_bytes", "counter",
-           "Total bytes loaded from offload storage to GPU."),
-    Family("vllm:kv_offload_load_time", "counter",
-           "Total load time from offload storage to GPU, in seconds."),
-    Family("vllm:kv_offload_load_size", "histogram",
-           "Histogram of KV offload load operation size, in bytes.", BASE, TRANSFER_SIZE_BUCKETS),
-    Family("vllm:kv_offload_store_bytes", "counter",
-           "Total bytes stored from GPU to offload storage."),
-    Family("vllm:kv_offload_store_time", "counter",
-           "Total store time from GPU to offload storage, in seconds."),
-    Family("vllm:kv_offload_store_size", "histogram",
-           "Histogram of KV offload store operation size, in bytes.", BASE, TRANSFER_SIZE_BUCKETS),
-    Family("vllm:kv_offload_lookup_sync_delay_seconds", "histogram",
-           "Histogram of the time spent in a single offload lookup call, in seconds.", BASE,
-           LOOKUP_SYNC_BUCKETS),
-    Family("vllm:kv_offload_lookup_async_delay_seconds", "histogram",
-           "Histogram of time between a request's offload lookup first deferring and the "
-           "following lookup resolving, or request finish, in seconds.", BASE,
-           LOOKUP_ASYNC_BUCKETS),
-    Family("vllm:kv_offload_allocation_failure", "counter",
-           "Number of KV offload store allocation attempts that failed."),
+    Family(
+        "vllm:kv_offload_load_bytes", "counter", "Total bytes loaded from offload storage to GPU."
+    ),
+    Family(
+        "vllm:kv_offload_load_time",
+        "counter",
+        "Total load time from offload storage to GPU, in seconds.",
+    ),
+    Family(
+        "vllm:kv_offload_load_size",
+        "histogram",
+        "Histogram of KV offload load operation size, in bytes.",
+        BASE,
+        TRANSFER_SIZE_BUCKETS,
+    ),
+    Family(
+        "vllm:kv_offload_store_bytes", "counter", "Total bytes stored from GPU to offload storage."
+    ),
+    Family(
+        "vllm:kv_offload_store_time",
+        "counter",
+        "Total store time from GPU to offload storage, in seconds.",
+    ),
+    Family(
+        "vllm:kv_offload_store_size",
+        "histogram",
+        "Histogram of KV offload store operation size, in bytes.",
+        BASE,
+        TRANSFER_SIZE_BUCKETS,
+    ),
+    Family(
+        "vllm:kv_offload_lookup_sync_delay_seconds",
+        "histogram",
+        "Histogram of the time spent in a single offload lookup call, in seconds.",
+        BASE,
+        LOOKUP_SYNC_BUCKETS,
+    ),
+    Family(
+        "vllm:kv_offload_lookup_async_delay_seconds",
+        "histogram",
+        "Histogram of time between a request's offload lookup first deferring and the "
+        "following lookup resolving, or request finish, in seconds.",
+        BASE,
+        LOOKUP_ASYNC_BUCKETS,
+    ),
+    Family(
+        "vllm:kv_offload_allocation_failure",
+        "counter",
+        "Number of KV offload store allocation attempts that failed.",
+    ),
 ]
 
 CONFIG_INFO = Family(
-    "vllm:kv_offload_config_info", "gauge", H_CONFIG_INFO,
-    ("model_name", "engine", "cpu_num_chunks", "cpu_blocks_per_chunk", "cpu_kv_cache_size_bytes",
-     "cpu_kv_cache_size_tokens"),
+    "vllm:kv_offload_config_info",
+    "gauge",
+    H_CONFIG_INFO,
+    (
+        "model_name",
+        "engine",
+        "cpu_num_chunks",
+        "cpu_blocks_per_chunk",
+        "cpu_kv_cache_size_bytes",
+        "cpu_kv_cache_size_tokens",
+    ),
 )
 
 STORES_SKIPPED = Family("vllm:kv_offload_stores_skipped", "counter", H_STORES_SKIPPED)
@@ -161,43 +299,73 @@ STORES_SKIPPED = Family("vllm:kv_offload_stores_skipped", "counter", H_STORES_SK
 QUEUE = [
     Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
-    Family("vllm:num_requests_waiting_by_reason", "gauge", H_WAITING_BY_REASON,
-           (*BASE, "reason")),
+    Family("vllm:num_requests_waiting_by_reason", "gauge", H_WAITING_BY_REASON, (*BASE, "reason")),
 ]
 KV_FETCH = Family("vllm:num_requests_kv_fetch_by_stage", "gauge", H_KV_FETCH, (*BASE, "stage"))
 
 CACHE = [
     Family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
-    Family("vllm:prefix_cache_queries", "counter",
-           "Prefix cache queries, in terms of number of queried tokens."),
-    Family("vllm:prefix_cache_hits", "counter",
-           "Prefix cache hits, in terms of number of cached tokens."),
-    Family("vllm:external_prefix_cache_queries", "counter",
-           "External prefix cache queries from KV connector cross-instance cache sharing, in "
-           "terms of number of queried tokens."),
-    Family("vllm:external_prefix_cache_hits", "counter",
-           "External prefix cache hits from KV connector cross-instance cache sharing, in terms "
-           "of number of cached tokens."),
+    Family(
+        "vllm:prefix_cache_queries",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+    ),
+    Family(
+        "vllm:prefix_cache_hits",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+    ),
+    Family(
+        "vllm:external_prefix_cache_queries",
+        "counter",
+        "External prefix cache queries from KV connector cross-instance cache sharing, in "
+        "terms of number of queried tokens.",
+    ),
+    Family(
+        "vllm:external_prefix_cache_hits",
+        "counter",
+        "External prefix cache hits from KV connector cross-instance cache sharing, in terms "
+        "of number of cached tokens.",
+    ),
     Family("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
     Family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
-    Family("vllm:prompt_tokens_by_source", "counter", "Number of prompt tokens by source.",
-           (*BASE, "source")),
-    Family("vllm:prompt_tokens_cached", "counter",
-           "Number of cached prompt tokens (local + external)."),
+    Family(
+        "vllm:prompt_tokens_by_source",
+        "counter",
+        "Number of prompt tokens by source.",
+        (*BASE, "source"),
+    ),
+    Family(
+        "vllm:prompt_tokens_cached", "counter", "Number of cached prompt tokens (local + external)."
+    ),
 ]
-CACHED_BY_SOURCE = Family("vllm:prompt_tokens_cached_by_source", "counter", H_CACHED_BY_SOURCE,
-                          (*BASE, "source"))
+CACHED_BY_SOURCE = Family(
+    "vllm:prompt_tokens_cached_by_source", "counter", H_CACHED_BY_SOURCE, (*BASE, "source")
+)
 
 RESIDENCY = [
-    Family("vllm:kv_block_lifetime_seconds", "histogram",
-           "Histogram of KV cache block lifetime from allocation to eviction. " + H_SAMPLED, BASE,
-           RESIDENCY_BUCKETS),
-    Family("vllm:kv_block_idle_before_evict_seconds", "histogram",
-           "Histogram of idle time before KV cache block eviction. " + H_SAMPLED, BASE,
-           RESIDENCY_BUCKETS),
-    Family("vllm:kv_block_reuse_gap_seconds", "histogram",
-           "Histogram of time gaps between consecutive KV cache block accesses. Only the most "
-           "recent accesses are recorded (ring buffer). " + H_SAMPLED, BASE, RESIDENCY_BUCKETS),
+    Family(
+        "vllm:kv_block_lifetime_seconds",
+        "histogram",
+        "Histogram of KV cache block lifetime from allocation to eviction. " + H_SAMPLED,
+        BASE,
+        RESIDENCY_BUCKETS,
+    ),
+    Family(
+        "vllm:kv_block_idle_before_evict_seconds",
+        "histogram",
+        "Histogram of idle time before KV cache block eviction. " + H_SAMPLED,
+        BASE,
+        RESIDENCY_BUCKETS,
+    ),
+    Family(
+        "vllm:kv_block_reuse_gap_seconds",
+        "histogram",
+        "Histogram of time gaps between consecutive KV cache block accesses. Only the most "
+        "recent accesses are recorded (ring buffer). " + H_SAMPLED,
+        BASE,
+        RESIDENCY_BUCKETS,
+    ),
 ]
 
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
@@ -208,41 +376,102 @@ WAITING_REASONS = ("capacity", "deferred")
 
 # vLLM 0.33.0 cache_config_info label set (every CacheConfig attribute) and 0.23.0's.
 CACHE_CONFIG_LABELS_033 = (
-    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
-    "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint",
-    "enable_prefix_caching", "gpu_memory_utilization", "hash_block_size", "is_attention_free",
-    "kv_cache_dtype_skip_layers", "kv_cache_layout", "kv_cache_max_concurrency",
-    "kv_cache_memory_bytes", "kv_cache_size_tokens", "kv_offloading_backend",
-    "kv_offloading_size", "kv_sharing_fast_prefill", "mamba_block_size", "mamba_cache_dtype",
-    "mamba_cache_mode", "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks",
-    "num_gpu_blocks", "num_gpu_blocks_override", "prefix_cache_retention_interval",
-    "prefix_caching_hash_algo", "prefix_match_unit", "replayssm_buffer_len",
-    "simple_cpu_offload_num_blocks", "skip_page_size_padded", "sliding_window",
-    "swa_bounded_replay", "use_kda_recoverssm", "use_replayssm", "user_specified_block_size",
+    "_block_size_resolved",
+    "block_size",
+    "cache_dtype",
+    "cache_hit_alignment_tokens",
+    "effective_attention_block_size",
+    "enable_mamba_shared_prefix_checkpoint",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "hash_block_size",
+    "is_attention_free",
+    "kv_cache_dtype_skip_layers",
+    "kv_cache_layout",
+    "kv_cache_max_concurrency",
+    "kv_cache_memory_bytes",
+    "kv_cache_size_tokens",
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "kv_sharing_fast_prefill",
+    "mamba_block_size",
+    "mamba_cache_dtype",
+    "mamba_cache_mode",
+    "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype",
+    "num_cpu_blocks",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "prefix_cache_retention_interval",
+    "prefix_caching_hash_algo",
+    "prefix_match_unit",
+    "replayssm_buffer_len",
+    "simple_cpu_offload_num_blocks",
+    "skip_page_size_padded",
+    "sliding_window",
+    "swa_bounded_replay",
+    "use_kda_recoverssm",
+    "use_replayssm",
+    "user_specified_block_size",
 )
 CACHE_CONFIG_LABELS_023 = (
-    "_block_size_resolved", "block_size", "cache_dtype", "calculate_kv_scales",
-    "enable_prefix_caching", "gpu_memory_utilization", "is_attention_free",
-    "kv_cache_dtype_skip_layers", "kv_cache_memory_bytes", "kv_offloading_backend",
-    "kv_offloading_size", "kv_sharing_fast_prefill", "mamba_block_size", "mamba_cache_dtype",
-    "mamba_cache_mode", "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks",
-    "num_gpu_blocks", "num_gpu_blocks_override", "prefix_caching_hash_algo", "prefix_match_unit",
-    "skip_page_size_padded", "sliding_window", "user_specified_block_size",
+    "_block_size_resolved",
+    "block_size",
+    "cache_dtype",
+    "calculate_kv_scales",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "is_attention_free",
+    "kv_cache_dtype_skip_layers",
+    "kv_cache_memory_bytes",
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "kv_sharing_fast_prefill",
+    "mamba_block_size",
+    "mamba_cache_dtype",
+    "mamba_cache_mode",
+    "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype",
+    "num_cpu_blocks",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "prefix_caching_hash_algo",
+    "prefix_match_unit",
+    "skip_page_size_padded",
+    "sliding_window",
+    "user_specified_block_size",
     "user_specified_mamba_block_size",
 )
 # Values that do not depend on the scenario (strings exactly as str() renders them in vLLM).
 _CACHE_CONFIG_DEFAULTS = {
-    "_block_size_resolved": "True", "cache_dtype": "auto", "cache_hit_alignment_tokens": "None",
-    "calculate_kv_scales": "False", "enable_mamba_shared_prefix_checkpoint": "False",
-    "hash_block_size": "None", "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]",
-    "kv_cache_layout": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
-    "mamba_cache_dtype": "auto", "mamba_cache_mode": "none", "mamba_page_size_padded": "None",
-    "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None", "num_gpu_blocks_override": "None",
-    "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256",
-    "prefix_match_unit": "None", "replayssm_buffer_len": "16",
-    "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None",
-    "sliding_window": "None", "swa_bounded_replay": "True", "use_kda_recoverssm": "False",
-    "use_replayssm": "False", "user_specified_block_size": "False",
+    "_block_size_resolved": "True",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "calculate_kv_scales": "False",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "simple_cpu_offload_num_blocks": "None",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
     "user_specified_mamba_block_size": "False",
 }
 
@@ -282,38 +511,88 @@ def families_for(
         fams.append(CACHED_BY_SOURCE)
     fams += [
         Family("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
-        Family("vllm:request_success", "counter", "Count of successfully processed requests.",
-               (*BASE, "finished_reason")),
-        Family("vllm:request_prompt_tokens", "histogram", "Number of prefill tokens processed.",
-               BASE, token_buckets),
-        Family("vllm:time_to_first_token_seconds", "histogram",
-               "Histogram of time to first token in seconds.", BASE, TTFT_BUCKETS),
-        Family("vllm:e2e_request_latency_seconds", "histogram",
-               "Histogram of e2e request latency in seconds.", BASE, REQUEST_LATENCY_BUCKETS),
-        Family("vllm:request_queue_time_seconds", "histogram",
-               "Histogram of time spent in WAITING phase for request.", BASE,
-               REQUEST_LATENCY_BUCKETS),
-        Family("vllm:request_prefill_time_seconds", "histogram",
-               "Histogram of time spent in PREFILL phase for request.", BASE,
-               REQUEST_LATENCY_BUCKETS),
-        Family("vllm:request_decode_time_seconds", "histogram",
-               "Histogram of time spent in DECODE phase for request.", BASE,
-               REQUEST_LATENCY_BUCKETS),
-        Family("vllm:inter_token_latency_seconds", "histogram",
-               "Histogram of inter-token latency in seconds.", BASE, ITL_BUCKETS),
-        Family("vllm:iteration_tokens_total", "histogram",
-               "Histogram of number of tokens per engine_step.", BASE, ITERATION_TOKEN_BUCKETS),
-        Family("vllm:request_num_preemptions", "histogram",
-               "Histogram of the number of times a request was preempted.", BASE,
-               tuple(float(b) for b in PREEMPTION_BUCKETS)),
-        Family("vllm:request_prefill_kv_computed_tokens", "histogram",
-               "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-               BASE, token_buckets),
+        Family(
+            "vllm:request_success",
+            "counter",
+            "Count of successfully processed requests.",
+            (*BASE, "finished_reason"),
+        ),
+        Family(
+            "vllm:request_prompt_tokens",
+            "histogram",
+            "Number of prefill tokens processed.",
+            BASE,
+            token_buckets,
+        ),
+        Family(
+            "vllm:time_to_first_token_seconds",
+            "histogram",
+            "Histogram of time to first token in seconds.",
+            BASE,
+            TTFT_BUCKETS,
+        ),
+        Family(
+            "vllm:e2e_request_latency_seconds",
+            "histogram",
+            "Histogram of e2e request latency in seconds.",
+            BASE,
+            REQUEST_LATENCY_BUCKETS,
+        ),
+        Family(
+            "vllm:request_queue_time_seconds",
+            "histogram",
+            "Histogram of time spent in WAITING phase for request.",
+            BASE,
+            REQUEST_LATENCY_BUCKETS,
+        ),
+        Family(
+            "vllm:request_prefill_time_seconds",
+            "histogram",
+            "Histogram of time spent in PREFILL phase for request.",
+            BASE,
+            REQUEST_LATENCY_BUCKETS,
+        ),
+        Family(
+            "vllm:request_decode_time_seconds",
+            "histogram",
+            "Histogram of time spent in DECODE phase for request.",
+            BASE,
+            REQUEST_LATENCY_BUCKETS,
+        ),
+        Family(
+            "vllm:inter_token_latency_seconds",
+            "histogram",
+            "Histogram of inter-token latency in seconds.",
+            BASE,
+            ITL_BUCKETS,
+        ),
+        Family(
+            "vllm:iteration_tokens_total",
+            "histogram",
+            "Histogram of number of tokens per engine_step.",
+            BASE,
+            ITERATION_TOKEN_BUCKETS,
+        ),
+        Family(
+            "vllm:request_num_preemptions",
+            "histogram",
+            "Histogram of the number of times a request was preempted.",
+            BASE,
+            tuple(float(b) for b in PREEMPTION_BUCKETS),
+        ),
+        Family(
+            "vllm:request_prefill_kv_computed_tokens",
+            "histogram",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            BASE,
+            token_buckets,
+        ),
     ]
     if kv_cache_metrics:
         fams += RESIDENCY
-    fams.append(Family("vllm:cache_config_info", "gauge",
-                       "Information of the LLMEngine CacheConfig", ()))
+    fams.append(
+        Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", ())
+    )
     return fams
 
 
@@ -378,8 +657,9 @@ class MetricStore:
             assert isinstance(c, _Scalar)
             c.value = value
 
-    def observe(self, name: str, labels: tuple[str, ...], value: float, now: float,
-                times: int = 1) -> None:
+    def observe(
+        self, name: str, labels: tuple[str, ...], value: float, now: float, times: int = 1
+    ) -> None:
         if name in self._children:
             c = self._child(name, labels, now)
             assert isinstance(c, _Hist)
@@ -388,8 +668,9 @@ class MetricStore:
             c.count += times
             c.sum += value * times
 
-    def set_info(self, name: str, label_names: tuple[str, ...], labels: tuple[str, ...],
-                 now: float) -> None:
+    def set_info(
+        self, name: str, label_names: tuple[str, ...], labels: tuple[str, ...], now: float
+    ) -> None:
         if name in self._children:
             self._info_labels[name] = label_names
             self.set(name, labels, 1.0, now)
@@ -415,8 +696,9 @@ class MetricStore:
                     cum = 0
                     for bound, n in zip((*fam.buckets, float("inf")), c.counts, strict=True):
                         cum += n
-                        m.add_sample(name + "_bucket", {**lab, "le": floatToGoString(bound)}, cum,
-                                     ts)
+                        m.add_sample(
+                            name + "_bucket", {**lab, "le": floatToGoString(bound)}, cum, ts
+                        )
                     m.add_sample(name + "_count", lab, c.count, ts)
                     m.add_sample(name + "_sum", lab, c.sum, ts)
                     m.add_sample(name + "_created", lab, c.created, ts)

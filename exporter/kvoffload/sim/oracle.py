@@ -15,13 +15,17 @@ from .simulator import SimServer
 TARGET_SHARE = 0.95  # "right size" = smallest size reaching 95% of the achievable hit ratio
 
 
-def run_point(scenario: Scenario, cpu_gib: float, seed: int = 0, keep_restart: bool = False
-              ) -> dict[str, Any]:
+def run_point(
+    scenario: Scenario, cpu_gib: float, seed: int = 0, keep_restart: bool = False
+) -> dict[str, Any]:
     """One full run at a CPU tier of `cpu_gib` GiB per engine (0 = offloading off); the
     scenario's restart is dropped unless keep_restart (then both halves count, as a
     prediction made from the restarted run's own events should be judged)."""
-    s = replace(scenario, cpu_gib=cpu_gib if cpu_gib > 0 else None,
-                restart_at_s=scenario.restart_at_s if keep_restart else None)
+    s = replace(
+        scenario,
+        cpu_gib=cpu_gib if cpu_gib > 0 else None,
+        restart_at_s=scenario.restart_at_s if keep_restart else None,
+    )
     sim = SimServer(s, seed=seed)
     sim.run()
     gt = sim.ground_truth(include_requests=False)
@@ -35,8 +39,9 @@ def run_point(scenario: Scenario, cpu_gib: float, seed: int = 0, keep_restart: b
     }
 
 
-def sweep(scenario: Scenario, sizes_gib: list[float], seed: int = 0, keep_restart: bool = False
-          ) -> dict[str, Any]:
+def sweep(
+    scenario: Scenario, sizes_gib: list[float], seed: int = 0, keep_restart: bool = False
+) -> dict[str, Any]:
     """Hit ratio and mean TTFT at each size, and the smallest size worth having.
 
     `right_size_gib` is the smallest swept size whose hit ratio reaches 95% of the best hit

@@ -34,8 +34,12 @@ def record_scenario(
 
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")
-    sim = SimServer(scenario, seed=seed, kv_events=events_path is not None,
-                    endless=duration_s > scenario.duration_s)
+    sim = SimServer(
+        scenario,
+        seed=seed,
+        kv_events=events_path is not None,
+        endless=duration_s > scenario.duration_s,
+    )
     events = _EventSink(events_path) if events_path is not None else None
     n = 0
     try:

@@ -96,8 +96,14 @@ _RAG = Scenario(
     kv_cache_memory_bytes=2 * GIB,
     cpu_gib=16.0,
     workload=Workload(
-        kind="documents", rate_rps=1.5, num_docs=40, doc_tokens=(1500, 2500),
-        popularity="zipf", zipf_alpha=0.6, question_tokens=(20, 80), system_tokens=256,
+        kind="documents",
+        rate_rps=1.5,
+        num_docs=40,
+        doc_tokens=(1500, 2500),
+        popularity="zipf",
+        zipf_alpha=0.6,
+        question_tokens=(20, 80),
+        system_tokens=256,
     ),
 )
 
@@ -138,8 +144,13 @@ _OVERSIZED = Scenario(
     kv_cache_memory_bytes=1 * GIB,
     cpu_gib=256.0,
     workload=Workload(
-        kind="documents", rate_rps=0.4, num_docs=10, doc_tokens=(1800, 2400),
-        popularity="uniform", question_tokens=(8, 24), system_tokens=0,
+        kind="documents",
+        rate_rps=0.4,
+        num_docs=10,
+        doc_tokens=(1800, 2400),
+        popularity="uniform",
+        question_tokens=(8, 24),
+        system_tokens=0,
     ),
 )
 
@@ -162,8 +173,13 @@ _NO_REUSE = Scenario(
     kv_cache_memory_bytes=2 * GIB,
     cpu_gib=16.0,
     workload=Workload(
-        kind="documents", rate_rps=1.0, num_docs=1, unique_fraction=1.0,
-        doc_tokens=(1500, 2500), question_tokens=(20, 80), system_tokens=256,
+        kind="documents",
+        rate_rps=1.0,
+        num_docs=1,
+        unique_fraction=1.0,
+        doc_tokens=(1500, 2500),
+        question_tokens=(20, 80),
+        system_tokens=256,
     ),
 )
 
@@ -187,8 +203,14 @@ _GPU_PLENTY = Scenario(
     kv_cache_memory_bytes=40 * GIB,
     cpu_gib=8.0,
     workload=Workload(
-        kind="documents", rate_rps=1.0, num_docs=20, doc_tokens=(1500, 3000),
-        popularity="zipf", zipf_alpha=0.8, question_tokens=(20, 80), system_tokens=256,
+        kind="documents",
+        rate_rps=1.0,
+        num_docs=20,
+        doc_tokens=(1500, 3000),
+        popularity="zipf",
+        zipf_alpha=0.8,
+        question_tokens=(20, 80),
+        system_tokens=256,
     ),
 )
 
@@ -211,8 +233,14 @@ _RECOMPUTE_WINS = Scenario(
     kv_cache_memory_bytes=1 * GIB,
     cpu_gib=8.0,
     workload=Workload(
-        kind="documents", rate_rps=2.0, num_docs=30, doc_tokens=(3000, 4000),
-        popularity="zipf", zipf_alpha=0.6, question_tokens=(20, 80), system_tokens=0,
+        kind="documents",
+        rate_rps=2.0,
+        num_docs=30,
+        doc_tokens=(3000, 4000),
+        popularity="zipf",
+        zipf_alpha=0.6,
+        question_tokens=(20, 80),
+        system_tokens=0,
     ),
 )
 
@@ -243,7 +271,7 @@ _DP2 = replace(
     _RAG,
     name="dp2",
     description=(
-        "The RAG service on two data-parallel engines (engine=\"0\",\"1\"), requests spread "
+        'The RAG service on two data-parallel engines (engine="0","1"), requests spread '
         "round-robin, each engine with 2 GiB of GPU KV and its own 16 GiB CPU tier; "
         "num_gpu_blocks on cache_config_info is the DP total, as in real vLLM."
     ),
@@ -309,8 +337,13 @@ _TWO_MODELS = replace(
             kv_cache_memory_bytes=4 * GIB,
             cpu_gib=None,
             workload=Workload(
-                kind="documents", rate_rps=2.0, num_docs=8, doc_tokens=(500, 1500),
-                popularity="uniform", question_tokens=(20, 200), system_tokens=512,
+                kind="documents",
+                rate_rps=2.0,
+                num_docs=8,
+                doc_tokens=(500, 1500),
+                popularity="uniform",
+                question_tokens=(20, 200),
+                system_tokens=512,
             ),
         ),
     ),
@@ -342,8 +375,13 @@ _AGENTS = Scenario(
     kv_cache_memory_bytes=4 * GIB,
     cpu_gib=16.0,
     workload=Workload(
-        kind="sessions", rate_rps=4.0, doc_tokens=(2000, 6000), reuses=3, reuse_gap_s=15.0,
-        question_tokens=(20, 200), system_tokens=0,
+        kind="sessions",
+        rate_rps=4.0,
+        doc_tokens=(2000, 6000),
+        reuses=3,
+        reuse_gap_s=15.0,
+        question_tokens=(20, 200),
+        system_tokens=0,
     ),
 )
 
@@ -351,8 +389,13 @@ _AGENTS = Scenario(
 # 1,024 tokens, Zipf popularity, each request a document and a unique 32-token question, 400
 # requests from a closed-loop client; the same requests with and without a CPU tier.
 _REAL_WORKLOAD = Workload(
-    kind="documents", num_docs=40, doc_tokens=(1024, 1024), question_tokens=(32, 32),
-    popularity="zipf", zipf_alpha=1.0, requests=400,
+    kind="documents",
+    num_docs=40,
+    doc_tokens=(1024, 1024),
+    question_tokens=(32, 32),
+    popularity="zipf",
+    zipf_alpha=1.0,
+    requests=400,
 )
 _REAL_06B_PREFILL = Scenario(
     name="h200-0.6b-eager-prefill",
@@ -377,12 +420,18 @@ _REAL_06B_PREFILL = Scenario(
     workload=replace(_REAL_WORKLOAD, concurrency=4, output_tokens=1),
 )
 _REAL_06B_PREFILL_CPU2 = replace(
-    _REAL_06B_PREFILL, name="h200-0.6b-eager-prefill-cpu2", cpu_gib=2.0, advice="disable",
+    _REAL_06B_PREFILL,
+    name="h200-0.6b-eager-prefill-cpu2",
+    cpu_gib=2.0,
+    advice="disable",
     description="Real set `live-0.6b-eager-prefill` with a 2 GiB CPU tier.",
     advice_why="The tier hits (0.42 on real vLLM) but costs ~24 ms of mean TTFT.",
 )
 _REAL_06B_PREFILL_CPU4 = replace(
-    _REAL_06B_PREFILL, name="h200-0.6b-eager-prefill-cpu4", cpu_gib=4.0, advice="disable",
+    _REAL_06B_PREFILL,
+    name="h200-0.6b-eager-prefill-cpu4",
+    cpu_gib=4.0,
+    advice="disable",
     description="Real set `live-0.6b-eager-prefill` with a 4 GiB CPU tier.",
     advice_why=(
         "The tier hits well (0.72 on real vLLM) and still costs ~24 ms of mean TTFT: the case "
@@ -413,12 +462,19 @@ _REAL_8B = Scenario(
     workload=replace(_REAL_WORKLOAD, concurrency=8, output_tokens=64),
 )
 _REAL_8B_CPU5 = replace(
-    _REAL_8B, name="h200-8b-graphs-cpu5", cpu_gib=5.0, advice="keep", advice_without_events=None,
+    _REAL_8B,
+    name="h200-8b-graphs-cpu5",
+    cpu_gib=5.0,
+    advice="keep",
+    advice_without_events=None,
     description="Real set `B` with a 5 GiB CPU tier.",
     advice_why="The tier pays (~38 ms less mean TTFT on real vLLM).",
 )
 _REAL_8B_CPU10 = replace(
-    _REAL_8B, name="h200-8b-graphs-cpu10", cpu_gib=10.0, advice="shrink",
+    _REAL_8B,
+    name="h200-8b-graphs-cpu10",
+    cpu_gib=10.0,
+    advice="shrink",
     advice_without_events="keep",
     description="Real set `B` with a 10 GiB CPU tier.",
     advice_why=(
@@ -443,7 +499,10 @@ _REAL_06B_DECODE = replace(
     kv_cache_memory_bytes=3 * GIB // 2,
 )
 _REAL_06B_DECODE_CPU4 = replace(
-    _REAL_06B_DECODE, name="h200-0.6b-eager-decode-cpu4", cpu_gib=4.0, advice="disable",
+    _REAL_06B_DECODE,
+    name="h200-0.6b-eager-decode-cpu4",
+    cpu_gib=4.0,
+    advice="disable",
     advice_without_events=None,
     description="Real set `E` with a 4 GiB CPU tier.",
     advice_why="The tier hits (0.64 on real vLLM) but costs ~19 ms of mean TTFT.",

@@ -66,8 +66,9 @@ def make_app(
         raise ValueError("kv_events_replay needs kv_events_endpoint")
     mapped = sim.mapped_clock
     if mapped and abs(sim.time_scale * speed - 1.0) > 1e-9:
-        raise ValueError(f"the simulator's wall clock runs at {1 / sim.time_scale:g}x, "
-                         f"not the app's {speed:g}x")
+        raise ValueError(
+            f"the simulator's wall clock runs at {1 / sim.time_scale:g}x, not the app's {speed:g}x"
+        )
     if kv_events_endpoint is not None:
         sim.enable_kv_events()
     stamped = (speed != 1.0 and not mapped) if timestamps is None else timestamps
@@ -125,10 +126,14 @@ def make_app(
 
             try:
                 for rank in range(sim.scenario.dp):
-                    publishers.append(ZmqEventPublisher(
-                        kv_events_endpoint, kv_events_replay, topic=kv_events_topic,
-                        dp_rank=rank,
-                    ))
+                    publishers.append(
+                        ZmqEventPublisher(
+                            kv_events_endpoint,
+                            kv_events_replay,
+                            topic=kv_events_topic,
+                            dp_rank=rank,
+                        )
+                    )
             except BaseException:
                 for pub in publishers:
                     pub.close()

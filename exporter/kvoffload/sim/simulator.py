@@ -122,8 +122,7 @@ class SimServer:
         self._rr = [0] * len(self.models)
         self._inflight: set[int] = set()
         # An endless run keeps only the newest records: at 60x a day of traffic an hour.
-        self.records: deque[dict[str, Any]] = deque(
-            maxlen=ENDLESS_RECORDS if endless else None)
+        self.records: deque[dict[str, Any]] = deque(maxlen=ENDLESS_RECORDS if endless else None)
         # per model: requests, Σ TTFT (every request, also those dropped from `records`)
         self._ttft_n = [0] * len(self.models)
         self._ttft_sum = [0.0] * len(self.models)
@@ -170,9 +169,14 @@ class SimServer:
 
     def _specs(self, mi: int, period: int) -> list[RequestSpec]:
         m = self.models[mi]
-        return generate(m.workload, m.duration_s, self.seed * 7919 + mi,
-                        m.max_model_len - max(1, m.workload.output_tokens),
-                        period=period, spill=self.endless)
+        return generate(
+            m.workload,
+            m.duration_s,
+            self.seed * 7919 + mi,
+            m.max_model_len - max(1, m.workload.output_tokens),
+            period=period,
+            spill=self.endless,
+        )
 
     def _add_arrivals(self, period: int) -> None:
         """Merge the open-loop requests of `period` into the arrivals still to come (a
@@ -182,10 +186,9 @@ class SimServer:
             if mi in self._closed:
                 continue
             fe_in = m.hardware.frontend_overhead_s / 2
-            new += [(r.t + fe_in, mi, next(self._arrival_ids), r)
-                    for r in self._specs(mi, period)]
+            new += [(r.t + fe_in, mi, next(self._arrival_ids), r) for r in self._specs(mi, period)]
         # Consumed arrivals are dropped: an endless run holds one period or so at a time.
-        self._arrivals = self._arrivals[self._next:] + new
+        self._arrivals = self._arrivals[self._next :] + new
         self._next = 0
         self._arrivals.sort(key=lambda a: (a[0], a[1], a[2]))
 
@@ -194,8 +197,9 @@ class SimServer:
         d = self.scenario.duration_s
         while self.endless and d > 0:
             boundary = (self._period + 1) * d
-            next_arr = (self._arrivals[self._next][0] if self._next < len(self._arrivals)
-                        else math.inf)
+            next_arr = (
+                self._arrivals[self._next][0] if self._next < len(self._arrivals) else math.inf
+            )
             if limit < boundary or next_arr < boundary:
                 return
             self._period += 1
@@ -208,18 +212,18 @@ class SimServer:
 
     def _start(self, t: float) -> None:
         primary = self.scenario
-        self.metrics = mf.MetricStore(mf.families_for(
-            primary.vllm_version,
-            offloading=any(m.offloading for m in self.models),
-            stores_skipped=any(m.offloading and m.store_threshold >= 2 for m in self.models),
-            kv_cache_metrics=primary.kv_cache_metrics,
-            max_model_len=max(m.max_model_len for m in self.models),
-        ))
+        self.metrics = mf.MetricStore(
+            mf.families_for(
+                primary.vllm_version,
+                offloading=any(m.offloading for m in self.models),
+                stores_skipped=any(m.offloading and m.store_threshold >= 2 for m in self.models),
+                kv_cache_metrics=primary.kv_cache_metrics,
+                max_model_len=max(m.max_model_len for m in self.models),
+            )
+        )
         self.engines: list[list[Engine]] = []
         for mi, (m, sz) in enumerate(zip(self.models, self.sizings, strict=True)):
-            self.engines.append([
-                Engine(m, sz, e, self, self._rng(mi, e), t) for e in range(m.dp)
-            ])
+            self.engines.append([Engine(m, sz, e, self, self._rng(mi, e), t) for e in range(m.dp)])
         if self._kv_log is not None:
             for eng in self.engines[0]:
                 eng.enable_kv_events(self._kv_log)
@@ -262,8 +266,9 @@ class SimServer:
     def request_finished(self, record: dict[str, Any]) -> None:
         self._inflight.discard(record.pop("rid"))
         self.records.append(record)
-        mi = next((i for i, m in enumerate(self.models)
-                   if m.model_name == record["model_name"]), None)
+        mi = next(
+            (i for i, m in enumerate(self.models) if m.model_name == record["model_name"]), None
+        )
         if mi is not None:
             self._ttft_n[mi] += 1
             self._ttft_sum[mi] += record["ttft_s"]
@@ -404,28 +409,34 @@ class SimServer:
                     resident_never += eng.cpu.resident_never_loaded()
             n_ttft = self._ttft_n[mi]
             d = asdict(tot)
-            d.update({
-                "model_name": m.model_name,
-                "offloading": m.offloading,
-                "cpu_gib": m.cpu_gib,
-                "tp": m.tp,
-                "dp": m.dp,
-                "bytes_per_token": sz.bytes_per_token,
-                "block_bytes": sz.block_bytes,
-                "num_gpu_blocks_per_engine": sz.num_gpu_blocks,
-                "gpu_kv_tokens_per_engine": sz.kv_cache_size_tokens,
-                "cpu_num_chunks_per_engine": sz.cpu_num_chunks,
-                "cpu_kv_cache_size_bytes_per_engine": sz.cpu_kv_cache_size_bytes,
-                "prefill_tokens_per_s": sz.prefill_tokens_per_s,
-                "true_offload_hit_ratio": (tot.loaded_tokens / tot.gpu_missed_tokens)
-                if tot.gpu_missed_tokens else None,
-                "gpu_hit_ratio": (tot.gpu_hit_tokens / (tot.gpu_hit_tokens + tot.gpu_missed_tokens))
-                if tot.gpu_hit_tokens + tot.gpu_missed_tokens else None,
-                "never_reloaded_evicted_bytes": evicted_never * sz.chunk_bytes,
-                "never_reloaded_resident_bytes": resident_never * sz.chunk_bytes,
-                "never_reloaded_bytes": (evicted_never + resident_never) * sz.chunk_bytes,
-                "mean_ttft_s": self._ttft_sum[mi] / n_ttft if n_ttft else None,
-            })
+            d.update(
+                {
+                    "model_name": m.model_name,
+                    "offloading": m.offloading,
+                    "cpu_gib": m.cpu_gib,
+                    "tp": m.tp,
+                    "dp": m.dp,
+                    "bytes_per_token": sz.bytes_per_token,
+                    "block_bytes": sz.block_bytes,
+                    "num_gpu_blocks_per_engine": sz.num_gpu_blocks,
+                    "gpu_kv_tokens_per_engine": sz.kv_cache_size_tokens,
+                    "cpu_num_chunks_per_engine": sz.cpu_num_chunks,
+                    "cpu_kv_cache_size_bytes_per_engine": sz.cpu_kv_cache_size_bytes,
+                    "prefill_tokens_per_s": sz.prefill_tokens_per_s,
+                    "true_offload_hit_ratio": (tot.loaded_tokens / tot.gpu_missed_tokens)
+                    if tot.gpu_missed_tokens
+                    else None,
+                    "gpu_hit_ratio": (
+                        tot.gpu_hit_tokens / (tot.gpu_hit_tokens + tot.gpu_missed_tokens)
+                    )
+                    if tot.gpu_hit_tokens + tot.gpu_missed_tokens
+                    else None,
+                    "never_reloaded_evicted_bytes": evicted_never * sz.chunk_bytes,
+                    "never_reloaded_resident_bytes": resident_never * sz.chunk_bytes,
+                    "never_reloaded_bytes": (evicted_never + resident_never) * sz.chunk_bytes,
+                    "mean_ttft_s": self._ttft_sum[mi] / n_ttft if n_ttft else None,
+                }
+            )
             per_model.append(d)
         primary = per_model[0]
         out: dict[str, Any] = {
@@ -442,10 +453,20 @@ class SimServer:
             "models": per_model,
         }
         # the primary model's figures at top level, for the common single-model case
-        for k in ("true_offload_hit_ratio", "loaded_bytes", "stored_bytes", "loaded_tokens",
-                  "gpu_missed_tokens", "never_reloaded_evicted_bytes",
-                  "never_reloaded_resident_bytes", "never_reloaded_bytes", "mean_ttft_s",
-                  "store_failures", "stores_skipped", "ttft_saved_s"):
+        for k in (
+            "true_offload_hit_ratio",
+            "loaded_bytes",
+            "stored_bytes",
+            "loaded_tokens",
+            "gpu_missed_tokens",
+            "never_reloaded_evicted_bytes",
+            "never_reloaded_resident_bytes",
+            "never_reloaded_bytes",
+            "mean_ttft_s",
+            "store_failures",
+            "stores_skipped",
+            "ttft_saved_s",
+        ):
             out[k] = primary[k]
         out["requests_total"] = primary["requests"]
         if include_requests:

@@ -122,8 +122,12 @@ def _doc_len(seed: int, doc_id: int, bounds: tuple[int, int]) -> int:
 
 
 def generate(
-    workload: Workload, duration_s: float, seed: int, max_prompt_tokens: int,
-    period: int = 0, spill: bool = False,
+    workload: Workload,
+    duration_s: float,
+    seed: int,
+    max_prompt_tokens: int,
+    period: int = 0,
+    spill: bool = False,
 ) -> list[RequestSpec]:
     """All requests of the run, sorted by arrival time.
 
@@ -161,16 +165,18 @@ def generate(
             weights = [1.0] * n
         cum = list(itertools.accumulate(weights))
         unique_ids = itertools.count(_UNIQUE_DOC_BASE + fresh)
-        times = (_arrivals(rng, workload.rate_rps, duration_s, workload.arrival)
-                 if workload.requests is None else [0.0] * workload.requests)
+        times = (
+            _arrivals(rng, workload.rate_rps, duration_s, workload.arrival)
+            if workload.requests is None
+            else [0.0] * workload.requests
+        )
         for t in times:
             if workload.unique_fraction > 0 and rng.random() < workload.unique_fraction:
                 doc_id = next(unique_ids)
             else:
                 idx = bisect.bisect_left(cum, rng.random() * cum[-1])
                 generation = (
-                    int((offset + t) // workload.rotate_every_s) if workload.rotate_every_s
-                    else 0
+                    int((offset + t) // workload.rotate_every_s) if workload.rotate_every_s else 0
                 )
                 doc_id = _DOC_BASE + generation * n + min(idx, n - 1)
             doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
