@@ -372,6 +372,18 @@ def recommend_enable() -> list[Case]:
     ]
 
 
+def _stored_before(items: list[dict[str, str]], stored: float) -> list[dict[str, str]]:
+    """The store counters start at `stored`: history from before the test's window."""
+    out = []
+    for item in items:
+        if "store_bytes_total" in item["series"] or (
+            'transfer_type="GPU_to_CPU"' in item["series"] and "bytes" in item["series"]
+        ):
+            item = {**item, "values": _n(stored) + item["values"][item["values"].index("+") :]}
+        out.append(item)
+    return out
+
+
 def _with_gpu_capacity(items: list[dict[str, str]], tokens: float) -> list[dict[str, str]]:
     s = Series()
     sidecar_gauge(s, "kvoffload_gpu_capacity_tokens", tokens)
@@ -626,6 +638,14 @@ def buffer_oversized() -> list[Case]:
         ),
         Case(
             "BufferOversized: quiet under the traffic floor", alert, workload(BASE, tokens=300), []
+        ),
+        # The advisor's `shrink` needs a tier that was never full (conditions.OVERSIZED):
+        # 200 GiB stored since the engine started into a 100 GiB tier, then traffic fell.
+        Case(
+            "BufferOversized: quiet when the tier has been full before",
+            alert,
+            _stored_before(workload(BASE), 200 * 2**30),
+            [],
         ),
         Case(
             "BufferOversized: quiet when idle (no stores, fill time undefined)",

@@ -19,7 +19,15 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvoffload.analysis.conditions import GPU_MISSES_REUSE, GPU_PRESSURE, REUSE_EVIDENCE
+from kvoffload.analysis.conditions import (
+    GPU_MISSES_REUSE,
+    GPU_PRESSURE,
+    LOW_REUSE,
+    OVERSIZED,
+    REUSE_EVIDENCE,
+    STORES_WITHOUT_LOADS,
+    Limits,
+)
 from kvoffload.analysis.signals import GIB
 from kvoffload.analysis.ttft import Effect
 
@@ -242,9 +250,10 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -
     hit = figures.get("offload_hit_ratio")
     turnover = figures.get("gpu_turnover_seconds")
     filled = figures.get("cpu_fill_ratio_since_start")
-    low_reuse = reuse is not None and reuse < t.low_reuse_ratio
+    # The conditions the alerts render too (conditions.py); the window is this analysis's.
+    limits = Limits(t, window_seconds=window)
 
-    if low_reuse and turnover is not None and turnover > t.reuse_horizon_seconds:
+    if LOW_REUSE.holds(figures, t) and turnover is not None and turnover > t.reuse_horizon_seconds:
         return Recommendation(
             "disable",
             reasons=[
@@ -269,7 +278,7 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -
                 why,
             ],
         )
-    if low_reuse and (fill is None or window >= fill):
+    if STORES_WITHOUT_LOADS.holds(figures, limits):
         return Recommendation(
             "store_threshold",
             reasons=[
@@ -279,7 +288,7 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -
                 "second computation), or disable offloading"
             ],
         )
-    if filled is not None and filled < 1.0 and fill is not None and fill > t.oversized_fill_seconds:
+    if filled is not None and fill is not None and OVERSIZED.holds(figures, t):
         capacity = figures.get("cpu_capacity_bytes")
         stored = filled * capacity if capacity else None
         # Never full: everything ever stored still fits, so that (plus headroom) is enough.

@@ -94,6 +94,38 @@ class AllOf(Condition):
         return f"\nand on ({by_labels(cfg)})\n".join(_operand(p, cfg) for p in self.parts)
 
 
+@dataclass(frozen=True)
+class Unless(Condition):
+    """`kept` holds and `excluded` does not (PromQL `unless`: an absent right side excludes
+    nothing, as an undefined figure satisfies no comparison)."""
+
+    kept: Condition
+    excluded: Condition
+
+    def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
+        return self.kept.holds(figures, thresholds) and not self.excluded.holds(figures, thresholds)
+
+    def promql(self, cfg: MixinConfig) -> str:
+        return (
+            f"{_operand(self.kept, cfg)}\nunless on ({by_labels(cfg)})\n"
+            f"{_operand(self.excluded, cfg)}"
+        )
+
+
+class Limits:
+    """Thresholds plus what a rule compares with that is not a setting (the window judged):
+    the advisor passes its window's length, MixinConfig its slow window."""
+
+    def __init__(self, thresholds: object, **extra: float) -> None:
+        self._thresholds = thresholds
+        self._extra = extra
+
+    def __getattr__(self, name: str) -> object:
+        if name in self._extra:
+            return self._extra[name]
+        return getattr(self._thresholds, name)
+
+
 def _operand(c: Condition, cfg: MixinConfig) -> str:
     text = c.promql(cfg)
     return paren(text) if c.composite else text
@@ -112,6 +144,18 @@ GPU_PRESSURE = AnyOf(
 REUSE_EVIDENCE = Compare("gpu_prefix_hit_ratio", ">=", "min_reuse_evidence_ratio")
 # ... that the GPU prefix cache alone does not serve.
 GPU_MISSES_REUSE = Compare("gpu_prefix_hit_ratio", "<", "low_gpu_prefix_hit_ratio")
+# Offloading on, the tier barely read back: stores without loads ...
+LOW_REUSE = Compare("reuse_ratio", "<", "low_reuse_ratio")
+# ... over longer than the tier keeps a block (loads could still come while the window is
+# shorter than the fill time): advisor `store_threshold`, alert KVOffloadLowPrefixReuse.
+STORES_WITHOUT_LOADS = Unless(LOW_REUSE, Compare("cpu_fill_seconds", ">", "window_seconds"))
+# Never full, and it would take longer than `oversized_fill_seconds` to fill at the current
+# store rate: advisor `shrink` (when the size it computes is smaller), alert
+# KVOffloadBufferOversized. The fill time comes first: the alert's text reads its value.
+OVERSIZED = AllOf(
+    Compare("cpu_fill_seconds", ">", "oversized_fill_seconds"),
+    Compare("cpu_fill_ratio_since_start", "<", 1.0),
+)
 # Offloading off: enable it (advisor `enable`; alert KVOffloadRecommendEnable). The hit ratio
 # comes first: PromQL's `and` keeps the left side's value, which the alert's text reads.
 ENABLE = AllOf(GPU_MISSES_REUSE, REUSE_EVIDENCE, GPU_PRESSURE)

@@ -165,6 +165,12 @@ class MixinConfig:
     def slow_window_seconds(self) -> float:
         return _seconds(self.slow_window)
 
+    @property
+    def window_seconds(self) -> float:
+        """The window a condition's `window_seconds` means in the alerts (conditions.py): the
+        slow window, which the alerts on reuse and fill time judge over."""
+        return self.slow_window_seconds
+
     def with_overrides(self, **overrides: Any) -> MixinConfig:
         known = {f.name for f in fields(self)}
         unknown = set(overrides) - known

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from kvoffload.analysis.conditions import ENABLE
+from kvoffload.analysis.conditions import ENABLE, OVERSIZED, STORES_WITHOUT_LOADS
 from kvoffload.mixin.promql import (
     GATE_RECORD,
     OFFLOAD_PRESENCE,
@@ -148,19 +148,18 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
 
     # Stores without loads for longer than the tier keeps a block (advisor `store_threshold`):
     # quiet while the fill time is known to exceed the window (loads may still come).
-    fill = rec("cpu_fill_seconds", cfg)
     out.append(
         Alert(
             "KVOffloadLowPrefixReuse",
             cfg.severity_warning,
+            # The advisor's `store_threshold` condition (conditions.STORES_WITHOUT_LOADS), with
+            # a floor on store traffic; its value is the reuse ratio.
             "\n".join(
                 (
-                    f"{rec('reuse_ratio', cfg)} < {_num(cfg.low_reuse_ratio)}",
+                    paren(STORES_WITHOUT_LOADS.promql(cfg)),
                     _on(cfg),
                     f"{rec('store_rate_bytes_per_second', cfg, slow)} > "
                     f"{_num(cfg.min_store_bytes_per_second)}",
-                    f"unless on ({by_labels(cfg)})",
-                    f"{fill} > {_num(cfg.slow_window_seconds)}",
                 )
             ),
             "KV offloading stores blocks that are almost never loaded back.",
@@ -228,9 +227,11 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
         Alert(
             "KVOffloadBufferOversized",
             cfg.severity_info,
+            # The advisor's `shrink` condition (conditions.OVERSIZED: never full, slow to
+            # fill), with a floor on traffic; its value is the fill time.
             "\n".join(
                 (
-                    f"{fill} > {_num(cfg.oversized_fill_seconds)}",
+                    paren(OVERSIZED.promql(cfg)),
                     _on(cfg),
                     f"{rec('prompt_tokens_per_second', cfg, slow)} > "
                     f"{_num(cfg.min_prompt_tokens_per_second)}",
@@ -239,7 +240,8 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
             "The CPU offload tier is much larger than the traffic needs.",
             f"{where} would take {{{{ $value | humanizeDuration }}}} to fill its CPU tier at the "
             f"store rate of the last {cfg.slow_window} (threshold "
-            f"{_duration(cfg.oversized_fill_seconds)}): most of the pinned memory sits idle. "
+            f"{_duration(cfg.oversized_fill_seconds)}) and has never been full: most of the "
+            "pinned memory sits idle. "
             "Shrink --kv-offloading-size; the kvoffload sidecar suggests a size.",
         )
     )
