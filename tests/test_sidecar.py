@@ -184,3 +184,19 @@ def test_a_target_that_goes_down_stops_publishing_figures():
     assert "kvoffload_cpu_capacity_tokens{" in before
     assert "kvoffload_cpu_capacity_tokens{" not in after
     assert "kvoffload_up{" in after and status["groups"][0]["stale"] is True
+
+
+def test_help_of_the_sidecar_series_comes_from_the_one_table():
+    """docs/metrics.md and /metrics read the same table (sidecar/metrics.py): no copy drifts."""
+    import re
+
+    from prometheus_client import generate_latest
+
+    from kvoffload.sidecar.metrics import ADVICE_METRICS, TARGET_METRICS, build_registry
+
+    sidecar = Sidecar(SidecarConfig(["http://127.0.0.1:9/metrics"]))
+    body = generate_latest(build_registry(sidecar)).decode()
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", body, re.M))
+    for name, (mtype, _labels, help_text) in {**TARGET_METRICS, **ADVICE_METRICS}.items():
+        shown = f"{name}_total" if mtype == "counter" else name
+        assert helps[shown] == help_text, name

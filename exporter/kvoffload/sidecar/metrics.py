@@ -21,8 +21,61 @@ from kvoffload.sidecar.service import Sidecar
 
 GROUP_LABELS = ["target", "model_name"]
 
-# The KV-event metrics (only with --kv-events): name → (type, labels, help). One table for the
-# exposition and for docs/metrics.md.
+# The sidecar's own series, the advice, and (below) the KV-event series: name → (type, labels,
+# help). One table for the exposition and for docs/metrics.md (sidecar/reference.py).
+TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
+    "kvoffload_build_info": ("gauge", ["version"], "kvoffload version (always 1)."),
+    "kvoffload_up": (
+        "gauge",
+        ["target"],
+        "1 if the last scrape of the vLLM target succeeded and parsed, else 0.",
+    ),
+    "kvoffload_scrape_duration_seconds": (
+        "gauge",
+        ["target"],
+        "Duration of the last successful scrape of the target, fetch to updated figures.",
+    ),
+    "kvoffload_scrape_failures": (
+        "counter",
+        ["target"],
+        "Scrapes of the target that failed (unreachable, slow, HTTP error, oversized or "
+        "unparsable).",
+    ),
+    "kvoffload_scrape_payload_bytes": (
+        "gauge",
+        ["target"],
+        "Size of the target's last /metrics body.",
+    ),
+    "kvoffload_last_success_timestamp_seconds": (
+        "gauge",
+        ["target"],
+        "Unix time of the target's last successful scrape.",
+    ),
+    "kvoffload_offloading_enabled": (
+        "gauge",
+        GROUP_LABELS,
+        "1 if the engine exposes KV offloading metrics.",
+    ),
+    "kvoffload_window_seconds": (
+        "gauge",
+        GROUP_LABELS,
+        "Time span the figures of this group cover.",
+    ),
+}
+ADVICE_METRICS: dict[str, tuple[str, list[str], str]] = {
+    "kvoffload_recommendation": (
+        "gauge",
+        [*GROUP_LABELS, "action"],
+        "Current advice: 1 for the recommended action (enable, leave_off, keep, grow, shrink, "
+        "store_threshold, disable), 0 for the others.",
+    ),
+    "kvoffload_recommended_size_bytes": (
+        "gauge",
+        GROUP_LABELS,
+        "Recommended --kv-offloading-size in bytes, when the advice carries a size.",
+    ),
+}
+
 KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
     "kvoffload_kv_events_messages": (
         "counter",
@@ -116,21 +169,24 @@ TTFT_METRICS: dict[str, tuple[list[str], str]] = {
 }
 
 
-def _event_gauge(name: str) -> GaugeMetricFamily:
-    mtype, labels, help_text = KV_EVENT_METRICS[name]
-    assert mtype == "gauge", name
+def _spec(name: str, mtype: str) -> tuple[list[str], str]:
+    kind, labels, help_text = {**TARGET_METRICS, **ADVICE_METRICS, **KV_EVENT_METRICS}[name]
+    assert kind == mtype, name
+    return labels, help_text
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    labels, help_text = _spec(name, "gauge")
     return GaugeMetricFamily(name, help_text, labels=labels)
 
 
-def _event_counter(name: str) -> CounterMetricFamily:
-    mtype, labels, help_text = KV_EVENT_METRICS[name]
-    assert mtype == "counter", name
+def _counter(name: str) -> CounterMetricFamily:
+    labels, help_text = _spec(name, "counter")
     return CounterMetricFamily(name, help_text, labels=labels)
 
 
-def _event_histogram(name: str) -> HistogramMetricFamily:
-    mtype, labels, help_text = KV_EVENT_METRICS[name]
-    assert mtype == "histogram", name
+def _histogram(name: str) -> HistogramMetricFamily:
+    labels, help_text = _spec(name, "histogram")
     return HistogramMetricFamily(name, help_text, labels=labels)
 
 
@@ -140,38 +196,15 @@ class SidecarCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         sc = self.sidecar
-        build = GaugeMetricFamily(
-            "kvoffload_build_info", "kvoffload version (always 1).", labels=["version"]
-        )
+        build = _gauge("kvoffload_build_info")
         build.add_metric([__version__], 1)
         yield build
 
-        up = GaugeMetricFamily(
-            "kvoffload_up",
-            "1 if the last scrape of the vLLM target succeeded and parsed, else 0.",
-            labels=["target"],
-        )
-        duration = GaugeMetricFamily(
-            "kvoffload_scrape_duration_seconds",
-            "Duration of the last successful scrape of the target, fetch to updated figures.",
-            labels=["target"],
-        )
-        failures = CounterMetricFamily(
-            "kvoffload_scrape_failures",
-            "Scrapes of the target that failed (unreachable, slow, "
-            "HTTP error, oversized or unparsable).",
-            labels=["target"],
-        )
-        payload = GaugeMetricFamily(
-            "kvoffload_scrape_payload_bytes",
-            "Size of the target's last /metrics body.",
-            labels=["target"],
-        )
-        last_ok = GaugeMetricFamily(
-            "kvoffload_last_success_timestamp_seconds",
-            "Unix time of the target's last successful scrape.",
-            labels=["target"],
-        )
+        up = _gauge("kvoffload_up")
+        duration = _gauge("kvoffload_scrape_duration_seconds")
+        failures = _counter("kvoffload_scrape_failures")
+        payload = _gauge("kvoffload_scrape_payload_bytes")
+        last_ok = _gauge("kvoffload_last_success_timestamp_seconds")
         for t in sc.targets:
             up.add_metric([t.name], 1.0 if t.up else 0.0)
             failures.add_metric([t.name], t.failures)
@@ -183,16 +216,8 @@ class SidecarCollector(Collector):
         yield from (up, duration, failures, payload, last_ok)
 
         groups = sc.groups()
-        offloading = GaugeMetricFamily(
-            "kvoffload_offloading_enabled",
-            "1 if the engine exposes KV offloading metrics.",
-            labels=GROUP_LABELS,
-        )
-        window = GaugeMetricFamily(
-            "kvoffload_window_seconds",
-            "Time span the figures of this group cover.",
-            labels=GROUP_LABELS,
-        )
+        offloading = _gauge("kvoffload_offloading_enabled")
+        window = _gauge("kvoffload_window_seconds")
         families: dict[str, GaugeMetricFamily] = {}
         for fig in FIGURES:
             if fig.metric not in families:
@@ -202,16 +227,8 @@ class SidecarCollector(Collector):
                     fig.help + " (windowed, computed by the sidecar)",
                     labels=GROUP_LABELS + extra,
                 )
-        rec = GaugeMetricFamily(
-            "kvoffload_recommendation",
-            "Current advice: 1 for the recommended action, 0 for the others.",
-            labels=[*GROUP_LABELS, "action"],
-        )
-        size = GaugeMetricFamily(
-            "kvoffload_recommended_size_bytes",
-            "Recommended --kv-offloading-size, in bytes.",
-            labels=GROUP_LABELS,
-        )
+        rec = _gauge("kvoffload_recommendation")
+        size = _gauge("kvoffload_recommended_size_bytes")
         verdict = _TtftFamilies()
         for g in groups:
             if g.stale:
@@ -243,11 +260,11 @@ class SidecarCollector(Collector):
         sc = self.sidecar
         if not sc.events:
             return
-        messages = _event_counter("kvoffload_kv_events_messages")
-        lost = _event_counter("kvoffload_kv_events_lost_messages")
-        errors = _event_counter("kvoffload_kv_events_decode_errors")
-        unseen = _event_gauge("kvoffload_kv_events_unseen_messages")
-        rate = _event_gauge("kvoffload_kv_events_sample_ratio")
+        messages = _counter("kvoffload_kv_events_messages")
+        lost = _counter("kvoffload_kv_events_lost_messages")
+        errors = _counter("kvoffload_kv_events_decode_errors")
+        unseen = _gauge("kvoffload_kv_events_unseen_messages")
+        rate = _gauge("kvoffload_kv_events_sample_ratio")
         for name, state in sc.events.items():
             messages.add_metric([name], state.messages())
             lost.add_metric([name], state.lost_messages())
@@ -256,13 +273,13 @@ class SidecarCollector(Collector):
             rate.add_metric([name], state.sample_rate_now())
         yield from (messages, lost, errors, unseen, rate)
 
-        hist = _event_histogram("kvoffload_reuse_distance_bytes")
-        resident = _event_gauge("kvoffload_cpu_resident_bytes")
-        never_evicted = _event_counter("kvoffload_never_loaded_evicted_bytes")
-        never_resident = _event_gauge("kvoffload_never_loaded_resident_bytes")
-        achievable = _event_gauge("kvoffload_achievable_offload_hit_ratio")
-        predicted = _event_gauge("kvoffload_predicted_offload_hit_ratio")
-        provisional = _event_gauge("kvoffload_curve_provisional")
+        hist = _histogram("kvoffload_reuse_distance_bytes")
+        resident = _gauge("kvoffload_cpu_resident_bytes")
+        never_evicted = _counter("kvoffload_never_loaded_evicted_bytes")
+        never_resident = _gauge("kvoffload_never_loaded_resident_bytes")
+        achievable = _gauge("kvoffload_achievable_offload_hit_ratio")
+        predicted = _gauge("kvoffload_predicted_offload_hit_ratio")
+        provisional = _gauge("kvoffload_curve_provisional")
         for g in groups:
             info = g.kv_events
             if g.stale or info is None:

@@ -3,51 +3,18 @@
 from __future__ import annotations
 
 from kvoffload.analysis.signals import FIGURES
-from kvoffload.sidecar.metrics import KV_EVENT_METRICS, TTFT_METRICS
+from kvoffload.sidecar.metrics import (
+    ADVICE_METRICS,
+    KV_EVENT_METRICS,
+    TARGET_METRICS,
+    TTFT_METRICS,
+)
 
-_TARGET_ROWS = [
-    ("kvoffload_build_info{version}", "gauge", "kvoffload version (always 1)."),
-    (
-        "kvoffload_up{target}",
-        "gauge",
-        "1 if the last scrape of the vLLM target succeeded and parsed, else 0.",
-    ),
-    (
-        "kvoffload_scrape_duration_seconds{target}",
-        "gauge",
-        "Duration of the last successful scrape, from request to updated figures.",
-    ),
-    (
-        "kvoffload_scrape_failures_total{target}",
-        "counter",
-        "Scrapes that failed (unreachable, slow, HTTP error, oversized, unparsable).",
-    ),
-    ("kvoffload_scrape_payload_bytes{target}", "gauge", "Size of the last /metrics body."),
-    (
-        "kvoffload_last_success_timestamp_seconds{target}",
-        "gauge",
-        "Unix time of the last successful scrape.",
-    ),
-    (
-        "kvoffload_offloading_enabled{target,model_name}",
-        "gauge",
-        "1 if the engine exposes KV offloading metrics.",
-    ),
-    ("kvoffload_window_seconds{target,model_name}", "gauge", "Time span the figures cover."),
-]
-_ADVICE_ROWS = [
-    (
-        "kvoffload_recommendation{target,model_name,action}",
-        "gauge",
-        "1 for the current advice (enable, leave_off, keep, grow, shrink, store_threshold, "
-        "disable), 0 for the others.",
-    ),
-    (
-        "kvoffload_recommended_size_bytes{target,model_name}",
-        "gauge",
-        "Recommended --kv-offloading-size in bytes, when the advice carries a size.",
-    ),
-]
+
+def _row(name: str, spec: tuple[str, list[str], str]) -> str:
+    mtype, labels, help_text = spec
+    shown = f"{name}_total" if mtype == "counter" else name
+    return f"| `{shown}{{{','.join(labels)}}}` | {mtype} | | {help_text} |"
 
 
 def metrics_markdown() -> str:
@@ -63,8 +30,7 @@ def metrics_markdown() -> str:
         "| metric | type | JSON key | help |",
         "|---|---|---|---|",
     ]
-    for name, mtype, help_text in _TARGET_ROWS:
-        lines.append(f"| `{name}` | {mtype} | | {help_text} |")
+    lines += [_row(name, spec) for name, spec in TARGET_METRICS.items()]
     for fig in FIGURES:
         extra = "".join(f',{k}="{v}"' for k, v in fig.labels)
         unit = "" if fig.export_scale == 1 else f" (JSON in {fig.unit})"
@@ -72,8 +38,7 @@ def metrics_markdown() -> str:
             f"| `{fig.metric}{{target,model_name{extra}}}` | gauge | `{fig.key}` | "
             f"{fig.help}{unit} |"
         )
-    for name, mtype, help_text in _ADVICE_ROWS:
-        lines.append(f"| `{name}` | {mtype} | | {help_text} |")
+    lines += [_row(name, spec) for name, spec in ADVICE_METRICS.items()]
     for name, (labels, help_text) in TTFT_METRICS.items():
         lines.append(
             f"| `{name}{{{','.join(['target', 'model_name', *labels])}}}` | gauge | | {help_text} |"
