@@ -227,3 +227,23 @@ def test_the_enable_rule_is_the_alerts_condition():
         advise({**quiet, "gpu_turnover_seconds": 62.5}, False, 3600, prompt_tokens=1e6).action
         == "enable"
     )
+
+
+def test_the_grow_rule_is_the_alerts_condition():
+    """advisor `grow` ⇔ conditions.TOO_SMALL (KVOffloadBufferTooSmall renders its parts)."""
+    from kvoffload.analysis.conditions import TOO_SMALL
+
+    t = Thresholds()
+    steady = {**BASE, "allocation_failures_per_second": 0.0}
+    for figures in (
+        steady,
+        {**steady, "cpu_capacity_tokens": 10_000.0},  # no larger than the GPU cache
+        {**steady, "allocation_failures_per_second": 0.5},
+        {**steady, "cpu_capacity_tokens": None},
+    ):
+        rec = advise(figures, True, 3600, prompt_tokens=1e6)
+        assert (rec.action == "grow") == TOO_SMALL.holds(figures, t), figures
+    assert (
+        advise({**steady, "cpu_capacity_tokens": 10_000.0}, True, 3600, prompt_tokens=1e6).action
+        == "grow"
+    )

@@ -26,6 +26,7 @@ from kvoffload.analysis.conditions import (
     OVERSIZED,
     REUSE_EVIDENCE,
     STORES_WITHOUT_LOADS,
+    TOO_SMALL,
     Limits,
 )
 from kvoffload.analysis.signals import GIB
@@ -62,6 +63,8 @@ class Thresholds:
     # Bytes copied out per second of critical-path time on an overhead-bound engine
     # (calibrated on real vLLM 0.26.0, H200: docs/advisor.md).
     store_critical_bytes_per_second: float = 2.5e9
+    # Store attempts per second finding no free CPU-tier slot above which the tier is too small.
+    min_allocation_failures_per_second: float = 0.0
     # The KV-event curve sizes a tier only from a stream that has covered a steady state:
     # the GPU cache turned over this many times, and the share of first touches over the
     # whole stream at most this far above its share over the recent half (a cold start
@@ -263,7 +266,7 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -
                 f"(reuse ratio {_fmt(reuse, '', 3)} < {t.low_reuse_ratio:g})"
             ],
         )
-    if (cpu is not None and gpu is not None and cpu <= gpu) or failures > 0:
+    if TOO_SMALL.holds(figures, t):
         # Reuse lost to capacity cannot be measured from counters: double the tier (at least
         # past the GPU floor) and judge again; KV events give the exact curve.
         current = figures.get("cpu_capacity_bytes")

@@ -67,6 +67,35 @@ class Compare(Condition):
 
 
 @dataclass(frozen=True)
+class AtMost(Condition):
+    """figure ≤ other figure. PromQL: both are capacities (label values, so the sidecar's
+    gauges), compared as a ratio ≤ 1 so the alert's value is the ratio, joined to the vLLM
+    labels (`target` copied into `instance`)."""
+
+    figure: str
+    other: str
+    composite = False
+
+    def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
+        a, b = figures.get(self.figure), figures.get(self.other)
+        return a is not None and b is not None and a <= b
+
+    def promql(self, cfg: MixinConfig) -> str:
+        from kvoffload.analysis.signals import FIGURES_BY_KEY
+        from kvoffload.mixin.promql import binop, indent, sidecar
+
+        ratio = binop(
+            sidecar(cfg, FIGURES_BY_KEY[self.figure].metric),
+            "/",
+            sidecar(cfg, FIGURES_BY_KEY[self.other].metric),
+        )
+        return (
+            f'label_replace(\n{indent(ratio + " <= 1")},\n  "instance", "$1", '
+            f'"{cfg.sidecar_target_label}", "(.+)"\n)'
+        )
+
+
+@dataclass(frozen=True)
 class AnyOf(Condition):
     parts: tuple[Condition, ...]
 
@@ -156,6 +185,13 @@ OVERSIZED = AllOf(
     Compare("cpu_fill_seconds", ">", "oversized_fill_seconds"),
     Compare("cpu_fill_ratio_since_start", "<", 1.0),
 )
+# The tier cannot add hits: it holds no more tokens than the GPU cache, or stores find no free
+# slot (advisor `grow`, alert KVOffloadBufferTooSmall, which tags each part with a reason).
+TIER_NO_LARGER_THAN_GPU = AtMost("cpu_capacity_tokens", "gpu_capacity_tokens")
+ALLOCATION_FAILURES = Compare(
+    "allocation_failures_per_second", ">", "min_allocation_failures_per_second"
+)
+TOO_SMALL = AnyOf(TIER_NO_LARGER_THAN_GPU, ALLOCATION_FAILURES)
 # Offloading off: enable it (advisor `enable`; alert KVOffloadRecommendEnable). The hit ratio
 # comes first: PromQL's `and` keeps the left side's value, which the alert's text reads.
 ENABLE = AllOf(GPU_MISSES_REUSE, REUSE_EVIDENCE, GPU_PRESSURE)

@@ -115,7 +115,7 @@ class MixinConfig:
     min_load_bytes_per_second: float = 1e6
     transfer_slow_bytes_per_second: float = 5e9
     min_prompt_tokens_per_second: float = 10.0
-    min_allocation_failures_per_second: float = 0.0
+    min_allocation_failures_per_second: float = _ADVISOR.min_allocation_failures_per_second
 
     # -- alerts ----------------------------------------------------------------------------
     alert_for: dict[str, str] = field(default_factory=lambda: dict(_DEFAULT_FOR))

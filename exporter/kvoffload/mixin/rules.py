@@ -13,13 +13,18 @@ from dataclasses import dataclass
 
 import yaml
 
-from kvoffload.analysis.conditions import ENABLE, OVERSIZED, STORES_WITHOUT_LOADS
+from kvoffload.analysis.conditions import (
+    ALLOCATION_FAILURES,
+    ENABLE,
+    OVERSIZED,
+    STORES_WITHOUT_LOADS,
+    TIER_NO_LARGER_THAN_GPU,
+)
 from kvoffload.mixin.promql import (
     GATE_RECORD,
     OFFLOAD_PRESENCE,
     RENDERINGS,
     MixinConfig,
-    binop,
     by_labels,
     helper_record,
     indent,
@@ -193,22 +198,9 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
         )
     )
 
-    ratio = (
-        binop(
-            sidecar(cfg, "kvoffload_cpu_capacity_tokens"),
-            "/",
-            sidecar(cfg, "kvoffload_gpu_capacity_tokens"),
-        )
-        + " <= 1"
-    )
-    capacity = (
-        f'label_replace(\n{indent(ratio)},\n  "instance", "$1", '
-        f'"{cfg.sidecar_target_label}", "(.+)"\n)'
-    )
-    failures = (
-        f"{rec('allocation_failures_per_second', cfg)} > "
-        f"{_num(cfg.min_allocation_failures_per_second)}"
-    )
+    # The advisor's `grow` condition (conditions.TOO_SMALL), one reason per part.
+    capacity = TIER_NO_LARGER_THAN_GPU.promql(cfg)
+    failures = ALLOCATION_FAILURES.promql(cfg)
     out.append(
         Alert(
             "KVOffloadBufferTooSmall",
