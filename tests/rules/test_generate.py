@@ -74,6 +74,13 @@ def test_figures_not_in_promql_are_documented() -> None:
         assert f"`{key}`" in doc, key
 
 
+def test_the_rules_table_in_the_docs_is_generated_and_current() -> None:
+    from kvoffload.mixin.reference import rules_table, splice
+
+    doc = (ROOT / "docs" / "rules.md").read_text()
+    assert doc == splice(doc, rules_table()), "regenerate: make generate"
+
+
 def test_every_recording_rule_is_documented() -> None:
     doc = (ROOT / "docs" / "rules.md").read_text()
     records = {

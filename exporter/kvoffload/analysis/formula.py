@@ -177,6 +177,25 @@ class Expr:
         """The parts PromQL cannot compute (skipped by FirstOf, refused elsewhere)."""
         return []
 
+    def describe(self) -> str:
+        """The formula in words, for docs/rules.md (generated, so the docs cannot drift)."""
+        raise NotImplementedError
+
+
+def _words(e: Expr) -> str:
+    text = e.describe()
+    return f"({text})" if e.composite and not isinstance(e, Rate | Total) else text
+
+
+def _series_words(keys: tuple[str, ...]) -> str:
+    """`name{label="a|b"}` of catalog keys (an offload key: its flat name, the deprecated
+    mirror implied)."""
+    name, matchers = counter_series(keys)[0]
+    shown = name.removesuffix("_total")
+    if matchers and not (len(keys) == 1 and keys[0] in OFFLOAD_COUNTERS):
+        shown += "{" + matchers[0].replace("=~", "=") + "}"
+    return f"`{shown}`"
+
 
 def _operand(e: Expr, cfg: MixinConfig, w: str) -> str:
     text = e.promql(cfg, w)
@@ -203,6 +222,9 @@ class Rate(Expr):
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return counter_sum(cfg, "rate", self.keys, w)
 
+    def describe(self) -> str:
+        return _series_words(self.keys)
+
 
 @dataclass(frozen=True)
 class Increase(Rate):
@@ -213,6 +235,9 @@ class Increase(Rate):
 
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return counter_sum(cfg, "increase", self.keys, w)
+
+    def describe(self) -> str:
+        return f"increase of {_series_words(self.keys)}"
 
 
 @dataclass(frozen=True)
@@ -236,6 +261,9 @@ class Total(Expr):
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return counter_sum(cfg, "", self.keys, None)
 
+    def describe(self) -> str:
+        return f"{_series_words(self.keys)} since the engines started"
+
 
 @dataclass(frozen=True)
 class GaugeMean(Expr):
@@ -253,6 +281,12 @@ class GaugeMean(Expr):
         agg = "sum" if self.key in SUMMED_GAUGES else "avg"
         selector = vllm(cfg, _bare(name), *matchers)
         return f"{agg} by ({by_labels(cfg)}) (avg_over_time({selector}[{w}]))"
+
+    def describe(self) -> str:
+        name, label, value = GAUGES[self.key]
+        how = "summed" if self.key in SUMMED_GAUGES else "averaged"
+        shown = f'{_bare(name)}{{{label}="{value}"}}' if label else _bare(name)
+        return f"`{shown}` over time, {how} over engines"
 
 
 @dataclass(frozen=True)
@@ -282,6 +316,9 @@ class Ratio(Expr):
             )
         return div(_operand(self.num, cfg, w), den)
 
+    def describe(self) -> str:
+        return f"{_words(self.num)} ÷ {_words(self.den)}"
+
 
 @dataclass(frozen=True)
 class Minus(Expr):
@@ -296,6 +333,9 @@ class Minus(Expr):
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return binop(_operand(self.left, cfg, w), "-", _operand(self.right, cfg, w))
 
+    def describe(self) -> str:
+        return f"{_words(self.left)} − {_words(self.right)}"
+
 
 @dataclass(frozen=True)
 class ClampMin(Expr):
@@ -308,6 +348,9 @@ class ClampMin(Expr):
 
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return f"clamp_min(\n{indent(self.inner.promql(cfg, w))},\n  {self.floor:g}\n)"
+
+    def describe(self) -> str:
+        return f"max({self.inner.describe()}, {self.floor:g})"
 
 
 @dataclass(frozen=True)
@@ -323,6 +366,9 @@ class Positive(Expr):
 
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return f"{_operand(self.inner, cfg, w)}\n> 0"
+
+    def describe(self) -> str:
+        return f"{_words(self.inner)} where above 0"
 
 
 @dataclass(frozen=True)
@@ -352,6 +398,9 @@ class FirstOf(Expr):
     def python_only(self) -> list[PythonOnly]:
         return [o for o in self.options if isinstance(o, PythonOnly)]
 
+    def describe(self) -> str:
+        return ", else ".join(o.describe() for o in self.options if not isinstance(o, PythonOnly))
+
 
 @dataclass(frozen=True)
 class OrZero(Expr):
@@ -371,6 +420,9 @@ class OrZero(Expr):
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return f"{_operand(self.inner, cfg, w)}\nor\n0 * {_operand(self.like, cfg, w)}"
 
+    def describe(self) -> str:
+        return f"{self.inner.describe()} (0 where {self.like.describe()} exists)"
+
 
 @dataclass(frozen=True)
 class PerSecond(Expr):
@@ -389,6 +441,9 @@ class PerSecond(Expr):
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return self.inner.promql(cfg, w)
 
+    def describe(self) -> str:
+        return f"{self.inner.describe()} per second"
+
 
 @dataclass(frozen=True)
 class OrZeroPerSecond(Expr):
@@ -403,6 +458,9 @@ class OrZeroPerSecond(Expr):
 
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return self.inner.promql(cfg, w)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} per second"
 
 
 @dataclass(frozen=True)
@@ -424,6 +482,9 @@ class TimesWorldSize(Expr):
         if cfg.world_size == 1:
             return text
         return binop(paren(text), "*", str(cfg.world_size))
+
+    def describe(self) -> str:
+        return f"{_words(self.inner)} × `world_size`"
 
 
 @dataclass(frozen=True)
@@ -451,6 +512,9 @@ class WhenOffloading(Expr):
     def python_only(self) -> list[PythonOnly]:
         return self.inner.python_only()
 
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, where offloading is on"
+
 
 @dataclass(frozen=True)
 class PythonOnly(Expr):
@@ -469,6 +533,9 @@ class PythonOnly(Expr):
     def python_only(self) -> list[PythonOnly]:
         return [self]
 
+    def describe(self) -> str:
+        return f"(the sidecar only: {self.why})"
+
 
 @dataclass(frozen=True)
 class Sidecar(Expr):
@@ -482,6 +549,9 @@ class Sidecar(Expr):
 
     def promql(self, cfg: MixinConfig, w: str) -> str:
         return sidecar_as_vllm(cfg, self.metric)
+
+    def describe(self) -> str:
+        return f"the sidecar's `{self.metric}`"
 
 
 def share_family(cfg: MixinConfig, w: str, shares: list[Ratio], label: str) -> str:
