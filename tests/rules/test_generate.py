@@ -243,3 +243,11 @@ def test_parse_overrides_types_the_cli_settings() -> None:
 def test_parse_overrides_refuses(pair: str, words: str) -> None:
     with pytest.raises(InputError, match=words):
         parse_overrides([pair])
+
+
+def test_renamed_thresholds_keep_their_old_names() -> None:
+    """Two settings took the advisor's names (one name per threshold); the old ones still work."""
+    old = parse_overrides(["min_gpu_prefix_hit_ratio=0.03", "min_ttft_cost_seconds=0.01"])
+    assert old == {"min_reuse_evidence_ratio": 0.03, "min_ttft_saving_seconds": 0.01}
+    cfg = MixinConfig().with_overrides(min_ttft_cost_seconds=0.02)
+    assert cfg.min_ttft_saving_seconds == 0.02

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.mixin import dashboards, rules
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.promql import RENAMED_SETTINGS, MixinConfig
 from kvoffload.overrides import parse_number, refuse, split_pair
 
 ALERTS_DIR = "alerts"
@@ -40,6 +40,9 @@ def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> di
     defaults = {f.name: getattr(base, f.name) for f in fields(base)}
     out: dict[str, Any] = {}
     for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if key.strip() in RENAMED_SETTINGS:  # the old name of a threshold: still accepted
+            pair = f"{RENAMED_SETTINGS[key.strip()]}{sep}{value}"
         name, entry, raw = split_pair(
             "--set", pair, defaults, usage="expected", strip=True, entries=True
         )

@@ -67,6 +67,12 @@ _DEFAULT_FOR = {
     "KVOffloadExporterTargetDown": "10m",
 }
 
+# Settings renamed to the advisor's names (one name per threshold); the old names still work.
+RENAMED_SETTINGS = {
+    "min_gpu_prefix_hit_ratio": "min_reuse_evidence_ratio",
+    "min_ttft_cost_seconds": "min_ttft_saving_seconds",
+}
+
 _PROM_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -172,6 +178,7 @@ class MixinConfig:
         return self.slow_window_seconds
 
     def with_overrides(self, **overrides: Any) -> MixinConfig:
+        overrides = {RENAMED_SETTINGS.get(k, k): v for k, v in overrides.items()}
         known = {f.name for f in fields(self)}
         unknown = set(overrides) - known
         if unknown:
