@@ -4,8 +4,9 @@ JSON is the contract shared by `analyze --json` and the sidecar."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kvoffload.analysis import ttft
@@ -27,6 +28,8 @@ from kvoffload.ingest.catalog import extract
 from kvoffload.ingest.parse import Exposition
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
+
+log = logging.getLogger("kvoffload")
 
 
 @dataclass(frozen=True)
@@ -342,10 +345,23 @@ def window_from_expositions(
     are taken from zero at the process start (`lifetime` = True); without a timestamp its
     time span is unknown, so per-second figures stay undefined.
     """
-    it = iter(expositions)
+    skipped = [0]
+
+    def believable(stream: Iterable[Exposition]) -> Iterator[Exposition]:
+        for expo in stream:
+            ts = expo.timestamp
+            if ts is not None and not (math.isfinite(ts) and 0.0 <= ts <= MAX_TIMESTAMP):
+                skipped[0] += 1  # a NaN or far-off time would make every window nonsense
+                continue
+            for i, sample in enumerate(expo.samples):
+                if sample[3] is not None and not math.isfinite(sample[3]):
+                    expo.samples[i] = (sample[0], sample[1], sample[2], None)
+            yield expo
+
+    it = believable(expositions)
     first = next(it, None)
     if first is None:
-        raise InputError("the input holds no samples")
+        raise InputError("the input holds no samples" + _skipped_note(skipped[0]))
     second = next(it, None)
     lifetime = second is None
     window = Window(None if lifetime else window_seconds, origin_zero=lifetime)
@@ -354,4 +370,18 @@ def window_from_expositions(
         ex = extract(expo, expo.timestamp or 0.0, instance)
         window.update(ex)
         count += 1
+    if skipped[0]:
+        log.warning("%s", _skipped_note(skipped[0]).strip(" ();"))
     return window, count, lifetime
+
+
+# Later than this (year 5138) a recording's timestamp is garbage, not a time.
+MAX_TIMESTAMP = 1e11
+
+
+def _skipped_note(skipped: int) -> str:
+    if not skipped:
+        return ""
+    return (
+        f" ({skipped:,} scrape(s) skipped: timestamp NaN, infinite, negative or beyond year 5138)"
+    )

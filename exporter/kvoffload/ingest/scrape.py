@@ -6,9 +6,10 @@ else the moment of the fetch."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -81,6 +82,12 @@ def _first_line(exc: BaseException | None) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:200]
 
 
+# A sample's own timestamp is believed only when finite and within a year of the scrape:
+# Prometheus refuses samples far outside its head block, and a year covers any virtual clock
+# the simulator runs. Beyond it a window would span 1e12 s or NaN.
+MAX_TIMESTAMP_SKEW_SECONDS = 365 * 86400.0
+
+
 @dataclass
 class Scrape:
     exposition: Exposition
@@ -88,13 +95,41 @@ class Scrape:
     fetched_at: float  # wall clock when the request went out
     duration_seconds: float
     payload_bytes: int
+    # Samples dropped because a number could not be believed, by reason ("timestamp", "value").
+    rejected: dict[str, int] = field(default_factory=dict)
+
+
+def plausible_timestamp(ts: float, fetched_at: float) -> bool:
+    return math.isfinite(ts) and abs(ts - fetched_at) <= MAX_TIMESTAMP_SKEW_SECONDS
 
 
 def scrape_time(expo: Exposition, fetched_at: float) -> float:
     """Honour sample timestamps when the target sets them (Prometheus does by default): a
-    simulator on a virtual clock stamps its samples with virtual time."""
-    stamped = [s[3] for s in expo.samples if s[3] is not None]
+    simulator on a virtual clock stamps its samples with virtual time. Implausible ones are
+    not believed (see sanitize)."""
+    stamped = [
+        s[3] for s in expo.samples if s[3] is not None and plausible_timestamp(s[3], fetched_at)
+    ]
     return max(stamped) if stamped else fetched_at
+
+
+def sanitize(expo: Exposition, fetched_at: float) -> dict[str, int]:
+    """Drop the samples whose numbers cannot be believed — a NaN, infinite or far-off timestamp,
+    a NaN or infinite value — and count them by reason: one bad sample must not poison the
+    figures (NaN windows, ratios, a JSON API that cannot answer) of any target."""
+    rejected: dict[str, int] = {}
+    kept = []
+    for sample in expo.samples:
+        ts, value = sample[3], sample[2]
+        if ts is not None and not plausible_timestamp(ts, fetched_at):
+            rejected["timestamp"] = rejected.get("timestamp", 0) + 1
+        elif not math.isfinite(value):
+            rejected["value"] = rejected.get("value", 0) + 1
+        else:
+            kept.append(sample)
+    if rejected:
+        expo.samples[:] = kept
+    return rejected
 
 
 async def scrape(
@@ -104,19 +139,23 @@ async def scrape(
     max_bytes: int = 16 * 2**20,
     wanted: Callable[[str], bool] | None = None,
     wanted_families: frozenset[str] | None = None,
+    check: bool = True,
 ) -> Scrape:
-    """Fetch and parse one /metrics body (`wanted`: keep only those samples)."""
+    """Fetch and parse one /metrics body (`wanted`: keep only those samples). `check` drops
+    the samples with unbelievable numbers (sanitize); `record` keeps what the target served."""
     result = await fetch(session, url, timeout_seconds, max_bytes)
     try:
         expo = parse_text(result.body, wanted, wanted_families)
     except InputError as exc:
         raise ScrapeError(f"{url}: {exc}") from None
+    rejected = sanitize(expo, result.timestamp) if check else {}
     return Scrape(
         expo,
         scrape_time(expo, result.timestamp),
         result.timestamp,
         result.duration_seconds,
         len(result.body),
+        rejected,
     )
 
 

@@ -41,6 +41,13 @@ TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
         "Scrapes of the target that failed (unreachable, slow, HTTP error, oversized or "
         "unparsable).",
     ),
+    "kvoffload_samples_rejected": (
+        "counter",
+        ["target", "reason"],
+        "Samples of the target dropped because a number could not be believed "
+        "(reason=timestamp: NaN, infinite or over a year from the scrape; reason=value: NaN or "
+        "infinite).",
+    ),
     "kvoffload_scrape_payload_bytes": (
         "gauge",
         ["target"],
@@ -205,6 +212,7 @@ class SidecarCollector(Collector):
         failures = _counter("kvoffload_scrape_failures")
         payload = _gauge("kvoffload_scrape_payload_bytes")
         last_ok = _gauge("kvoffload_last_success_timestamp_seconds")
+        rejected = _counter("kvoffload_samples_rejected")
         for t in sc.targets:
             up.add_metric([t.name], 1.0 if t.up else 0.0)
             failures.add_metric([t.name], t.failures)
@@ -213,7 +221,9 @@ class SidecarCollector(Collector):
                 payload.add_metric([t.name], t.payload_bytes)
             if t.last_success_timestamp is not None:
                 last_ok.add_metric([t.name], t.last_success_timestamp)
-        yield from (up, duration, failures, payload, last_ok)
+            for reason, count in sorted(t.rejected.items()):
+                rejected.add_metric([t.name, reason], count)
+        yield from (up, duration, failures, payload, last_ok, rejected)
 
         groups = sc.groups()
         offloading = _gauge("kvoffload_offloading_enabled")

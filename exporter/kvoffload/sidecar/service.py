@@ -55,6 +55,8 @@ class TargetState:
     scrapes: int = 0
     failures: int = 0
     payload_bytes: int = 0
+    # Samples dropped for unbelievable numbers (ingest.scrape.sanitize), by reason.
+    rejected: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -67,6 +69,7 @@ class TargetState:
             "scrapes": self.scrapes,
             "failures": self.failures,
             "payload_bytes": self.payload_bytes,
+            "samples_rejected": dict(self.rejected),
         }
 
 
@@ -269,6 +272,8 @@ class Sidecar:
                 WANTED_FAMILIES,
             )
             expo = result.exposition
+            for reason, count in result.rejected.items():
+                target.rejected[reason] = target.rejected.get(reason, 0) + count
             ex = extract(expo, result.timestamp, target.name)
             if not ex.counters and not ex.gauges:
                 raise InputError(

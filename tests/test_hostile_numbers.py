@@ -1,0 +1,105 @@
+"""Numbers that cannot be believed (#12 item 1, the crash part): a target stamping its samples
+with NaN, infinite or absurd timestamps, or serving NaN values, loses those samples — counted by
+reason — and poisons nothing: the JSON API answers for every target, no NaN reaches /metrics;
+a recording with such timestamps is analysed with one warning line, not a traceback."""
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+
+import aiohttp
+from aiohttp import web
+
+from kvoffload.sidecar.http import make_app
+from kvoffload.sidecar.service import Sidecar, SidecarConfig
+
+from helpers import SAMPLE, running
+
+HOSTILE = """# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{{engine="0",model_name="m"}} {n} NaN
+vllm:prompt_tokens_total{{engine="1",model_name="m"}} {n} +Inf
+vllm:prompt_tokens_total{{engine="2",model_name="m"}} {n} 1e300
+vllm:prompt_tokens_total{{engine="3",model_name="m"}} NaN
+vllm:prompt_tokens_total{{engine="4",model_name="m"}} {n}
+"""
+
+
+async def _run() -> tuple[int, dict, str]:
+    good = SAMPLE.read_bytes()
+    state = {"n": 0}
+
+    async def hostile(_r: web.Request) -> web.Response:
+        state["n"] += 100
+        return web.Response(text=HOSTILE.format(n=state["n"]), content_type="text/plain")
+
+    async def sample(_r: web.Request) -> web.Response:
+        return web.Response(body=good, content_type="text/plain")
+
+    bad_app, good_app = web.Application(), web.Application()
+    bad_app.router.add_get("/metrics", hostile)
+    good_app.router.add_get("/metrics", sample)
+    async with running(bad_app) as bad_port, running(good_app) as good_port:
+        sidecar = Sidecar(
+            SidecarConfig(
+                [f"http://127.0.0.1:{bad_port}/metrics", f"http://127.0.0.1:{good_port}/metrics"],
+                interval_seconds=0.1,
+                window_seconds=60,
+            )
+        )
+        async with running(make_app(sidecar)) as port, aiohttp.ClientSession() as s:
+            await asyncio.sleep(0.8)
+            async with s.get(f"http://127.0.0.1:{port}/api/v1/status") as r:
+                status_code, text = r.status, await r.text()
+            async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+                metrics = await r.text()
+    return status_code, json.loads(text, parse_constant=_no_constants), metrics
+
+
+def _no_constants(name: str) -> float:
+    raise AssertionError(f"{name} in the JSON API")
+
+
+def test_a_target_with_unbelievable_numbers_poisons_nothing():
+    status_code, status, metrics = asyncio.run(_run())
+    assert status_code == 200
+    bad, good = status["targets"]
+    assert bad["up"] and bad["samples_rejected"]["timestamp"] >= 3 * 2
+    assert bad["samples_rejected"]["value"] >= 2
+    assert good["up"] and good["samples_rejected"] == {}
+    for group in status["groups"]:
+        assert math.isfinite(group["window_seconds"])
+    (m,) = [g for g in status["groups"] if g["labels"]["model_name"] == "m"]
+    assert m["engines"] == ["4"]  # only the believable series is left
+    values = [line.rsplit(" ", 1)[1] for line in metrics.splitlines() if not line.startswith("#")]
+    assert values and all(math.isfinite(float(v)) for v in values)
+    assert 'kvoffload_samples_rejected_total{reason="timestamp"' in metrics
+
+
+def test_a_recording_with_unbelievable_timestamps_is_read_with_one_warning(tmp_path):
+    scrapes = [
+        (1_700_000_000, 100),
+        ("NaN", 150),
+        (1_700_000_015, 200),
+        ("1e300", 250),
+        (1_700_000_030, 300),
+    ]
+    lines = ["# TYPE vllm:prompt_tokens counter"]
+    lines += [
+        f'vllm:prompt_tokens_total{{engine="0",model_name="m",instance="a:1"}} {n} {ts}'
+        for ts, n in scrapes
+    ]
+    path = tmp_path / "hostile.om"
+    path.write_text("\n".join(lines) + "\n# EOF\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "kvoffload", "analyze", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "2 scrape(s) skipped" in r.stderr
+    (group,) = json.loads(r.stdout, parse_constant=_no_constants)["groups"]
+    assert group["window_seconds"] == 30.0
+    assert group["figures"]["prompt_tokens_per_second"] == 200 / 30
