@@ -223,3 +223,44 @@ def test_older_vllm_replay_frames_without_a_topic_are_accepted():
 
     got, sub = asyncio.run(run())
     assert got[:4] == [0, 1, 2, 3] and sub.state.replayed == 3
+
+
+async def _negative_then_normal() -> tuple[list[int], Subscriber]:
+    """A broken publisher sends sequence −5, then 0..3; a replay endpoint exists (the path a
+    negative start used to crash with OverflowError, stopping ingestion for good)."""
+    import zmq
+    import zmq.asyncio
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    replay = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.asyncio.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    router = ctx.socket(zmq.ROUTER)  # answers nothing: a replay would time out, not crash
+    pub.bind(endpoint)
+    router.bind(replay)
+    seen: list[int] = []
+    sub = Subscriber(endpoint, 0, lambda m: seen.append(m.seq), replay, replay_timeout_seconds=0.2)
+    task = asyncio.create_task(sub.run())
+    try:
+        await asyncio.sleep(0.3)  # the slow joiner
+        payload = encode_batch(0.0, [], 0)
+        for seq in (-5, 0, 1, 2, 3):
+            await pub.send_multipart([b"", seq.to_bytes(8, "big", signed=True), payload])
+            await asyncio.sleep(0.02)
+        for _ in range(100):
+            if seen[-1:] == [3]:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        pub.close(linger=0)
+        router.close(linger=0)
+    return seen, sub
+
+
+def test_a_negative_sequence_number_is_rejected_not_wedging():
+    seen, sub = asyncio.run(_negative_then_normal())
+    assert seen == [0, 1, 2, 3]
+    assert sub.state.rejected == 1 and "negative sequence -5" in (sub.state.last_error or "")

@@ -27,6 +27,7 @@ from kvoffload.kvevents.eventfile import RawMessage
 
 log = logging.getLogger("kvoffload.kvevents")
 END_SEQ = -1
+MAX_MESSAGE_BYTES = 64 * 2**20
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -55,6 +56,7 @@ class SubscriberState:
     # The first sequence number we hold of the current publisher, replayed or live.
     history_from_seq: int | None = None
     last_error: str | None = None
+    rejected: int = 0  # messages that could not be placed (negative sequence numbers)
 
 
 class Subscriber:
@@ -91,6 +93,9 @@ class Subscriber:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
+        # A hostile or broken publisher cannot make us hold a huge message: libzmq drops the
+        # connection instead (it reconnects). vLLM's batches are kilobytes to a few megabytes.
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         try:
             sub.connect(self.state.endpoint)
@@ -103,6 +108,12 @@ class Subscriber:
                     )
                     continue
                 seq = int.from_bytes(frames[1], "big", signed=True)
+                if seq < 0:
+                    # vLLM numbers from 0; a negative number cannot be placed in the stream
+                    # (and would make a replay request from it impossible to encode).
+                    self.state.rejected += 1
+                    self.state.last_error = f"{self.state.endpoint}: negative sequence {seq}"
+                    continue
                 last = self.state.last_seq
                 if self.replay_endpoint:
                     if last is None or seq <= last:
@@ -131,6 +142,7 @@ class Subscriber:
         assert self.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])

@@ -347,6 +347,7 @@ class Sidecar:
                     "connected": s.state.connected,
                     "last_seq": s.state.last_seq,
                     "replayed": s.state.replayed,
+                    "rejected": s.state.rejected,
                     "last_error": s.state.last_error,
                 }
                 for s in self.subscribers
