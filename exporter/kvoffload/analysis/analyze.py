@@ -353,10 +353,7 @@ def window_from_expositions(
             if ts is not None and not (math.isfinite(ts) and 0.0 <= ts <= MAX_TIMESTAMP):
                 skipped[0] += 1  # a NaN or far-off time would make every window nonsense
                 continue
-            for i, sample in enumerate(expo.samples):
-                if sample[3] is not None and not math.isfinite(sample[3]):
-                    expo.samples[i] = (sample[0], sample[1], sample[2], None)
-            yield expo
+            yield expo  # (the samples' own stamps are not read: the scrape's time is)
 
     it = believable(expositions)
     first = next(it, None)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvoffload.analysis.formula import by_labels, paren
+from kvoffload.analysis.formula import binop, by_labels, indent, paren, sidecar
 
 if TYPE_CHECKING:
     from kvoffload.mixin.promql import MixinConfig
@@ -81,8 +81,7 @@ class AtMost(Condition):
         return a is not None and b is not None and a <= b
 
     def promql(self, cfg: MixinConfig) -> str:
-        from kvoffload.analysis.signals import FIGURES_BY_KEY
-        from kvoffload.mixin.promql import binop, indent, sidecar
+        from kvoffload.analysis.signals import FIGURES_BY_KEY  # signals imports the advisor
 
         ratio = binop(
             sidecar(cfg, FIGURES_BY_KEY[self.figure].metric),

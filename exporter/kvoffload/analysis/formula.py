@@ -426,31 +426,14 @@ class OrZero(Expr):
 
 @dataclass(frozen=True)
 class PerSecond(Expr):
-    """A counter's increase per second of the window (PromQL's rate already is)."""
+    """Counters' increase per second of the window (PromQL's rate already is): a Rate, or an
+    OrZero of rates (allocation failures: lazily created, 0 where stores exist)."""
 
-    inner: Rate
+    inner: Rate | OrZero
 
     @property
     def composite(self) -> bool:
         return self.inner.composite
-
-    def value(self, c: Context) -> float | None:
-        v = self.inner.value(c)
-        return v / c.delta.seconds if v is not None and c.delta.seconds > 0 else None
-
-    def promql(self, cfg: MixinConfig, w: str) -> str:
-        return self.inner.promql(cfg, w)
-
-    def describe(self) -> str:
-        return f"{self.inner.describe()} per second"
-
-
-@dataclass(frozen=True)
-class OrZeroPerSecond(Expr):
-    """PerSecond of an OrZero (allocation failures: lazily created, 0 where stores exist)."""
-
-    inner: OrZero
-    always_composite: ClassVar[bool] = True
 
     def value(self, c: Context) -> float | None:
         v = self.inner.value(c)

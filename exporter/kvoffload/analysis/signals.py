@@ -21,7 +21,6 @@ from kvoffload.analysis.formula import (
     Increase,
     Minus,
     OrZero,
-    OrZeroPerSecond,
     PerSecond,
     Positive,
     PythonOnly,
@@ -465,7 +464,7 @@ FIGURES: tuple[Figure, ...] = (
         "1/s",
         "Rate of CPU-tier store attempts that found no free slot over the window.",
         # The family is lazy (first failure): 0, not absent, wherever stores exist.
-        WhenOffloading(OrZeroPerSecond(OrZero(Rate("allocation_failures"), like=STORED))),
+        WhenOffloading(PerSecond(OrZero(Rate("allocation_failures"), like=STORED))),
     ),
     Figure(
         "prompt_tokens_per_second",

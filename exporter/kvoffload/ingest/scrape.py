@@ -91,7 +91,7 @@ MAX_TIMESTAMP_SKEW_SECONDS = 365 * 86400.0
 @dataclass
 class Scrape:
     exposition: Exposition
-    timestamp: float  # the scrape's time (see scrape_time)
+    timestamp: float  # the scrape's time (see read_numbers)
     fetched_at: float  # wall clock when the request went out
     duration_seconds: float
     payload_bytes: int
@@ -103,33 +103,33 @@ def plausible_timestamp(ts: float, fetched_at: float) -> bool:
     return math.isfinite(ts) and abs(ts - fetched_at) <= MAX_TIMESTAMP_SKEW_SECONDS
 
 
-def scrape_time(expo: Exposition, fetched_at: float) -> float:
-    """Honour sample timestamps when the target sets them (Prometheus does by default): a
-    simulator on a virtual clock stamps its samples with virtual time. Implausible ones are
-    not believed (see sanitize)."""
-    stamped = [
-        s[3] for s in expo.samples if s[3] is not None and plausible_timestamp(s[3], fetched_at)
-    ]
-    return max(stamped) if stamped else fetched_at
+def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float, dict[str, int]]:
+    """One pass over the samples: the scrape's time, and the samples whose numbers cannot be
+    believed, counted by reason (dropped when `drop`).
 
-
-def sanitize(expo: Exposition, fetched_at: float) -> dict[str, int]:
-    """Drop the samples whose numbers cannot be believed — a NaN, infinite or far-off timestamp,
-    a NaN or infinite value — and count them by reason: one bad sample must not poison the
-    figures (NaN windows, ratios, a JSON API that cannot answer) of any target."""
+    The time honours sample timestamps when the target sets them (Prometheus does by default:
+    a simulator on a virtual clock stamps its samples with virtual time), believing only
+    plausible ones. Dropped: a NaN, infinite or far-off timestamp, a NaN or infinite value —
+    one bad sample must not poison the figures (NaN windows, ratios, a JSON API that cannot
+    answer) of any target."""
     rejected: dict[str, int] = {}
     kept = []
+    latest: float | None = None
     for sample in expo.samples:
         ts, value = sample[3], sample[2]
         if ts is not None and not plausible_timestamp(ts, fetched_at):
             rejected["timestamp"] = rejected.get("timestamp", 0) + 1
-        elif not math.isfinite(value):
+            continue
+        if not math.isfinite(value):
             rejected["value"] = rejected.get("value", 0) + 1
-        else:
-            kept.append(sample)
-    if rejected:
+            if drop:
+                continue
+        if ts is not None and (latest is None or ts > latest):
+            latest = ts
+        kept.append(sample)
+    if drop and rejected:
         expo.samples[:] = kept
-    return rejected
+    return (latest if latest is not None else fetched_at), (rejected if drop else {})
 
 
 async def scrape(
@@ -142,16 +142,16 @@ async def scrape(
     check: bool = True,
 ) -> Scrape:
     """Fetch and parse one /metrics body (`wanted`: keep only those samples). `check` drops
-    the samples with unbelievable numbers (sanitize); `record` keeps what the target served."""
+    the samples with unbelievable numbers (read_numbers); `record` keeps what the target served."""
     result = await fetch(session, url, timeout_seconds, max_bytes)
     try:
         expo = parse_text(result.body, wanted, wanted_families)
     except InputError as exc:
         raise ScrapeError(f"{url}: {exc}") from None
-    rejected = sanitize(expo, result.timestamp) if check else {}
+    timestamp, rejected = read_numbers(expo, result.timestamp, drop=check)
     return Scrape(
         expo,
-        scrape_time(expo, result.timestamp),
+        timestamp,
         result.timestamp,
         result.duration_seconds,
         len(result.body),

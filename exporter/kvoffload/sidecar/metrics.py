@@ -176,8 +176,11 @@ TTFT_METRICS: dict[str, tuple[list[str], str]] = {
 }
 
 
+_ALL_METRICS = {**TARGET_METRICS, **ADVICE_METRICS, **KV_EVENT_METRICS}
+
+
 def _spec(name: str, mtype: str) -> tuple[list[str], str]:
-    kind, labels, help_text = {**TARGET_METRICS, **ADVICE_METRICS, **KV_EVENT_METRICS}[name]
+    kind, labels, help_text = _ALL_METRICS[name]
     assert kind == mtype, name
     return labels, help_text
 

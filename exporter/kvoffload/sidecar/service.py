@@ -55,7 +55,7 @@ class TargetState:
     scrapes: int = 0
     failures: int = 0
     payload_bytes: int = 0
-    # Samples dropped for unbelievable numbers (ingest.scrape.sanitize), by reason.
+    # Samples dropped for unbelievable numbers (ingest.scrape.read_numbers), by reason.
     rejected: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
