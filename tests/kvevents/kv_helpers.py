@@ -3,16 +3,19 @@ sidecar would have them, every batch through vLLM's wire encoding."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 from kvoffload.analysis.window import Window
 from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
 from kvoffload.ingest.parse import parse_text
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.kvevents.subscriber import cancel_all
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.config import Scenario
-from kvoffload.sim.kv_events import encode_batch
+from kvoffload.sim.kv_events import ZmqEventPublisher, encode_batch
 
 INSTANCE = "sim:8000"
 
@@ -52,3 +55,21 @@ def run_with_events(
 ) -> tuple[Window, TargetEvents, dict]:
     window, (state,), truth = run_with_event_states(scenario, [sample_rate], interval)
     return window, state, truth
+
+
+@contextlib.asynccontextmanager
+async def replays_served(pub: ZmqEventPublisher, every: float = 0.005) -> AsyncIterator[None]:
+    """Answer the publisher's replay requests in the background (vLLM's replay thread), for
+    the duration of the block; the publisher is closed at the end."""
+
+    async def serve() -> None:
+        while True:
+            pub.service_replay()
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(serve())
+    try:
+        yield
+    finally:
+        await cancel_all([task])
+        pub.close()

@@ -4,7 +4,6 @@ same state as one that saw every message; history older than the buffer is repor
 advice calls its sizes provisional."""
 
 import asyncio
-import contextlib
 import lzma
 from pathlib import Path
 
@@ -14,10 +13,11 @@ from kvoffload.analysis.analyze import Settings, analyze_window, window_from_exp
 from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.eventfile import RawMessage, read_event_file
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.kvevents.subscriber import Subscriber
+from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.sim.kv_events import ZmqEventPublisher
 
 from helpers import free_port
+from kv_helpers import replays_served
 
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
 
@@ -54,28 +54,18 @@ async def _late_subscriber(
     for msg in messages[:before]:
         pub.publish(msg.payload)  # vLLM was publishing before the sidecar started
     task = asyncio.create_task(sub.run())
-
-    async def serve_replays() -> None:
-        while True:
-            pub.service_replay()
-            await asyncio.sleep(0.005)
-
-    server = asyncio.create_task(serve_replays())
-    try:
-        await asyncio.sleep(0.2)  # the slow joiner: what is published now may be missed live
-        for msg in messages[before:]:
-            pub.publish(msg.payload)
-            await asyncio.sleep(0.001)
-        for _ in range(300):
-            if sub.state.last_seq == len(messages) - 1:
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        for t in (task, server):
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        pub.close()
+    async with replays_served(pub):
+        try:
+            await asyncio.sleep(0.2)  # the slow joiner: what is published now may be missed live
+            for msg in messages[before:]:
+                pub.publish(msg.payload)
+                await asyncio.sleep(0.001)
+            for _ in range(300):
+                if sub.state.last_seq == len(messages) - 1:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await cancel_all([task])
     return state, sub
 
 

@@ -20,6 +20,7 @@ from kvoffload.kvevents.subscriber import Subscriber
 from kvoffload.sim.kv_events import ZmqEventPublisher
 
 from helpers import free_port
+from kv_helpers import replays_served
 
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
 CAPTURES = ["E/E-cpu4", "B/B-cpu10", "live/cpu4g"]
@@ -134,17 +135,11 @@ async def _run_with_kills(
     pub = ZmqEventPublisher(endpoint, replay, topic="kv", buffer_steps=buffer_steps)
     path = persist.state_path(tmp_path, INSTANCE)
 
-    async def serve_replays() -> None:
-        while True:
-            pub.service_replay()
-            await asyncio.sleep(0.002)
-
-    server = asyncio.create_task(serve_replays())
     n = len(messages)
     late = rng.randint(20, n // 5)  # messages published before the first sidecar starts
     kills = sorted(rng.sample(range(late + 50, n - 100), 3))
     process: _SidecarProcess | None = None
-    try:
+    async with replays_served(pub, every=0.002):
         for i, msg in enumerate(messages):
             if i == late:
                 process = _SidecarProcess(path, endpoint, replay, rng.randint(20, 80))
@@ -169,11 +164,6 @@ async def _run_with_kills(
             await asyncio.sleep(0.01)
         replayed = process.sub.state.replayed
         await process.kill()
-    finally:
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
-        pub.close()
     return process.events, replayed
 
 

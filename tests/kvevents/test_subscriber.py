@@ -7,10 +7,11 @@ import contextlib
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.kvevents.subscriber import Subscriber
+from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.sim.kv_events import ZmqEventPublisher, encode_batch
 
 from helpers import free_port
+from kv_helpers import replays_served
 
 
 def _payload(i: int) -> bytes:
@@ -32,13 +33,6 @@ def _payload(i: int) -> bytes:
     )
 
 
-def _drop(pub: ZmqEventPublisher, payload: bytes) -> None:
-    """What a PUB socket does past a slow subscriber's high-water mark: the message is gone
-    for the subscriber but kept in the publisher's replay buffer."""
-    pub._buffer.append((pub._seq, payload))
-    pub._seq += 1
-
-
 async def _run(with_replay: bool) -> tuple[list[int], Subscriber, TargetEvents]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     replay = f"tcp://127.0.0.1:{free_port()}" if with_replay else None
@@ -52,39 +46,31 @@ async def _run(with_replay: bool) -> tuple[list[int], Subscriber, TargetEvents]:
 
     sub = Subscriber(endpoint, 0, on_message, replay, replay_timeout_seconds=3.0)
     task = asyncio.create_task(sub.run())
-
-    async def serve_replays() -> None:
-        while True:
-            pub.service_replay()
-            await asyncio.sleep(0.01)
-
-    server = asyncio.create_task(serve_replays())
-    try:
-        # ZMQ's slow joiner: publish the first message until the subscriber has it.
-        for _ in range(100):
-            if got:
-                break
-            if pub.next_seq == 0:
-                pub.publish(_payload(0))
-            else:
-                pub.reset()
-                pub.publish(_payload(0))
-            await asyncio.sleep(0.05)
-        assert got == [0], "the subscriber never received the first message"
-        _drop(pub, _payload(1))
-        pub.publish(_payload(2))
-        pub.publish(_payload(3))
-        for _ in range(100):
-            if got and got[-1] == 3:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        for t in (task, server):
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        pub.close()
+    async with replays_served(pub, every=0.01):
+        try:
+            await _gap_then_catch_up(pub, got)
+        finally:
+            await cancel_all([task])
     return got, sub, state
+
+
+async def _gap_then_catch_up(pub: ZmqEventPublisher, got: list[int]) -> None:
+    # ZMQ's slow joiner: publish the first message until the subscriber has it.
+    for _ in range(100):
+        if got:
+            break
+        if pub.next_seq != 0:
+            pub.reset()
+        pub.publish(_payload(0))
+        await asyncio.sleep(0.05)
+    assert got == [0], "the subscriber never received the first message"
+    pub.publish_dropped(_payload(1))  # over the high-water mark: a gap
+    pub.publish(_payload(2))
+    pub.publish(_payload(3))
+    for _ in range(100):
+        if got and got[-1] == 3:
+            break
+        await asyncio.sleep(0.02)
 
 
 def test_a_gap_is_replayed_in_order():
@@ -120,13 +106,6 @@ async def _late(
     sub = Subscriber(endpoint, 0, on_message, replay, replay_timeout_seconds=3.0)
     task = asyncio.create_task(sub.run())
 
-    async def serve_replays() -> None:
-        while True:
-            pub.service_replay()
-            await asyncio.sleep(0.01)
-
-    server = asyncio.create_task(serve_replays())
-
     async def publish_until_seen(first: int) -> None:
         i = first
         for _ in range(200):  # ZMQ's slow joiner: keep publishing until one arrives live
@@ -137,21 +116,18 @@ async def _late(
             await asyncio.sleep(0.03)
         raise AssertionError(f"nothing received after {first}: {got}")
 
-    try:
-        await publish_until_seen(before)
-        if restart:
-            pub.reset()
-            for i in range(3):
-                pub.publish(_payload(1000 + i))  # lost to the slow joiner or not: replayed
-            await publish_until_seen(3)
-        await asyncio.sleep(0.1)
-        assert sub.state.connected  # a message arrived (ZMQ connects lazily)
-    finally:
-        for t in (task, server):
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        pub.close()
+    async with replays_served(pub, every=0.01):
+        try:
+            await publish_until_seen(before)
+            if restart:
+                pub.reset()
+                for i in range(3):
+                    pub.publish(_payload(1000 + i))  # lost to the slow joiner or not: replayed
+                await publish_until_seen(3)
+            await asyncio.sleep(0.1)
+            assert sub.state.connected  # a message arrived (ZMQ connects lazily)
+        finally:
+            await cancel_all([task])
     return got, sub, state
 
 
