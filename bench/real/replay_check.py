@@ -11,7 +11,6 @@ Environment: PYTHONPATH has vLLM (the bundle); KVO_PYTHONPATH has kvoffload; OUT
 usage: python3 bench/real/replay_check.py
 """
 
-import gzip
 import json
 import os
 import signal
@@ -19,103 +18,24 @@ import subprocess
 import sys
 import time
 
-import requests
+from one_server import OneServer, log
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.environ.get("OUT", "/tmp/replay_check")
 WORK = "/tmp/rc"
 PORT, ZPORT, RPORT = 8131, 5631, 5731
 
 
-def log(*a):
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
-
-
 def main() -> int:
-    os.makedirs(WORK, exist_ok=True)
-    os.makedirs(OUT, exist_ok=True)
-    env = dict(
-        os.environ,
-        PYTHONHASHSEED="0",
-        VLLM_USE_FLASHINFER_SAMPLER="0",
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        PYTHONUNBUFFERED="1",
-        VLLM_CACHE_ROOT=f"{WORK}/vcache",
-    )
-    events = json.dumps(
-        {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{ZPORT}",
-            "replay_endpoint": f"tcp://*:{RPORT}",
-            "topic": "kv",
-        }
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
-        os.path.join(HERE, "models", "qwen3-0.6b"),
-        "--served-model-name",
-        "m",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(PORT),
-        "--load-format",
-        "dummy",
-        "--skip-tokenizer-init",
-        "--max-model-len",
-        "2048",
-        "--kv-cache-memory-bytes",
-        str(3 * 2**29),
-        "--gpu-memory-utilization",
-        "0.1",
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--kv-events-config",
-        events,
-        "--kv-offloading-size",
-        "2",
-        "--kv-offloading-backend",
-        "native",
-    ]
-    vllm_log = open(f"{OUT}/vllm.log", "w")  # noqa: SIM115 (the server outlives this block)
-    server = subprocess.Popen(
-        cmd, env=env, stdout=vllm_log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/tmp"
-    )
-    summary: dict[str, object] = {"cmd": " ".join(cmd)}
+    server = OneServer(WORK, OUT, PORT, ZPORT, RPORT)
+    summary: dict[str, object] = {"cmd": " ".join(server.cmd)}
     try:
-        t0 = time.time()
-        while time.time() - t0 < 300:
-            try:
-                if requests.get(f"http://127.0.0.1:{PORT}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        else:
+        ready = server.start()
+        if ready is None:
             log("vLLM never became healthy")
             return 3
-        summary["ready_s"] = round(time.time() - t0, 1)
-        log("ready in", summary["ready_s"], "s")
-        with gzip.open(os.path.join(HERE, "wl_rag.json.gz"), "rt") as fh:
-            wl = json.load(fh)
-
-        def send(i: int) -> None:
-            doc = wl["order"][i]
-            prompt = wl["docs"][doc] + wl["suffixes"][i]
-            requests.post(
-                f"http://127.0.0.1:{PORT}/v1/completions",
-                timeout=60,
-                json={"model": "m", "prompt": prompt, "max_tokens": 1},
-            )
-
-        for i in range(40):
-            send(i)
+        summary["ready_s"] = ready
+        log("ready in", ready, "s")
+        server.send(0, 40)
         log("40 requests before the recorder starts")
         kvo_env = dict(os.environ, PYTHONPATH=os.environ["KVO_PYTHONPATH"])
         om = f"{WORK}/late.om"
@@ -126,7 +46,7 @@ def main() -> int:
                 "kvoffload",
                 "record",
                 "--target",
-                f"http://127.0.0.1:{PORT}/metrics",
+                server.metrics_url,
                 "--interval",
                 "1s",
                 "--duration",
@@ -144,8 +64,7 @@ def main() -> int:
             cwd="/tmp",
         )
         time.sleep(3)
-        for i in range(40, 60):
-            send(i)
+        server.send(40, 60)
         time.sleep(3)
         rec.send_signal(signal.SIGTERM)
         out, _ = rec.communicate(timeout=30)
@@ -180,8 +99,7 @@ def main() -> int:
             if os.path.exists(f"{WORK}/{name}.xz"):
                 subprocess.run(["cp", f"{WORK}/{name}.xz", OUT], check=False)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop()
         with open(f"{OUT}/replay_check.json", "w") as fh:
             json.dump(summary, fh, indent=1)
         print(json.dumps(summary, indent=1), flush=True)

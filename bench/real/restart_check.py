@@ -12,7 +12,6 @@ Environment: PYTHONPATH has vLLM (the bundle); KVO_PYTHONPATH has kvoffload; OUT
 usage: python3 bench/real/restart_check.py
 """
 
-import gzip
 import json
 import os
 import signal
@@ -21,75 +20,17 @@ import sys
 import time
 
 import requests
+from one_server import OneServer, log
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.environ.get("OUT", "/tmp/restart_check")
 WORK = "/tmp/rsc"
 PORT, ZPORT, RPORT, WHOLE, VICTIM = 8141, 5641, 5741, 9441, 9442
 
 
-def log(*a: object) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
-
-
 def main() -> int:
-    os.makedirs(WORK, exist_ok=True)
-    os.makedirs(OUT, exist_ok=True)
-    env = dict(
-        os.environ,
-        PYTHONHASHSEED="0",
-        VLLM_USE_FLASHINFER_SAMPLER="0",
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        PYTHONUNBUFFERED="1",
-        VLLM_CACHE_ROOT=f"{WORK}/vcache",
-    )
-    events = json.dumps(
-        {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{ZPORT}",
-            "replay_endpoint": f"tcp://*:{RPORT}",
-            "topic": "kv",
-        }
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
-        os.path.join(HERE, "models", "qwen3-0.6b"),
-        "--served-model-name",
-        "m",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(PORT),
-        "--load-format",
-        "dummy",
-        "--skip-tokenizer-init",
-        "--max-model-len",
-        "2048",
-        "--kv-cache-memory-bytes",
-        str(3 * 2**29),
-        "--gpu-memory-utilization",
-        "0.1",
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--kv-events-config",
-        events,
-        "--kv-offloading-size",
-        "2",
-        "--kv-offloading-backend",
-        "native",
-    ]
-    vllm_log = open(f"{OUT}/vllm.log", "w")  # noqa: SIM115 (the server outlives this block)
-    server = subprocess.Popen(
-        cmd, env=env, stdout=vllm_log, stderr=subprocess.STDOUT, start_new_session=True, cwd="/tmp"
-    )
+    server = OneServer(WORK, OUT, PORT, ZPORT, RPORT)
     kvo_env = dict(os.environ, PYTHONPATH=os.environ["KVO_PYTHONPATH"])
-    target = f"http://127.0.0.1:{PORT}/metrics"
+    target = server.metrics_url
     kv = [
         "--kv-events",
         f"tcp://127.0.0.1:{ZPORT}",
@@ -99,7 +40,7 @@ def main() -> int:
         "kv",
     ]
     procs: list[subprocess.Popen] = []
-    summary: dict[str, object] = {"cmd": " ".join(cmd)}
+    summary: dict[str, object] = {"cmd": " ".join(server.cmd)}
 
     def serve(port: int, name: str, *extra: str) -> subprocess.Popen:
         errlog = open(f"{OUT}/sidecar-{name}.log", "a")  # noqa: SIM115
@@ -132,34 +73,12 @@ def main() -> int:
         return requests.get(f"http://127.0.0.1:{port}/api/v1/status", timeout=10).json()
 
     try:
-        t0 = time.time()
-        while time.time() - t0 < 300:
-            try:
-                if requests.get(f"http://127.0.0.1:{PORT}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        else:
+        ready = server.start()
+        if ready is None:
             log("vLLM never became healthy")
             return 3
-        summary["ready_s"] = round(time.time() - t0, 1)
-        log("ready in", summary["ready_s"], "s")
-        with gzip.open(os.path.join(HERE, "wl_rag.json.gz"), "rt") as fh:
-            wl = json.load(fh)
-
-        def send(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                doc = wl["order"][i]
-                requests.post(
-                    f"http://127.0.0.1:{PORT}/v1/completions",
-                    timeout=60,
-                    json={
-                        "model": "m",
-                        "prompt": wl["docs"][doc] + wl["suffixes"][i],
-                        "max_tokens": 1,
-                    },
-                )
+        summary["ready_s"] = ready
+        log("ready in", ready, "s")
 
         state_dir = f"{WORK}/state"
         serve(WHOLE, "whole")
@@ -186,7 +105,7 @@ def main() -> int:
             cwd="/tmp",
         )
         time.sleep(4)
-        send(0, 60)
+        server.send(0, 60)
         time.sleep(4)  # at least one save after the last message
         before = status(VICTIM)
         victim.send_signal(signal.SIGKILL)
@@ -194,11 +113,11 @@ def main() -> int:
         summary["victim_before_kill"] = before["groups"][0].get("kv_events")
         summary["state_files"] = sorted(os.listdir(state_dir))
         log("victim killed at", before["kv_events"][0]["last_seq"])
-        send(60, 120)
+        server.send(60, 120)
         log("60 requests while the victim was down")
         serve(VICTIM, "victim", "--state-dir", state_dir, "--state-interval", "2s")
         time.sleep(4)
-        send(120, 180)
+        server.send(120, 180)
         time.sleep(5)
         whole, resumed = status(WHOLE), status(VICTIM)
         summary["whole_subscriber"] = whole["kv_events"]
@@ -234,8 +153,7 @@ def main() -> int:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop()
         with open(f"{OUT}/restart_check.json", "w") as fh:
             json.dump(summary, fh, indent=1)
         print(json.dumps(summary, indent=1), flush=True)
