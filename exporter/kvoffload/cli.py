@@ -18,12 +18,15 @@ import yaml
 from kvoffload import __version__, logrepeat
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_expositions
+from kvoffload.analysis.fleetsummary import need_order, summarize
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
+from kvoffload.ingest.promsource import FleetReader
 from kvoffload.ingest.recording import read_recording
 from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.overrides import parse_number, split_pair
+from kvoffload.promoptions import Progress, make_api, prometheus_options, time_range
 from kvoffload.report import render_report
 from kvoffload.sidecar.service import target_name
 from kvoffload.units import parse_duration, parse_size
@@ -488,6 +491,12 @@ def record(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead.")
 @click.option(
+    "--top",
+    type=click.IntRange(1),
+    default=None,
+    help="In the report, only the TOP engines that most need a change (JSON: all).",
+)
+@click.option(
     "--events",
     "events_file",
     type=click.Path(dir_okay=False),
@@ -496,6 +505,7 @@ def record(
     "miss-ratio curve and sizes from it.",
 )
 @settings_options
+@prometheus_options
 def analyze(
     file: str | None,
     target: str | None,
@@ -503,25 +513,56 @@ def analyze(
     interval: float,
     window: float | None,
     as_json: bool,
+    top: int | None,
     events_file: str | None,
     world_size: int,
     memory_limit: float | None,
     kv_bytes_per_token: float | None,
     thresholds_file: str | None,
     threshold_overrides: tuple[str, ...],
+    prometheus_url: str | None,
+    selector: str | None,
+    range_seconds: float | None,
+    start: str | None,
+    end: str | None,
+    step: float | None,
+    prometheus_timeout: float,
+    **auth: Any,
 ) -> None:
-    """Figures and advice from a recording, a /metrics snapshot, or a live server."""
-    source = file if target is None else target
-    if source is None or (file is not None and target is not None):
-        raise InputError("give either a FILE or --target URL")
+    """Figures and advice from a recording, a /metrics snapshot, a live server, or a whole
+    fleet through Prometheus (--prometheus)."""
+    given = [x for x in (file, target, prometheus_url) if x is not None]
+    if len(given) != 1:
+        raise InputError("give one of FILE, --target URL or --prometheus URL")
+    source = given[0]
     settings = make_settings(
         world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
     )
-    if file is not None:
+    reader: FleetReader | None = None
+    progress: Progress | None = None
+    if prometheus_url is not None:
+        if events_file is not None:
+            raise InputError("--events goes with a recording of one target, not --prometheus")
+        first, last = time_range(range_seconds, start, end)
+        progress = Progress()
+        reader = FleetReader(
+            make_api(prometheus_url, prometheus_timeout, **auth),
+            first,
+            last,
+            selector,
+            step,
+            progress=progress,
+        )
+        expositions: Iterator[Exposition] = reader.expositions()
+    elif file is not None:
         expositions = read_recording(file, wanted, WANTED_FAMILIES)
     else:
         expositions = _sample_live(source, duration, interval)
-    win, scrapes, lifetime = window_from_expositions(expositions, window)
+    try:
+        win, scrapes, lifetime = window_from_expositions(expositions, window)
+    finally:
+        if progress is not None:
+            progress.finish()
     events = None
     if events_file is not None:
         from kvoffload.kvevents.replay import load_event_file
@@ -530,25 +571,39 @@ def analyze(
         if len(instances) != 1:
             raise InputError("--events needs a recording of exactly one target")
         events = {instances[0]: load_event_file(events_file)}
-    groups = analyze_groups(win, settings, lifetime, events=events)
+    errors = reader.stats.errors if reader is not None else {}
+    groups = need_order(
+        [
+            g
+            for g in analyze_groups(win, settings, lifetime, events=events)
+            if g.instance not in errors
+        ]
+    )
+    summary = summarize(groups)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "source": source,
-                    "scrapes": scrapes,
-                    "lifetime": lifetime,
-                    "groups": [g.to_json() for g in groups],
-                },
-                indent=2,
-                allow_nan=False,
-            )
-        )
+        out: dict[str, object] = {
+            "source": source,
+            "scrapes": scrapes,
+            "lifetime": lifetime,
+            "fleet": summary.to_json(),
+            "groups": [g.to_json() for g in groups],
+        }
+        if reader is not None:
+            out["errors"] = [{"instance": i, "error": e} for i, e in sorted(errors.items())]
+            out["warnings"] = reader.stats.warnings
+        click.echo(json.dumps(out, indent=2, allow_nan=False))
         return
     note = f"{scrapes} scrape(s)" + (
         "; one snapshot: lifetime totals since the engine started" if lifetime else ""
     )
-    click.echo(render_report(groups, source, note), nl=False)
+    if reader is not None:
+        note += f" from {reader.stats.instances:,} instance(s)" + "".join(
+            f"\n! {w}" for w in reader.stats.warnings
+        )
+    shown = groups[:top] if top is not None else groups
+    if len(shown) < len(groups):
+        note += f"\nthe {len(shown)} of {len(groups)} engines that most need a change:"
+    click.echo(render_report(shown, source, note, summary, errors), nl=False)
 
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvoffload.analysis.fleetsummary import FleetSummary
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
 
@@ -40,10 +41,44 @@ def format_value(value: float | None, unit: str) -> str:
     return _UNIT_FORMAT.get(unit, lambda v: f"{v:g} {unit}")(value)
 
 
-def render_report(groups: list[GroupAnalysis], source: str, note: str = "") -> str:
+def render_fleet_summary(summary: FleetSummary, errors: dict[str, str] | None = None) -> list[str]:
+    """The fleet in a few lines: actions, pinned memory, TTFT effect, what could not be read."""
+    actions = ", ".join(
+        f"{n} {a}" for a, n in sorted(summary.actions.items(), key=lambda kv: -kv[1])
+    )
+    lines = [
+        f"fleet: {summary.engines} engine(s) (instance × model): {actions or 'no advice yet'}"
+        + (
+            f"; {summary.insufficient_data} with too little data"
+            if summary.insufficient_data
+            else ""
+        ),
+        f"  pinned host memory: {_bytes(summary.configured_pinned_bytes)} configured, "
+        f"{_bytes(summary.advised_pinned_bytes)} advised",
+    ]
+    if summary.mean_ttft_change_seconds is not None:
+        lines.append(
+            f"  if every change is applied: mean TTFT {_ms(summary.mean_ttft_change_seconds)} "
+            f"per request over {summary.requests:,.0f} requests "
+            f"({summary.ttft_seconds_saved_per_second:.3f} s of TTFT saved per second)"
+        )
+    for instance, error in sorted((errors or {}).items()):
+        lines.append(f"  ! not read: {instance}: {error}")
+    return lines
+
+
+def render_report(
+    groups: list[GroupAnalysis],
+    source: str,
+    note: str = "",
+    summary: FleetSummary | None = None,
+    errors: dict[str, str] | None = None,
+) -> str:
     lines = [f"kvoffload analysis of {source}"]
     if note:
         lines.append(note)
+    if summary is not None and (summary.engines > 1 or errors):
+        lines.extend(render_fleet_summary(summary, errors))
     if not groups:
         lines.append("no vLLM engine found in the input")
     for g in groups:

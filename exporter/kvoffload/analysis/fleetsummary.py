@@ -1,0 +1,110 @@
+"""One view over many engines: what to change first, and what the changes add up to.
+
+An operator with hundreds of engines reads the summary (how many should enable, grow, shrink
+or disable; the pinned host memory the advice asks for against what is configured; the mean
+TTFT change per request across the fleet if every piece of advice were applied) and then the
+engines in order of need: changes first, the largest TTFT gain (seconds of TTFT saved per
+second, i.e. per-request change × request rate) first among them; engines whose advice is to
+keep things as they are next; engines with too little data last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvoffload.analysis.advisor import ACTIONS, GIB
+from kvoffload.analysis.result import GroupAnalysis, JsonObject
+
+# Actions that ask the operator to do something.
+CHANGES = frozenset({"enable", "grow", "shrink", "disable", "store_threshold"})
+
+
+def _requests(group: GroupAnalysis) -> float:
+    return group.ttft.requests if group.ttft is not None else 0.0
+
+
+def ttft_gain_per_second(group: GroupAnalysis) -> float | None:
+    """Seconds of TTFT the advice saves per second of traffic (negative: it costs), from the
+    predicted change per request and the group's request rate."""
+    change = group.recommendation.ttft_change_seconds
+    if change is None or group.window_seconds <= 0:
+        return None
+    return -change * _requests(group) / group.window_seconds
+
+
+def pinned_bytes_advised(group: GroupAnalysis) -> float:
+    """The CPU tier (pinned host memory, all engines of the group) once the advice is applied."""
+    rec = group.recommendation
+    configured = group.figures.get("cpu_capacity_bytes") or 0.0
+    if rec.insufficient_data:
+        return configured if group.offloading else 0.0
+    if rec.action in ("disable", "leave_off"):
+        return 0.0
+    if rec.action in ("enable", "grow", "shrink") and rec.kv_offloading_size_gib is not None:
+        return rec.kv_offloading_size_gib * GIB * max(len(group.engines), 1)
+    return configured if group.offloading else 0.0
+
+
+def need_order(groups: list[GroupAnalysis]) -> list[GroupAnalysis]:
+    """Changes first (largest TTFT gain first), then the rest, then too little data."""
+
+    def key(group: GroupAnalysis) -> tuple[int, float, str, str]:
+        rec = group.recommendation
+        tier = 2 if rec.insufficient_data else 0 if rec.action in CHANGES else 1
+        gain = ttft_gain_per_second(group)
+        return (tier, -(gain or 0.0), group.instance, group.model_name)
+
+    return sorted(groups, key=key)
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    engines: int  # (instance, model_name) groups
+    actions: dict[str, int]
+    insufficient_data: int
+    configured_pinned_bytes: float
+    advised_pinned_bytes: float
+    requests: float  # requests in the range, over the groups with a TTFT verdict
+    # Request-weighted mean TTFT change per request if every change were applied (negative =
+    # faster), and the TTFT seconds saved per second of traffic.
+    mean_ttft_change_seconds: float | None
+    ttft_seconds_saved_per_second: float
+
+    def to_json(self) -> JsonObject:
+        return {
+            "engines": self.engines,
+            "actions": self.actions,
+            "insufficient_data": self.insufficient_data,
+            "configured_pinned_bytes": self.configured_pinned_bytes,
+            "advised_pinned_bytes": self.advised_pinned_bytes,
+            "requests": self.requests,
+            "mean_ttft_change_seconds": self.mean_ttft_change_seconds,
+            "ttft_seconds_saved_per_second": self.ttft_seconds_saved_per_second,
+        }
+
+
+def summarize(groups: list[GroupAnalysis]) -> FleetSummary:
+    actions = dict.fromkeys(ACTIONS, 0)
+    for g in groups:
+        if not g.recommendation.insufficient_data:
+            actions[g.recommendation.action] = actions.get(g.recommendation.action, 0) + 1
+    requests = sum(_requests(g) for g in groups)
+    weighted = sum(
+        (g.recommendation.ttft_change_seconds or 0.0) * _requests(g)
+        for g in groups
+        if g.recommendation.action in CHANGES
+    )
+    return FleetSummary(
+        engines=len(groups),
+        actions={k: v for k, v in actions.items() if v},
+        insufficient_data=sum(1 for g in groups if g.recommendation.insufficient_data),
+        configured_pinned_bytes=sum(
+            g.figures.get("cpu_capacity_bytes") or 0.0 for g in groups if g.offloading
+        ),
+        advised_pinned_bytes=sum(pinned_bytes_advised(g) for g in groups),
+        requests=requests,
+        mean_ttft_change_seconds=weighted / requests if requests > 0 else None,
+        ttft_seconds_saved_per_second=sum(
+            ttft_gain_per_second(g) or 0.0 for g in groups if g.recommendation.action in CHANGES
+        ),
+    )

@@ -1,0 +1,196 @@
+"""The command-line face of reading from Prometheus: the options `analyze --prometheus` and
+`serve --prometheus` share, turned into a `PrometheusAPI` and a time range."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from kvoffload.errors import InputError
+from kvoffload.ingest.promapi import PromAuth, PrometheusAPI
+from kvoffload.ingest.promsource import ReadStats
+from kvoffload.units import parse_duration
+
+
+def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def parse_time(value: str, flag: str) -> float:
+    """Unix seconds or RFC 3339 (`2026-12-01T10:00:00Z`), like the Prometheus API takes."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"{flag} {value!r}: give Unix seconds or an RFC 3339 time") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
+
+
+def time_range(
+    range_seconds: float | None, start: str | None, end: str | None, now: float | None = None
+) -> tuple[float, float]:
+    """(start, end) from --range, --start and --end: any two of them, or --range (default 1h)
+    ending now."""
+    end_t = parse_time(end, "--end") if end is not None else None
+    start_t = parse_time(start, "--start") if start is not None else None
+    if start_t is not None and end_t is not None:
+        if range_seconds is not None:
+            raise InputError("give at most two of --range, --start and --end")
+        return start_t, end_t
+    span = range_seconds if range_seconds is not None else 3600.0
+    if start_t is not None:
+        return start_t, start_t + span
+    end_t = end_t if end_t is not None else (now if now is not None else time.time())
+    return end_t - span, end_t
+
+
+def _read_secret(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: {exc.strerror}") from None
+
+
+def prometheus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """How to reach Prometheus and what to read from it."""
+    for option in reversed(
+        [
+            click.option(
+                "--prometheus",
+                "prometheus_url",
+                default=None,
+                metavar="URL",
+                help="Read the fleet's vLLM series from this Prometheus-API server "
+                "(Prometheus, Thanos Query, Mimir's …/prometheus) instead.",
+            ),
+            click.option(
+                "--selector",
+                default=None,
+                metavar="'{job=\"vllm\"}'",
+                help="With --prometheus: label matchers of the vLLM series.",
+            ),
+            click.option(
+                "--range",
+                "range_seconds",
+                callback=_duration,
+                default=None,
+                help="With --prometheus: how far back (default 1h), or the span after --start.",
+            ),
+            click.option("--start", default=None, help="Unix seconds or RFC 3339."),
+            click.option("--end", default=None, help="Unix seconds or RFC 3339 (default: now)."),
+            click.option(
+                "--step",
+                callback=_duration,
+                default=None,
+                help="With --prometheus: one point per STEP (query_range) instead of every "
+                "stored sample; less to read over long ranges.",
+            ),
+            click.option(
+                "--prometheus-timeout",
+                callback=_duration,
+                default="2m",
+                show_default=True,
+                help="Time allowed for each question.",
+            ),
+            click.option("--bearer-token-file", default=None, type=click.Path(dir_okay=False)),
+            click.option("--basic-auth-user", default=None),
+            click.option(
+                "--basic-auth-password-file", default=None, type=click.Path(dir_okay=False)
+            ),
+            click.option(
+                "--ca-file",
+                default=None,
+                type=click.Path(dir_okay=False),
+                help="CA bundle that signed the Prometheus server's certificate.",
+            ),
+            click.option("--cert-file", default=None, type=click.Path(dir_okay=False)),
+            click.option("--key-file", default=None, type=click.Path(dir_okay=False)),
+            click.option("--insecure-skip-verify", is_flag=True, help="Do not verify TLS."),
+            click.option(
+                "--header",
+                "headers",
+                multiple=True,
+                metavar="'NAME: VALUE'",
+                help="Extra request header, e.g. 'X-Scope-OrgID: tenant1'; repeatable.",
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def make_api(
+    url: str,
+    timeout: float,
+    bearer_token_file: str | None,
+    basic_auth_user: str | None,
+    basic_auth_password_file: str | None,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+    insecure_skip_verify: bool,
+    headers: tuple[str, ...],
+) -> PrometheusAPI:
+    pairs = []
+    for header in headers:
+        name, sep, value = header.partition(":")
+        if not sep or not name.strip():
+            raise InputError(f"--header {header!r}: use 'Name: value'")
+        pairs.append((name.strip(), value.strip()))
+    auth = PromAuth(
+        bearer_token=_read_secret(bearer_token_file, "--bearer-token-file"),
+        username=basic_auth_user,
+        password=_read_secret(basic_auth_password_file, "--basic-auth-password-file"),
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+        insecure_skip_verify=insecure_skip_verify,
+        headers=tuple(pairs),
+    )
+    return PrometheusAPI(url, auth, timeout)
+
+
+class Progress:
+    """One line on stderr, rewritten in place on a terminal; elsewhere only the last one."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._line = ""
+
+    def __call__(self, stats: ReadStats) -> None:
+        elapsed = time.monotonic() - self.started
+        self._line = (
+            f"read {stats.done:,}/{stats.instances:,} instances, {stats.points:,} points in "
+            f"{stats.questions:,} questions, {elapsed:.1f} s"
+            + (f", {len(stats.errors)} failed" if stats.errors else "")
+        )
+        if self.tty and (elapsed - self._last > 0.2 or stats.done == stats.instances):
+            self._last = elapsed
+            sys.stderr.write("\r" + self._line)
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        if not self._line:
+            return
+        sys.stderr.write(("\r" if self.tty else "") + self._line + "\n")
+        sys.stderr.flush()
