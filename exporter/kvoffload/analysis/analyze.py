@@ -24,7 +24,7 @@ from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
-from kvoffload.ingest.catalog import extract
+from kvoffload.ingest.catalog import Extract, extract
 from kvoffload.ingest.parse import Exposition
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
@@ -345,17 +345,27 @@ def window_from_expositions(
     are taken from zero at the process start (`lifetime` = True); without a timestamp its
     time span is unknown, so per-second figures stay undefined.
     """
+    return window_from_extracts(
+        (extract(expo, expo.timestamp or 0.0, instance) for expo in expositions), window_seconds
+    )
+
+
+def window_from_extracts(
+    extracts: Iterable[Extract], window_seconds: float | None = None
+) -> tuple[Window, int, bool]:
+    """window_from_expositions for scrapes already in the catalog's terms (the Prometheus
+    reader makes them directly)."""
     skipped = [0]
 
-    def believable(stream: Iterable[Exposition]) -> Iterator[Exposition]:
-        for expo in stream:
-            ts = expo.timestamp
-            if ts is not None and not (math.isfinite(ts) and 0.0 <= ts <= MAX_TIMESTAMP):
+    def believable(stream: Iterable[Extract]) -> Iterator[Extract]:
+        for ex in stream:
+            ts = ex.timestamp
+            if not (math.isfinite(ts) and 0.0 <= ts <= MAX_TIMESTAMP):
                 skipped[0] += 1  # a NaN or far-off time would make every window nonsense
                 continue
-            yield expo  # (the samples' own stamps are not read: the scrape's time is)
+            yield ex  # (the samples' own stamps are not read: the scrape's time is)
 
-    it = believable(expositions)
+    it = believable(extracts)
     first = next(it, None)
     if first is None:
         raise InputError("the input holds no samples" + _skipped_note(skipped[0]))
@@ -363,8 +373,7 @@ def window_from_expositions(
     lifetime = second is None
     window = Window(None if lifetime else window_seconds, origin_zero=lifetime)
     count = 0
-    for expo in itertools.chain([first], [second] if second is not None else [], it):
-        ex = extract(expo, expo.timestamp or 0.0, instance)
+    for ex in itertools.chain([first], [second] if second is not None else [], it):
         window.update(ex)
         count += 1
     if skipped[0]:

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import requests
 
 from kvoffload.errors import InputError
@@ -40,13 +41,35 @@ class PromAuth:
     headers: tuple[tuple[str, str], ...] = ()  # e.g. X-Scope-OrgID for Mimir/Cortex tenants
 
 
-@dataclass
-class Series:
-    """One series of a range query: its labels (with `__name__`) and its points in time order."""
+class Series(msgspec.Struct):
+    """One series of an answer: its labels (with `__name__`) and its (time, value) points in
+    time order. Decoded straight from the JSON by msgspec (values arrive as strings): a
+    fleet's answer holds millions of points, and this is where reading it costs."""
 
-    labels: dict[str, str]
-    times: list[float]
-    values: list[float]
+    metric: dict[str, str]
+    values: list[tuple[float, float]] = []
+    value: tuple[float, float] | None = None  # an instant vector's one point
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.metric
+
+    @property
+    def points(self) -> list[tuple[float, float]]:
+        return self.values if self.value is None else [self.value]
+
+
+class _Data(msgspec.Struct):
+    resultType: str  # the API's name
+    result: list[Series]
+
+
+class _Answer(msgspec.Struct):
+    """A query's answer; the other keys (errors, Prometheus 3's `infos`) are read apart."""
+
+    status: str
+    data: _Data | None = None
+    warnings: list[str] = []
 
 
 @dataclass
@@ -100,37 +123,37 @@ class PrometheusAPI:
     def query_instant(self, expr: str, time: float) -> RangeResult:
         """An instant query; a range selector's answer (a matrix) keeps every raw sample, an
         instant vector's each series' one point."""
-        data, warnings = self._get("/api/v1/query", {"query": expr, "time": _ts(time)})
-        return RangeResult(self._series(data, expr, ("matrix", "vector")), warnings)
+        return self._query(
+            "/api/v1/query", {"query": expr, "time": _ts(time)}, ("matrix", "vector")
+        )
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> RangeResult:
-        data, warnings = self._get(
-            "/api/v1/query_range",
-            {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)},
-        )
-        return RangeResult(self._series(data, expr, ("matrix",)), warnings)
+        params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)}
+        return self._query("/api/v1/query_range", params, ("matrix",))
 
-    def _series(self, data: Any, expr: str, kinds: tuple[str, ...]) -> list[Series]:
-        kind = data.get("resultType") if isinstance(data, dict) else None
-        if kind not in kinds:
-            raise PromAPIError(f"{self.base}: answered {kind or 'nothing'} for {expr}")
-        out: list[Series] = []
-        for item in data.get("result") or []:
-            labels = item.get("metric") if isinstance(item, dict) else None
-            # Float samples only ("histograms", Prometheus 3's native ones, are not vLLM's).
-            points = (item.get("values") or []) if kind == "matrix" else [item.get("value")]
-            if not isinstance(labels, dict) or not isinstance(points, list):
-                raise PromAPIError(f"{self.base}: a series without metric/values for {expr}")
+    def _query(self, path: str, params: dict[str, str], kinds: tuple[str, ...]) -> RangeResult:
+        resp = self._post(path, params)
+        expr = params["query"]
+        if resp.status_code == 200:
+            # Prometheus writes +Inf as "+Inf", which msgspec's lax float does not read ("Inf"
+            # it does); only a point's value sits between `,` and `]`.
+            body = resp.content.replace(b',"+Inf"]', b',"Inf"]')
             try:
-                times = [float(p[0]) for p in points]
-                values = [float(p[1]) for p in points]
-            except (TypeError, ValueError, IndexError):
-                raise PromAPIError(f"{self.base}: a point is not [time, value] in {expr}") from None
-            out.append(Series(labels, times, values))
-        return out
+                answer = msgspec.json.decode(body, type=_Answer, strict=False)
+            except msgspec.DecodeError:
+                answer = None
+            if answer is not None and answer.status == "success" and answer.data is not None:
+                if answer.data.resultType not in kinds:
+                    raise PromAPIError(f"{self.base}: answered {answer.data.resultType} for {expr}")
+                return RangeResult(answer.data.result, answer.warnings)
+        self._answer(resp, path)  # raises with the server's reason
+        raise PromAPIError(f"{self.base}{path}: an answer that is not a query result for {expr}")
 
     # -- transport --------------------------------------------------------------------------
     def _get(self, path: str, params: dict[str, str]) -> tuple[Any, list[str]]:
+        return self._answer(self._post(path, params), path)
+
+    def _post(self, path: str, params: dict[str, str]) -> requests.Response:
         url = self.base + path
         what = f"{self.base}{path}"
         try:
@@ -143,6 +166,10 @@ class PrometheusAPI:
             raise PromAPIError(f"{what}: TLS: {_first_line(exc)}") from None
         except requests.RequestException as exc:
             raise PromAPIError(f"{what}: {_first_line(exc)}") from None
+        return resp
+
+    def _answer(self, resp: requests.Response, path: str) -> tuple[Any, list[str]]:
+        what = f"{self.base}{path}"
         try:
             body = resp.json()
         except (json.JSONDecodeError, ValueError):
