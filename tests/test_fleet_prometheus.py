@@ -297,3 +297,24 @@ def test_errors_are_reported_per_engine_and_the_run_goes_on(
 
     r = kvo("analyze", "--prometheus", proxy, *span)  # no token
     assert r.returncode == 2 and "HTTP 401" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> None:
+    """Batches analysed in worker processes, merged, then compared across the fleet: the
+    same groups, figures and advice as one process reading everything."""
+    from kvoffload.analysis.analyze import Settings
+    from kvoffload.analysis.fleetrun import analyze_from_prometheus
+    from kvoffload.ingest.promapi import PrometheusAPI
+    from kvoffload.ingest.promsource import FleetReader
+
+    start = min(fleet["spans"][i][0] for i in SIM)
+    end = max(fleet["spans"][i][1] for i in SIM)
+    runs = []
+    for jobs in (1, 2):
+        # A small budget: about one instance per batch (two-models in time chunks).
+        reader = FleetReader(PrometheusAPI(fleet["url"]), start, end, point_budget=4_000)
+        result = analyze_from_prometheus(reader, Settings(), jobs=jobs)
+        assert result.stats.done == len(SIM) and result.stats.questions > len(SIM)
+        runs.append(([g.to_json() for g in result.groups], result.summary.to_json()))
+    assert runs[0] == runs[1]
+    assert len(runs[0][0]) == len(SIM) + 1

@@ -59,6 +59,7 @@ def analyze_groups(
     lifetime: bool = False,
     events: dict[str, TargetEvents] | None = None,
     event_baselines: dict[GroupKey, dict[str, float]] | None = None,
+    fleet: bool = True,
 ) -> list[GroupAnalysis]:
     """One analysis per (instance, model_name) group that has at least two points.
 
@@ -67,6 +68,8 @@ def analyze_groups(
     events: KV-event state per instance; the curve and exact figures join the group, and the
     advisor sizes from the curve. event_baselines: counter totals when the events started
     (live); without them the window's increases are the events' period (a recording).
+    fleet=False leaves out the comparison of replicas (`add_fleet_evidence`), for a caller
+    that analyses a fleet in parts and compares them once all are in.
     """
     settings = settings or Settings()
     groups: list[GroupAnalysis] = []
@@ -89,11 +92,12 @@ def analyze_groups(
         if ctx is not None:
             _add_ttft_verdict(entry, ctx, settings, hit_at)
         groups.append(entry)
-    _add_fleet_evidence(groups, settings)
+    if fleet:
+        add_fleet_evidence(groups, settings)
     return groups
 
 
-def _add_fleet_evidence(groups: list[GroupAnalysis], settings: Settings) -> None:
+def add_fleet_evidence(groups: list[GroupAnalysis], settings: Settings) -> None:
     """Replicas of one model with and without a tier, compared (analysis.fleet): where there
     are some, their measured difference decides (basis "fleet")."""
     effects = fleet_effects(groups)

@@ -95,79 +95,86 @@ class Window:
 
     # -- ingest ---------------------------------------------------------------------------
     def update(self, ex: Extract) -> None:
-        instances = set(ex.offload_families) | {k[1] for k in ex.counters}
+        """One scrape in. Linear in its samples: everything is grouped in one pass first, so
+        the work per group does not scan the whole scrape (thousands of models per target
+        would otherwise cost the square)."""
+        # group → [(counter key, engine, raw)] and the per-instance facts, in one pass.
+        by_group: dict[GroupKey, list[tuple[str, str, float]]] = {}
+        for (key, instance, model, engine), raw in ex.counters.items():
+            entries = by_group.get((instance, model))
+            if entries is None:
+                entries = by_group[(instance, model)] = []
+            entries.append((key, engine, raw))
+        instances = set(ex.offload_families) | {g[0] for g in by_group}
         for instance in instances:
             self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
-        group_totals: dict[GroupKey, dict[str, float]] = {}
-        lifetime: dict[GroupKey, dict[str, float]] = {}
-        earliest_created: dict[GroupKey, float] = {}
-
-        for skey, raw in ex.counters.items():
-            key, instance, model, _engine = skey
-            scrape_no = self._scrapes[instance]
-            created = ex.created.get(skey)
-            series = self._series.setdefault((instance, model), {})
-            state = series.get((key, _engine))
-            if state is None:
-                state = _SeriesState(raw, created, raw, scrape_no)
-                series[(key, _engine)] = state
-            else:
-                restarted = (
-                    raw < state.raw
-                    or (
-                        created is not None
-                        and state.created is not None
-                        and created != state.created
-                    )
-                    or state.seen_at != scrape_no - 1
-                )
-                state.adjusted += raw if restarted else raw - state.raw
-                state.raw = raw
-                state.created = created
-                state.seen_at = scrape_no
-            if created is not None:
-                g = (instance, model)
-                earliest_created[g] = min(earliest_created.get(g, created), created)
-            group_totals.setdefault((instance, model), {})
-            raw_sums = lifetime.setdefault((instance, model), {})
-            raw_sums[key] = raw_sums.get(key, 0.0) + raw
-
-        # Sum adjusted totals of every series ever seen in the group: a series missing from
-        # this scrape keeps its last contribution instead of making the sum drop.
-        for g, totals in group_totals.items():
-            for (key, _engine), state in self._series.get(g, {}).items():
-                totals[key] = totals.get(key, 0.0) + state.adjusted
-
         gauge_now: dict[GroupKey, dict[str, list[float]]] = {}
         for (key, instance, model, _engine), value in ex.gauges.items():
             gauge_now.setdefault((instance, model), {}).setdefault(key, []).append(value)
-            group_totals.setdefault((instance, model), {})
+        cache_config: dict[str, list[dict[str, str]]] = {}
+        for (inst, _e), labels in sorted(ex.cache_config.items()):
+            cache_config.setdefault(inst, []).append(labels)
+        offload_config: dict[GroupKey, list[dict[str, str]]] = {}
+        for (inst, mdl, _e), labels in sorted(ex.offload_config.items()):
+            offload_config.setdefault((inst, mdl), []).append(labels)
+        created_of = ex.created
 
-        for g, totals in group_totals.items():
-            static = self._static.setdefault(g, GroupStatic())
+        for g in by_group.keys() | gauge_now.keys():
             instance, model = g
-            static.lifetime = lifetime.get(g, {})
+            entries = by_group.get(g, [])
+            scrape_no = self._scrapes.get(instance, 0)
+            series = self._series.get(g)
+            if series is None:
+                series = self._series[g] = {}
+            raw_sums: dict[str, float] = {}
+            engines: set[str] = set()
+            earliest_created: float | None = None
+            for key, engine, raw in entries:
+                engines.add(engine)
+                created = created_of.get((key, instance, model, engine))
+                state = series.get((key, engine))
+                if state is None:
+                    series[(key, engine)] = _SeriesState(raw, created, raw, scrape_no)
+                else:
+                    restarted = (
+                        raw < state.raw
+                        or (
+                            created is not None
+                            and state.created is not None
+                            and created != state.created
+                        )
+                        or state.seen_at != scrape_no - 1
+                    )
+                    state.adjusted += raw if restarted else raw - state.raw
+                    state.raw = raw
+                    state.created = created
+                    state.seen_at = scrape_no
+                if created is not None and (earliest_created is None or created < earliest_created):
+                    earliest_created = created
+                raw_sums[key] = raw_sums.get(key, 0.0) + raw
+
+            # Sum adjusted totals of every series ever seen in the group: a series missing from
+            # this scrape keeps its last contribution instead of making the sum drop.
+            totals: dict[str, float] = {}
+            if entries:
+                for (key, _engine), state in series.items():
+                    totals[key] = totals.get(key, 0.0) + state.adjusted
+
+            static = self._static.get(g)
+            if static is None:
+                static = self._static[g] = GroupStatic()
+            static.lifetime = raw_sums
             # Offloading is a process setting, but one process may serve several models:
             # a model with no offload series of its own is judged as "off".
-            models = ex.models.get(instance, set())
-            own_series = any(k in OFFLOAD_KEYS for k in static.lifetime) or any(
-                i == instance and m == model for (i, m, _e) in ex.offload_config
-            )
+            own_series = any(k in OFFLOAD_KEYS for k in raw_sums) or g in offload_config
             static.offload_families = ex.offload_families.get(instance, False) and (
-                own_series or len(models) <= 1
+                own_series or len(ex.models.get(instance, ())) <= 1
             )
             static.naming = ex.offload_naming.get(instance, "none")
-            static.cache_config = [
-                labels for (inst, _e), labels in sorted(ex.cache_config.items()) if inst == instance
-            ] or static.cache_config
-            offload_cfg = [
-                labels
-                for (inst, mdl, _e), labels in sorted(ex.offload_config.items())
-                if inst == instance and mdl == model
-            ]
-            static.offload_config = offload_cfg or static.offload_config
+            static.cache_config = cache_config.get(instance) or static.cache_config
+            static.offload_config = offload_config.get(g) or static.offload_config
             # The engines of the latest scrape: after a DP shrink, sizes divide by the new count.
-            static.engines = {e for (_k, i, m, e) in ex.counters if i == instance and m == model}
+            static.engines = engines
 
             gauges = {
                 k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
@@ -187,13 +194,17 @@ class Window:
                 if previous
                 else (0.0,) * FIT_SIZE
             )
-            point = Point(ex.timestamp, dict(totals), sums, counts, fit)
+            point = Point(ex.timestamp, totals, sums, counts, fit)
             if points is None:
                 points = deque()
                 self._points[g] = points
                 if self.origin_zero:
                     # Without a clock (timestamp 0) the span is unknown: zero, not a guess.
-                    start = earliest_created.get(g, ex.timestamp) if ex.timestamp else 0.0
+                    start = (
+                        (earliest_created if earliest_created is not None else ex.timestamp)
+                        if ex.timestamp
+                        else 0.0
+                    )
                     self._first[g] = Point(min(start, ex.timestamp), {}, {}, {})
                 else:
                     self._first[g] = point

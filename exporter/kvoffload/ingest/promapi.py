@@ -81,23 +81,32 @@ class RangeResult:
 
 class PrometheusAPI:
     def __init__(self, url: str, auth: PromAuth | None = None, timeout: float = 60.0) -> None:
+        self.auth = auth or PromAuth()
         url = url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise PromAPIError(f"{url}: not an http(s) URL")
         # Accept both the server's root (…:9090, …/prometheus) and its API root (…/api/v1).
         self.base = url[: -len("/api/v1")] if url.endswith("/api/v1") else url
         self.timeout = timeout
-        auth = auth or PromAuth()
-        self.session = requests.Session()
-        self.session.headers["Accept-Encoding"] = "gzip"
-        self.session.headers.update(dict(auth.headers))
+        self.session = self._session()
+
+    def _session(self) -> requests.Session:
+        auth = self.auth
+        session = requests.Session()
+        session.headers["Accept-Encoding"] = "gzip"
+        session.headers.update(dict(auth.headers))
         if auth.bearer_token:
-            self.session.headers["Authorization"] = f"Bearer {auth.bearer_token}"
+            session.headers["Authorization"] = f"Bearer {auth.bearer_token}"
         elif auth.username is not None:
-            self.session.auth = (auth.username, auth.password or "")
-        self.session.verify = False if auth.insecure_skip_verify else (auth.ca_file or True)
+            session.auth = (auth.username, auth.password or "")
+        session.verify = False if auth.insecure_skip_verify else (auth.ca_file or True)
         if auth.cert_file:
-            self.session.cert = (auth.cert_file, auth.key_file) if auth.key_file else auth.cert_file
+            session.cert = (auth.cert_file, auth.key_file) if auth.key_file else auth.cert_file
+        return session
+
+    def reopen(self) -> None:
+        """A session of its own (a forked worker must not share its parent's sockets)."""
+        self.session = self._session()
 
     def close(self) -> None:
         self.session.close()

@@ -154,6 +154,12 @@ class FleetReader:
     def extracts(self) -> Iterator[Extract]:
         """Every (instance, scrape) as the catalog's Extract, in time order per instance;
         instances one batch after the other."""
+        for batch in self.batches():
+            yield from self.read_batch(batch)
+
+    def batches(self) -> list[list[_Plan]]:
+        """The plan cut into questions' worth of whole instances (each batch can be read and
+        analysed on its own: a worker process per batch, `analysis.fleetrun`)."""
         plans = self.plan()
         self.stats.instances = len(plans)
         if not plans:
@@ -163,8 +169,7 @@ class FleetReader:
                 + " in the range"
             )
         self._report()
-        for batch in self._batches(plans):
-            yield from self._read_batch(batch)
+        return list(self._batches(plans))
 
     def _batches(self, plans: list[_Plan]) -> Iterator[list[_Plan]]:
         batch: list[_Plan] = []
@@ -179,7 +184,7 @@ class FleetReader:
         if batch:
             yield batch
 
-    def _read_batch(self, batch: list[_Plan]) -> Iterator[Extract]:
+    def read_batch(self, batch: list[_Plan]) -> Iterator[Extract]:
         names = [p.instance for p in batch]
         cost = sum(p.series * p.points_per_series for p in batch)
         chunks = max(1, math.ceil(cost / self.point_budget))
@@ -200,8 +205,8 @@ class FleetReader:
                 # cost the others.
                 half = len(batch) // 2
                 if chunk == 0:
-                    yield from self._read_batch(batch[:half])
-                    yield from self._read_batch(batch[half:])
+                    yield from self.read_batch(batch[:half])
+                    yield from self.read_batch(batch[half:])
                     return
                 for name in names:
                     self.stats.errors.setdefault(name, str(exc))

@@ -1,0 +1,128 @@
+"""A fleet read from Prometheus, analysed on every core.
+
+Reading and analysing a thousand engines is Python work per sample (decoding the answers,
+the window's counter arithmetic), and Prometheus needs CPU of its own to answer. The reader's
+batches are independent (whole instances each), so worker processes take one batch at a
+time — each reads it, feeds a window of its own and analyses its groups — while the parent
+only merges: the comparison of replicas across the fleet (`add_fleet_evidence`) runs once all
+groups are in, so the result is what one process would give.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from kvoffload.analysis.analyze import (
+    Settings,
+    add_fleet_evidence,
+    analyze_groups,
+    window_from_extracts,
+)
+from kvoffload.analysis.fleetsummary import FleetSummary, need_order, summarize
+from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.errors import InputError
+from kvoffload.ingest.promsource import FleetReader, ReadStats, _Plan
+
+
+@dataclass
+class FleetResult:
+    groups: list[GroupAnalysis]  # need order; instances whose read failed left out
+    summary: FleetSummary
+    scrapes: int
+    stats: ReadStats
+
+
+@dataclass
+class _BatchResult:
+    groups: list[GroupAnalysis]
+    scrapes: int
+    stats: ReadStats
+
+
+def _analyze_batches(
+    reader: FleetReader, batches: list[list[_Plan]], settings: Settings
+) -> _BatchResult:
+    """Read `batches` and analyse their groups (without the fleet comparison)."""
+    reader.stats = ReadStats()
+    try:
+        window, scrapes, lifetime = window_from_extracts(
+            ex for batch in batches for ex in reader.read_batch(batch)
+        )
+    except InputError:
+        if not reader.stats.errors:
+            raise
+        return _BatchResult([], 0, reader.stats)  # every instance of the batch failed
+    groups = [
+        g
+        for g in analyze_groups(window, settings, lifetime, fleet=False)
+        if g.instance not in reader.stats.errors  # a partial read is no analysis
+    ]
+    return _BatchResult(groups, scrapes, reader.stats)
+
+
+_WORKER: tuple[FleetReader, Settings] | None = None
+
+
+def _init_worker(reader: FleetReader, settings: Settings) -> None:
+    global _WORKER
+    reader.api.reopen()
+    reader.progress = None
+    _WORKER = (reader, settings)
+
+
+def _work(batch: list[_Plan]) -> _BatchResult:
+    assert _WORKER is not None
+    reader, settings = _WORKER
+    return _analyze_batches(reader, [batch], settings)
+
+
+def analyze_from_prometheus(
+    reader: FleetReader,
+    settings: Settings,
+    jobs: int | None = None,
+    progress: Callable[[ReadStats], None] | None = None,
+) -> FleetResult:
+    """Read everything `reader` covers and analyse it, with `jobs` worker processes (default:
+    one per core; 1: in this process)."""
+    batches = reader.batches()
+    total = ReadStats(instances=reader.stats.instances, questions=reader.stats.questions)
+    jobs = min(jobs or os.cpu_count() or 1, len(batches))
+    results: list[_BatchResult] = []
+
+    def merge(result: _BatchResult, instances: int) -> None:
+        results.append(result)
+        total.done += instances
+        total.questions += result.stats.questions
+        total.points += result.stats.points
+        total.errors.update(result.stats.errors)
+        total.warnings.extend(w for w in result.stats.warnings if w not in total.warnings)
+        if progress is not None:
+            progress(total)
+
+    if progress is not None:
+        progress(total)
+    if jobs <= 1:
+        for batch in batches:
+            merge(_analyze_batches(reader, [batch], settings), len(batch))
+    else:
+        # fork: the workers start at once with the reader and the settings as they are (the
+        # CLI is one thread; a worker opens its own HTTP session).
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(
+            jobs, mp_context=context, initializer=_init_worker, initargs=(reader, settings)
+        ) as pool:
+            futures = {pool.submit(_work, batch): len(batch) for batch in batches}
+            for future in as_completed(futures):
+                merge(future.result(), futures[future])
+    groups = [g for r in results for g in r.groups]
+    if not groups and total.errors and len(total.errors) == total.instances:
+        raise InputError(
+            "no instance could be read: " + "; ".join(sorted(set(total.errors.values()))[:3])
+        )
+    add_fleet_evidence(groups, settings)
+    groups = need_order(groups)
+    return FleetResult(groups, summarize(groups), sum(r.scrapes for r in results), total)
