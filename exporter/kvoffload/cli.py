@@ -17,8 +17,8 @@ import yaml
 
 from kvoffload import __version__, logrepeat
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
-from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_expositions
-from kvoffload.analysis.fleetsummary import need_order, summarize
+from kvoffload.analysis.analyze import Settings, window_from_expositions
+from kvoffload.analysis.fleetsummary import analyze_fleet
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
@@ -28,7 +28,7 @@ from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.overrides import parse_number, split_pair
 from kvoffload.promoptions import Progress, make_api, prometheus_options, time_range
 from kvoffload.report import render_report
-from kvoffload.sidecar.service import target_name
+from kvoffload.sidecar.service import Service, target_name
 from kvoffload.units import parse_duration, parse_size
 
 EXIT_BAD_INPUT = 2
@@ -172,12 +172,56 @@ def cli(log_level: str) -> None:
     logrepeat.install()
 
 
+# serve's options that only scraping targets uses: refused with --prometheus.
+_SCRAPE_ONLY = (
+    "window",
+    "scrape_timeout",
+    "max_payload",
+    "kv_events",
+    "kv_events_replay",
+    "kv_events_dp",
+    "kv_events_topic",
+    "kv_events_sample_rate",
+    "kv_events_sample_budget",
+    "state_dir",
+    "state_interval",
+)
+# ... and those only reading Prometheus uses: refused with --target.
+_PROMETHEUS_ONLY = (
+    "selector",
+    "range_seconds",
+    "start",
+    "end",
+    "step",
+    "prometheus_timeout",
+    "bearer_token_file",
+    "basic_auth_user",
+    "basic_auth_password_file",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "insecure_skip_verify",
+    "headers",
+)
+
+
+def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among `names` that the user set (on the command line or the environment)."""
+    out = []
+    for param in ctx.command.params:
+        if param.name in names and ctx.get_parameter_source(param.name) not in (
+            click.core.ParameterSource.DEFAULT,
+            None,
+        ):
+            out.append(param.opts[0])
+    return out
+
+
 @cli.command()
 @click.option(
     "--target",
     "targets",
     multiple=True,
-    required=True,
     metavar="URL",
     help="vLLM /metrics URL; repeat for several engines/pods.",
 )
@@ -192,9 +236,9 @@ def cli(log_level: str) -> None:
 @click.option(
     "--interval",
     callback=_duration,
-    default="5s",
-    show_default=True,
-    help="Scrape interval per target.",
+    default=None,
+    help="Scrape interval per target (default 5s); with --prometheus, how often the fleet "
+    "is read again (default 1m).",
 )
 @click.option(
     "--window",
@@ -262,10 +306,11 @@ def cli(log_level: str) -> None:
     help="How often the KV-event state is saved (and always at SIGTERM).",
 )
 @settings_options
+@prometheus_options
 def serve(
     targets: tuple[str, ...],
     listen: str,
-    interval: float,
+    interval: float | None,
     window: float,
     scrape_timeout: float,
     max_payload: float,
@@ -282,14 +327,63 @@ def serve(
     kv_bytes_per_token: float | None,
     thresholds_file: str | None,
     threshold_overrides: tuple[str, ...],
+    prometheus_url: str | None,
+    selector: str | None,
+    range_seconds: float | None,
+    start: str | None,
+    end: str | None,
+    step: float | None,
+    prometheus_timeout: float,
+    **auth: Any,
 ) -> None:
-    """Run the sidecar next to `vllm serve`."""
-    from aiohttp import web
-
-    from kvoffload.sidecar.http import make_app
+    """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
+    (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
+    from kvoffload.sidecar.fleet import FleetConfig, FleetService
     from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 
     host, port = _listen(listen)
+    if bool(targets) == (prometheus_url is not None):
+        raise InputError("give --target URL (repeatable) or --prometheus URL, one of them")
+    ctx = click.get_current_context()
+    settings = make_settings(
+        world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
+    )
+    if prometheus_url is not None:
+        refused = _given(ctx, _SCRAPE_ONLY)
+        if refused:
+            raise InputError(
+                f"{', '.join(refused)}: with --prometheus the fleet is read from Prometheus "
+                "(no scrapes, no KV events; the figures cover --range)"
+            )
+        fixed = None if start is None and end is None else time_range(range_seconds, start, end)
+        fleet = FleetService(
+            FleetConfig(
+                range_seconds if range_seconds is not None else 3600.0,
+                fixed,
+                selector,
+                step,
+                interval if interval is not None else 60.0,
+                settings,
+            ),
+            make_api(prometheus_url, prometheus_timeout, **auth),
+        )
+        span = (
+            f"{fixed[0]:.0f} to {fixed[1]:.0f}"
+            if fixed
+            else f"the last {fleet.config.range_seconds:g} s"
+        )
+        _run(
+            fleet,
+            f"reading the fleet from {fleet.api.base} ({span}) every "
+            f"{fleet.config.interval_seconds:g} s",
+            host,
+            port,
+        )
+        return
+    refused = _given(ctx, _PROMETHEUS_ONLY)
+    if refused:
+        raise InputError(f"{', '.join(refused)}: only with --prometheus")
+    interval = interval if interval is not None else 5.0
     if len(kv_events) > len(targets) or len(kv_events_replay) > len(kv_events):
         raise InputError(
             "--kv-events pairs with --target (and --kv-events-replay with "
@@ -318,9 +412,7 @@ def serve(
             window,
             scrape_timeout,
             int(max_payload),
-            make_settings(
-                world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
-            ),
+            settings,
             sources,
             kv_events_sample_rate,
             kv_events_sample_budget,
@@ -328,13 +420,18 @@ def serve(
             state_interval,
         )
     )
-    click.echo(
-        f"kvoffload {__version__}: scraping {', '.join(targets)} every {interval:g} s; "
-        f"serving http://{host}:{port}/",
-        err=True,
-    )
+    _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", host, port)
+
+
+def _run(service: Service, doing: str, host: str, port: int) -> None:
+    """Serve `service`'s /metrics, status and page until SIGTERM or Ctrl-C."""
+    from aiohttp import web
+
+    from kvoffload.sidecar.http import make_app
+
+    click.echo(f"kvoffload {__version__}: {doing}; serving http://{host}:{port}/", err=True)
     web.run_app(
-        make_app(sidecar), host=host, port=port, print=None, access_log=None, handle_signals=True
+        make_app(service), host=host, port=port, print=None, access_log=None, handle_signals=True
     )
 
 
@@ -572,14 +669,7 @@ def analyze(
             raise InputError("--events needs a recording of exactly one target")
         events = {instances[0]: load_event_file(events_file)}
     errors = reader.stats.errors if reader is not None else {}
-    groups = need_order(
-        [
-            g
-            for g in analyze_groups(win, settings, lifetime, events=events)
-            if g.instance not in errors
-        ]
-    )
-    summary = summarize(groups)
+    groups, summary = analyze_fleet(win, settings, lifetime, errors, events)
     if as_json:
         out: dict[str, object] = {
             "source": source,

@@ -10,10 +10,14 @@ keep things as they are next; engines with too little data last.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvoffload.analysis.advisor import ACTIONS, GIB
+from kvoffload.analysis.analyze import Settings, analyze_groups
 from kvoffload.analysis.result import GroupAnalysis, JsonObject
+from kvoffload.analysis.window import Window
+from kvoffload.kvevents.state import TargetEvents
 
 # Actions that ask the operator to do something.
 CHANGES = frozenset({"enable", "grow", "shrink", "disable", "store_threshold"})
@@ -108,3 +112,23 @@ def summarize(groups: list[GroupAnalysis]) -> FleetSummary:
             ttft_gain_per_second(g) or 0.0 for g in groups if g.recommendation.action in CHANGES
         ),
     )
+
+
+def analyze_fleet(
+    window: Window,
+    settings: Settings,
+    lifetime: bool = False,
+    left_out: Collection[str] = (),
+    events: dict[str, TargetEvents] | None = None,
+) -> tuple[list[GroupAnalysis], FleetSummary]:
+    """Every group of the window in need order and their summary, without the instances in
+    `left_out` (those whose read failed: what came of them is partial): what `analyze` prints
+    for a recording or a live target (`analysis.fleetrun` does the same for Prometheus)."""
+    groups = need_order(
+        [
+            g
+            for g in analyze_groups(window, settings, lifetime, events=events)
+            if g.instance not in left_out
+        ]
+    )
+    return groups, summarize(groups)

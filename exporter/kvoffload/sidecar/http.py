@@ -1,4 +1,5 @@
-"""The sidecar's HTTP face (aiohttp): /metrics, /api/v1/status, the status page, health."""
+"""The sidecar's HTTP face (aiohttp): /metrics, /api/v1/status, the status page, health; the
+same for the scraping sidecar and for the fleet read from Prometheus (`serve --prometheus`)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from prometheus_client.openmetrics.exposition import (
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from kvoffload.sidecar.metrics import build_registry
-from kvoffload.sidecar.service import Sidecar
+from kvoffload.sidecar.service import Service
 
-SIDECAR_KEY = web.AppKey("sidecar", Sidecar)
+SIDECAR_KEY = web.AppKey[Service]("sidecar")
 
 
 def _page() -> bytes:
     return importlib.resources.files("kvoffload.sidecar").joinpath("web/index.html").read_bytes()
 
 
-def make_app(sidecar: Sidecar, manage_lifecycle: bool = True) -> web.Application:
+def make_app(sidecar: Service, manage_lifecycle: bool = True) -> web.Application:
     app = web.Application()
     app[SIDECAR_KEY] = sidecar
     registry = build_registry(sidecar)

@@ -17,7 +17,8 @@ from kvoffload import __version__
 from kvoffload.analysis.advisor import ACTIONS, GIB
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
-from kvoffload.sidecar.service import Sidecar
+from kvoffload.sidecar.fleet import FleetService
+from kvoffload.sidecar.service import Service
 
 GROUP_LABELS = ["target", "model_name"]
 
@@ -149,6 +150,25 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
         "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
     ),
 }
+# `serve --prometheus`: the reads of the fleet from Prometheus.
+FLEET_METRICS: dict[str, tuple[str, list[str], str]] = {
+    "kvoffload_fleet_reads": (
+        "counter",
+        [],
+        "Reads of the fleet's vLLM series from Prometheus (serve --prometheus).",
+    ),
+    "kvoffload_fleet_read_failures": (
+        "counter",
+        [],
+        "Reads of the fleet from Prometheus that failed as a whole (unreachable, error, no vLLM "
+        "series in the range): the last good analysis stays published, every target down.",
+    ),
+    "kvoffload_fleet_read_duration_seconds": (
+        "gauge",
+        [],
+        "Duration of the last successful read of the fleet, first question to updated analysis.",
+    ),
+}
 
 # The TTFT verdict (analysis.ttft), per group: name → (extra labels, help). One table for the
 # exposition and for docs/metrics.md. Negative = faster.
@@ -176,7 +196,7 @@ TTFT_METRICS: dict[str, tuple[list[str], str]] = {
 }
 
 
-_ALL_METRICS = {**TARGET_METRICS, **ADVICE_METRICS, **KV_EVENT_METRICS}
+_ALL_METRICS = {**TARGET_METRICS, **ADVICE_METRICS, **KV_EVENT_METRICS, **FLEET_METRICS}
 
 
 def _spec(name: str, mtype: str) -> tuple[list[str], str]:
@@ -201,7 +221,7 @@ def _histogram(name: str) -> HistogramMetricFamily:
 
 
 class SidecarCollector(Collector):
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Service) -> None:
         self.sidecar = sidecar
 
     def collect(self) -> Iterator[Metric]:
@@ -209,6 +229,8 @@ class SidecarCollector(Collector):
         build = _gauge("kvoffload_build_info")
         build.add_metric([__version__], 1)
         yield build
+        if isinstance(sc, FleetService):
+            yield from _fleet_reads(sc)
 
         up = _gauge("kvoffload_up")
         duration = _gauge("kvoffload_scrape_duration_seconds")
@@ -329,6 +351,17 @@ class SidecarCollector(Collector):
         )
 
 
+def _fleet_reads(fleet: FleetService) -> Iterator[Metric]:
+    reads = _counter("kvoffload_fleet_reads")
+    reads.add_metric([], fleet.reads)
+    failures = _counter("kvoffload_fleet_read_failures")
+    failures.add_metric([], fleet.failures)
+    duration = _gauge("kvoffload_fleet_read_duration_seconds")
+    if fleet.last is not None:
+        duration.add_metric([], fleet.last.duration_seconds)
+    yield from (reads, failures, duration)
+
+
 def _number(value: object) -> float:
     assert isinstance(value, float | int), value
     return float(value)
@@ -338,7 +371,7 @@ def _le(value: float) -> str:
     return "+Inf" if math.isinf(value) else repr(float(value))
 
 
-def build_registry(sidecar: Sidecar) -> CollectorRegistry:
+def build_registry(sidecar: Service) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(sidecar))
     return registry

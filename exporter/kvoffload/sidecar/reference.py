@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.sidecar.metrics import (
     ADVICE_METRICS,
+    FLEET_METRICS,
     KV_EVENT_METRICS,
     TARGET_METRICS,
     TTFT_METRICS,
@@ -58,10 +59,32 @@ def metrics_markdown() -> str:
         "| metric | type | help |",
         "|---|---|---|",
     ]
-    for name, (mtype, labels, help_text) in KV_EVENT_METRICS.items():
-        shown = f"{name}_total" if mtype == "counter" else name
-        lines.append(f"| `{shown}{{{','.join(labels)}}}` | {mtype} | {help_text} |")
+    lines += _table(KV_EVENT_METRICS)
+    lines += [
+        "",
+        "## With `--prometheus`",
+        "",
+        "`serve --prometheus URL` reads the whole fleet from Prometheus every `--interval` "
+        "instead of scraping (docs/architecture.md): the series above then carry Prometheus' "
+        "`instance` as `target`, their figures cover `--range` (or `--start`/`--end`), and "
+        "`kvoffload_up`, `kvoffload_last_success_timestamp_seconds` and "
+        "`kvoffload_scrape_failures_total` describe the reads of each instance's series. No "
+        "KV-event series. The reads themselves:",
+        "",
+        "| metric | type | help |",
+        "|---|---|---|",
+    ]
+    lines += _table(FLEET_METRICS)
     return "\n".join(lines) + "\n"
+
+
+def _table(metrics: dict[str, tuple[str, list[str], str]]) -> list[str]:
+    out = []
+    for name, (mtype, labels, help_text) in metrics.items():
+        shown = f"{name}_total" if mtype == "counter" else name
+        label_text = "{" + ",".join(labels) + "}" if labels else ""
+        out.append(f"| `{shown}{label_text}` | {mtype} | {help_text} |")
+    return out
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -71,6 +72,26 @@ class TargetState:
             "payload_bytes": self.payload_bytes,
             "samples_rejected": dict(self.rejected),
         }
+
+
+class Service(Protocol):
+    """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads: the `Sidecar`
+    scraping its targets, or the fleet read back from Prometheus (`sidecar.fleet`)."""
+
+    targets: list[TargetState]
+    events: dict[str, TargetEvents]
+    subscribers: list[Subscriber]
+
+    def groups(self) -> list[GroupAnalysis]: ...
+
+    def status(self) -> dict[str, object]: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)
