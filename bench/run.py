@@ -386,11 +386,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument(
-        "--only", choices=["parse", "scale", "memory", "analyze", "events"], action="append"
+        "--only",
+        choices=["parse", "scale", "memory", "analyze", "events", "fleet"],
+        action="append",
     )
     args = ap.parse_args()
     quick = args.quick
-    only = set(args.only or ["parse", "scale", "memory", "analyze", "events"])
+    only = set(args.only or ["parse", "scale", "memory", "analyze", "events", "fleet"])
     results: dict[str, object] = {"machine": machine(), "quick": quick}
     print(f"machine: {results['machine']}")
     if "parse" in only:
@@ -457,6 +459,22 @@ def main() -> None:
         print("\n5. KV events (rag-hot-set-fits wire format; memory on a synthetic stream)")
         for key, value in ev.items():
             print(f"  {key}: {value:,.1f}" if isinstance(value, float) else f"  {key}: {value}")
+    if "fleet" in only:
+        from fleet import bench_fleet
+
+        engines, hours = (20, 1.0) if quick else (1000, 6.0)
+        rows = [bench_fleet(engines, hours)]
+        if not quick:
+            rows.append(bench_fleet(engines, hours, step="60s"))
+        results["fleet"] = rows
+        print(f"\n6. analyze --prometheus: {engines} engines × {hours:g} h in a real Prometheus")
+        for r in rows:
+            print(
+                f"  {r['step']}: {r['wall_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                f"{r['groups']} groups, {r['errors']} errors ({r['progress']}) "
+                + ("(<60 s " + ("met" if r["under_60s"] else "MISSED"))
+                + (", <500 MB " + ("met" if r["under_500mb"] else "MISSED") + ")")
+            )
     out = HERE / ("results-quick.json" if quick else "results.json")
     if args.only and out.exists():
         # A partial run updates its sections and keeps the others.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import ssl
 import subprocess
 import sys
 import threading
@@ -243,6 +244,18 @@ def _proxy_app(upstream: str) -> web.Application:
         path = request.path[len("/prometheus") :]
         resp = await asyncio.to_thread(requests.post, upstream + path, data=form, timeout=30)
         body = resp.json()
+        data = body.get("data")
+        if isinstance(data, dict) and data.get("resultType") == "matrix":
+            # A native histogram series (Prometheus 3): no float points, not vLLM's families.
+            data["result"].append(
+                {
+                    "metric": {
+                        "__name__": "vllm:time_to_first_token_seconds",
+                        "instance": "rag:8000",
+                    },
+                    "histograms": [[1.0, {"count": "1", "sum": "0.5", "buckets": []}]],
+                }
+            )
         body["infos"] = ["PromQL info: a note that is not a warning"]
         body["warnings"] = ["partial response: store gateway 2 unreachable"]
         return web.json_response(body, status=resp.status_code)
@@ -252,25 +265,32 @@ def _proxy_app(upstream: str) -> web.Application:
     return app
 
 
-@pytest.fixture
-def proxy(fleet: dict[str, Any]) -> Iterator[str]:
+def _serve_in_thread(
+    app: web.Application, ssl_context: ssl.SSLContext | None = None
+) -> Iterator[int]:
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(_proxy_app(fleet["url"]), access_log=None, shutdown_timeout=0.5)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     port = free_port()
 
     async def start() -> None:
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     try:
-        yield f"http://127.0.0.1:{port}/prometheus"
+        yield port
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+@pytest.fixture
+def proxy(fleet: dict[str, Any]) -> Iterator[str]:
+    for port in _serve_in_thread(_proxy_app(fleet["url"])):
+        yield f"http://127.0.0.1:{port}/prometheus"
 
 
 def test_errors_are_reported_per_engine_and_the_run_goes_on(
@@ -318,3 +338,80 @@ def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> 
         runs.append(([g.to_json() for g in result.groups], result.summary.to_json()))
     assert runs[0] == runs[1]
     assert len(runs[0][0]) == len(SIM) + 1
+
+
+def _certificates(work: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it (openssl)."""
+    ca_key, ca, key, csr, cert = (
+        work / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem")
+    )
+    ext = work / "san.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    for args in (
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            ca_key,
+            "-out",
+            ca,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kvoffload test CA",
+        ],
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            csr,
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "1",
+            "-extfile",
+            ext,
+        ],
+    ):
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+def test_tls_with_the_operators_ca(fleet: dict[str, Any], tmp_path: Path) -> None:
+    ca, cert, key = _certificates(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    start, end = fleet["spans"]["rag:8000"]
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    for port in _serve_in_thread(_proxy_app(fleet["url"]), context):
+        url = f"https://127.0.0.1:{port}/prometheus"
+        common = ("--start", f"{start}", "--end", f"{end}", "--bearer-token-file", str(token))
+        report = _analyze_prometheus(
+            url, start, end, "--bearer-token-file", str(token), "--ca-file", str(ca)
+        )
+        assert "rag:8000" in {g["labels"]["instance"] for g in report["groups"]}
+        r = kvo("analyze", "--prometheus", url, *common)  # the system CAs do not know ours
+        assert r.returncode == 2 and "TLS" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+        r = kvo("analyze", "--prometheus", url, *common, "--insecure-skip-verify", "--json")
+        assert r.returncode == 0, r.stderr

@@ -99,7 +99,9 @@ class PrometheusAPI:
             session.headers["Authorization"] = f"Bearer {auth.bearer_token}"
         elif auth.username is not None:
             session.auth = (auth.username, auth.password or "")
-        session.verify = False if auth.insecure_skip_verify else (auth.ca_file or True)
+        # Given with each request too: requests lets REQUESTS_CA_BUNDLE override a session's.
+        self._verify: bool | str = False if auth.insecure_skip_verify else (auth.ca_file or True)
+        session.verify = self._verify
         if auth.cert_file:
             session.cert = (auth.cert_file, auth.key_file) if auth.key_file else auth.cert_file
         return session
@@ -168,7 +170,7 @@ class PrometheusAPI:
         try:
             # POST with a form body, like Grafana: long selectors (many instances) do not fit in
             # a URL; every server of this API accepts it for these endpoints.
-            resp = self.session.post(url, data=params, timeout=self.timeout)
+            resp = self.session.post(url, data=params, timeout=self.timeout, verify=self._verify)
         except requests.Timeout:
             raise PromAPIError(f"{what}: no answer within {self.timeout:g} s") from None
         except requests.exceptions.SSLError as exc:
