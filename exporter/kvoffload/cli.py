@@ -18,11 +18,12 @@ import yaml
 from kvoffload import __version__, logrepeat
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis.analyze import Settings, window_from_expositions
+from kvoffload.analysis.fleetrun import analyze_from_prometheus
 from kvoffload.analysis.fleetsummary import analyze_fleet
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
-from kvoffload.ingest.promsource import FleetReader
+from kvoffload.ingest.promsource import FleetReader, ReadStats
 from kvoffload.ingest.recording import read_recording
 from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.overrides import parse_number, split_pair
@@ -588,6 +589,12 @@ def record(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead.")
 @click.option(
+    "--jobs",
+    type=click.IntRange(1),
+    default=None,
+    help="With --prometheus: worker processes (default: one per core).",
+)
+@click.option(
     "--top",
     type=click.IntRange(1),
     default=None,
@@ -610,6 +617,7 @@ def analyze(
     interval: float,
     window: float | None,
     as_json: bool,
+    jobs: int | None,
     top: int | None,
     events_file: str | None,
     world_size: int,
@@ -635,41 +643,43 @@ def analyze(
     settings = make_settings(
         world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
     )
-    reader: FleetReader | None = None
-    progress: Progress | None = None
+    stats: ReadStats | None = None
     if prometheus_url is not None:
         if events_file is not None:
             raise InputError("--events goes with a recording of one target, not --prometheus")
         first, last = time_range(range_seconds, start, end)
         progress = Progress()
         reader = FleetReader(
-            make_api(prometheus_url, prometheus_timeout, **auth),
-            first,
-            last,
-            selector,
-            step,
-            progress=progress,
+            make_api(prometheus_url, prometheus_timeout, **auth), first, last, selector, step
         )
-        expositions: Iterator[Exposition] = reader.expositions()
-    elif file is not None:
-        expositions = read_recording(file, wanted, WANTED_FAMILIES)
-    else:
-        expositions = _sample_live(source, duration, interval)
-    try:
-        win, scrapes, lifetime = window_from_expositions(expositions, window)
-    finally:
-        if progress is not None:
+        try:
+            result = analyze_from_prometheus(reader, settings, jobs, progress)
+        finally:
             progress.finish()
-    events = None
-    if events_file is not None:
-        from kvoffload.kvevents.replay import load_event_file
+        groups, summary, scrapes, stats = (
+            result.groups,
+            result.summary,
+            result.scrapes,
+            result.stats,
+        )
+        lifetime = False
+    else:
+        expositions = (
+            read_recording(file, wanted, WANTED_FAMILIES)
+            if file is not None
+            else _sample_live(source, duration, interval)
+        )
+        win, scrapes, lifetime = window_from_expositions(expositions, window)
+        events = None
+        if events_file is not None:
+            from kvoffload.kvevents.replay import load_event_file
 
-        instances = sorted({instance for instance, _model in win.groups()})
-        if len(instances) != 1:
-            raise InputError("--events needs a recording of exactly one target")
-        events = {instances[0]: load_event_file(events_file)}
-    errors = reader.stats.errors if reader is not None else {}
-    groups, summary = analyze_fleet(win, settings, lifetime, errors, events)
+            instances = sorted({instance for instance, _model in win.groups()})
+            if len(instances) != 1:
+                raise InputError("--events needs a recording of exactly one target")
+            events = {instances[0]: load_event_file(events_file)}
+        groups, summary = analyze_fleet(win, settings, lifetime, (), events)
+    errors = stats.errors if stats is not None else {}
     if as_json:
         out: dict[str, object] = {
             "source": source,
@@ -678,17 +688,17 @@ def analyze(
             "fleet": summary.to_json(),
             "groups": [g.to_json() for g in groups],
         }
-        if reader is not None:
+        if stats is not None:
             out["errors"] = [{"instance": i, "error": e} for i, e in sorted(errors.items())]
-            out["warnings"] = reader.stats.warnings
+            out["warnings"] = stats.warnings
         click.echo(json.dumps(out, indent=2, allow_nan=False))
         return
     note = f"{scrapes} scrape(s)" + (
         "; one snapshot: lifetime totals since the engine started" if lifetime else ""
     )
-    if reader is not None:
-        note += f" from {reader.stats.instances:,} instance(s)" + "".join(
-            f"\n! {w}" for w in reader.stats.warnings
+    if stats is not None:
+        note += f" from {stats.instances:,} instance(s)" + "".join(
+            f"\n! {w}" for w in stats.warnings
         )
     shown = groups[:top] if top is not None else groups
     if len(shown) < len(groups):

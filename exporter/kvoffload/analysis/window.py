@@ -91,6 +91,8 @@ class Window:
         self._first: dict[GroupKey, Point] = {}
         self._static: dict[GroupKey, GroupStatic] = {}
         self._gauge_running: dict[GroupKey, tuple[dict[str, float], dict[str, float]]] = {}
+        # group → counter key → Σ adjusted totals of its series (the latest point's counters)
+        self._totals: dict[GroupKey, dict[str, float]] = {}
         self._scrapes: dict[str, int] = {}
 
     # -- ingest ---------------------------------------------------------------------------
@@ -129,12 +131,19 @@ class Window:
             raw_sums: dict[str, float] = {}
             engines: set[str] = set()
             earliest_created: float | None = None
+            # Adjusted totals of every series ever seen in the group, kept as running sums: a
+            # series missing from this scrape keeps its last contribution instead of making
+            # the sum drop.
+            running = self._totals.get(g)
+            if running is None:
+                running = self._totals[g] = {}
             for key, engine, raw in entries:
                 engines.add(engine)
-                created = created_of.get((key, instance, model, engine))
+                created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
                 if state is None:
                     series[(key, engine)] = _SeriesState(raw, created, raw, scrape_no)
+                    increase = raw
                 else:
                     restarted = (
                         raw < state.raw
@@ -145,20 +154,16 @@ class Window:
                         )
                         or state.seen_at != scrape_no - 1
                     )
-                    state.adjusted += raw if restarted else raw - state.raw
+                    increase = raw if restarted else raw - state.raw
+                    state.adjusted += increase
                     state.raw = raw
                     state.created = created
                     state.seen_at = scrape_no
+                running[key] = running.get(key, 0.0) + increase
                 if created is not None and (earliest_created is None or created < earliest_created):
                     earliest_created = created
                 raw_sums[key] = raw_sums.get(key, 0.0) + raw
-
-            # Sum adjusted totals of every series ever seen in the group: a series missing from
-            # this scrape keeps its last contribution instead of making the sum drop.
-            totals: dict[str, float] = {}
-            if entries:
-                for (key, _engine), state in series.items():
-                    totals[key] = totals.get(key, 0.0) + state.adjusted
+            totals: dict[str, float] = dict(running) if entries else {}
 
             static = self._static.get(g)
             if static is None:
