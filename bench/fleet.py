@@ -137,12 +137,39 @@ def _compact(tsdb: Path, hours: float, timeout: float = 900.0) -> None:
     raise SystemExit(f"{tsdb}: blocks still overlap after {timeout:.0f} s")
 
 
-def _peak_rss_mb(pid: int) -> float:
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the worker processes of `--jobs`)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+    return out
+
+
+def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
+            if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _tree_rss_mb(pid: int) -> float:
+    total = 0.0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError, ValueError):
+            total += _rss_mb(p)
+    return total
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_fleet(engines: int, hours: float, step: str | None = None) -> dict[str, object]:
@@ -156,6 +183,10 @@ def bench_fleet(engines: int, hours: float, step: str | None = None) -> dict[str
     start = float(first_line.rsplit(" ", 1)[1])
     end = start + hours * 3600
     with prometheus_on(tsdb) as url:
+        prom_pid = int(
+            subprocess.check_output(["pgrep", "-f", f"storage.tsdb.path={tsdb}"]).split()[0]
+        )
+        prom_cpu = _cpu_seconds(prom_pid)
         args = [
             sys.executable,
             "-m",
@@ -177,8 +208,7 @@ def bench_fleet(engines: int, hours: float, step: str | None = None) -> dict[str
         # Read the JSON while polling the child's peak RSS (VmHWM).
         os.set_blocking(proc.stdout.fileno(), False)
         while proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                peak = max(peak, _peak_rss_mb(proc.pid))
+            peak = max(peak, _tree_rss_mb(proc.pid))
             with contextlib.suppress(BlockingIOError, TypeError):
                 data = proc.stdout.read()
                 if data:
@@ -189,6 +219,7 @@ def bench_fleet(engines: int, hours: float, step: str | None = None) -> dict[str
         if rest:
             chunks.append(rest)
         stderr = proc.stderr.read().decode() if proc.stderr else ""
+        prom_cpu = _cpu_seconds(prom_pid) - prom_cpu
     if proc.returncode != 0:
         raise SystemExit(f"analyze failed: {stderr[-2000:]}")
     report = json.loads(b"".join(chunks))
@@ -200,7 +231,8 @@ def bench_fleet(engines: int, hours: float, step: str | None = None) -> dict[str
         "errors": len(report["errors"]),
         "actions": report["fleet"]["actions"],
         "wall_s": wall,
-        "peak_rss_mb": peak,
+        "peak_rss_mb": peak,  # the analyze process and its workers together (sampled)
+        "prometheus_cpu_s": prom_cpu,
         "progress": stderr.strip().splitlines()[-1] if stderr.strip() else "",
         "prep_s": prep,
         "under_60s": wall < 60,

@@ -195,6 +195,7 @@ _PROMETHEUS_ONLY = (
     "end",
     "step",
     "prometheus_timeout",
+    "prometheus_gzip",
     "bearer_token_file",
     "basic_auth_user",
     "basic_auth_password_file",

@@ -110,6 +110,12 @@ def prometheus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 show_default=True,
                 help="Time allowed for each question.",
             ),
+            click.option(
+                "--prometheus-gzip",
+                is_flag=True,
+                help="Ask for gzipped answers: less to transfer over a slow link, but "
+                "Prometheus spends several times the CPU on them.",
+            ),
             click.option("--bearer-token-file", default=None, type=click.Path(dir_okay=False)),
             click.option("--basic-auth-user", default=None),
             click.option(
@@ -140,6 +146,7 @@ def prometheus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def make_api(
     url: str,
     timeout: float,
+    prometheus_gzip: bool,
     bearer_token_file: str | None,
     basic_auth_user: str | None,
     basic_auth_password_file: str | None,
@@ -165,7 +172,7 @@ def make_api(
         insecure_skip_verify=insecure_skip_verify,
         headers=tuple(pairs),
     )
-    return PrometheusAPI(url, auth, timeout)
+    return PrometheusAPI(url, auth, timeout, gzip=prometheus_gzip)
 
 
 class Progress:

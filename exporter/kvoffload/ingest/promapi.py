@@ -80,7 +80,9 @@ class RangeResult:
 
 
 class PrometheusAPI:
-    def __init__(self, url: str, auth: PromAuth | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self, url: str, auth: PromAuth | None = None, timeout: float = 60.0, gzip: bool = False
+    ) -> None:
         self.auth = auth or PromAuth()
         url = url.rstrip("/")
         if not url.startswith(("http://", "https://")):
@@ -88,12 +90,16 @@ class PrometheusAPI:
         # Accept both the server's root (…:9090, …/prometheus) and its API root (…/api/v1).
         self.base = url[: -len("/api/v1")] if url.endswith("/api/v1") else url
         self.timeout = timeout
+        # Uncompressed by default: gzipping a fleet's answers cost Prometheus 45 of its 56 CPU
+        # seconds in the 1,000-engine benchmark (docs/performance.md); worth it only over a
+        # slow link.
+        self.gzip = gzip
         self.session = self._session()
 
     def _session(self) -> requests.Session:
         auth = self.auth
         session = requests.Session()
-        session.headers["Accept-Encoding"] = "gzip"
+        session.headers["Accept-Encoding"] = "gzip" if self.gzip else "identity"
         session.headers.update(dict(auth.headers))
         if auth.bearer_token:
             session.headers["Authorization"] = f"Bearer {auth.bearer_token}"
