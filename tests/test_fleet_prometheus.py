@@ -11,6 +11,7 @@ per figure, with the same action and size, reading every sample or one point per
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import ssl
@@ -222,6 +223,7 @@ def test_no_series_and_bad_input_are_one_line_errors(fleet: dict[str, Any]) -> N
 # -- the APIs people run, through a proxy in front of the real Prometheus ------------------------
 
 TOKEN = "s3cret"
+BASIC = "Basic " + base64.b64encode(b"ops:" + TOKEN.encode()).decode()
 
 
 def _proxy_app(upstream: str) -> web.Application:
@@ -230,7 +232,7 @@ def _proxy_app(upstream: str) -> web.Application:
     time; every answer is reshaped the Prometheus 3 way (`infos`) and carries a warning."""
 
     async def handle(request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if request.headers.get("Authorization") not in (f"Bearer {TOKEN}", BASIC):
             return web.Response(status=401, text="unauthorized\n")
         form = dict(await request.post())
         form.update(request.query)
@@ -317,6 +319,10 @@ def test_errors_are_reported_per_engine_and_the_run_goes_on(
 
     r = kvo("analyze", "--prometheus", proxy, *span)  # no token
     assert r.returncode == 2 and "HTTP 401" in r.stderr and len(r.stderr.splitlines()) == 1
+    basic = ("--basic-auth-user", "ops", "--basic-auth-password-file", str(token))
+    r = kvo("analyze", "--prometheus", proxy, *span, *basic, "--prometheus-timeout", "1s", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["groups"]) == 3
 
 
 def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> None:
