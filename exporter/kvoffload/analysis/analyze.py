@@ -24,8 +24,10 @@ from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
-from kvoffload.ingest.catalog import Extract, extract
+from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
+from kvoffload.ingest.fastjournal import Declined, journal_extracts
 from kvoffload.ingest.parse import Exposition
+from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
 
@@ -352,6 +354,18 @@ def window_from_expositions(
     return window_from_extracts(
         (extract(expo, expo.timestamp or 0.0, instance) for expo in expositions), window_seconds
     )
+
+
+def window_from_recording(
+    path: str, window_seconds: float | None = None
+) -> tuple[Window, int, bool]:
+    """window_from_expositions of a recording file: scrape-ordered recordings through the fast
+    reader (ingest.fastjournal), anything it declines through the general one."""
+    try:
+        return window_from_extracts(journal_extracts(path), window_seconds)
+    except Declined as exc:
+        log.debug("%s: the general reader reads it (%s)", path, exc)
+    return window_from_expositions(read_recording(path, wanted, WANTED_FAMILIES), window_seconds)
 
 
 def window_from_extracts(

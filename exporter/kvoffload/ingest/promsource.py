@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kvoffload.errors import InputError
-from kvoffload.ingest.catalog import _INDEX, Extract, extract
-from kvoffload.ingest.parse import Exposition, Sample
+from kvoffload.ingest.catalog import _INDEX, Extract
 from kvoffload.ingest.promapi import PromAPIError, PrometheusAPI, Series
+from kvoffload.ingest.shapes import Member, ScrapeShapes
 
 # A question answers at most about this many points (≈ 40 MB of JSON): the reader's memory.
 POINT_BUDGET = 400_000
@@ -239,107 +239,36 @@ class FleetReader:
         """Series → one Extract per (instance, time), in time order per instance. A point at or
         before what was already given for its instance is dropped: the range selectors of
         Prometheus 2 include both ends, so a sample on a chunk boundary comes twice."""
-        by_instance: dict[str, list[tuple[str, dict[str, str], list[tuple[float, float]]]]] = {}
+        by_instance: dict[str, tuple[list[Member], list[list[tuple[float, float]]]]] = {}
         for s in series:
             labels = dict(s.labels)
             name = labels.pop("__name__", "")
             if name.startswith("vllm_"):
                 name = "vllm:" + name[5:]
-            by_instance.setdefault(labels.get("instance", ""), []).append((name, labels, s.points))
-        for instance, members in by_instance.items():
+            members, points_of = by_instance.setdefault(labels.get("instance", ""), ([], []))
+            members.append((name, labels))
+            points_of.append(s.points)
+        for instance, (members, points_of) in by_instance.items():
             after = emitted.get(instance, -math.inf)
             rows: dict[float, dict[int, float]] = {}
-            for i, (_name, _labels, points) in enumerate(members):
+            for i, points in enumerate(points_of):
                 for t, v in points:
                     if t > after:
                         row = rows.get(t)
                         if row is None:
                             row = rows[t] = {}
                         row[i] = v
-            templates: dict[tuple[int, ...], _Template] = {}
+            shapes = ScrapeShapes(instance, members)
             for t in sorted(rows):
                 row = rows[t]
                 self.stats.points += len(row)
-                present = tuple(row)
-                template = templates.get(present)
-                if template is None:
-                    template = templates[present] = _Template(members, present, instance)
-                yield template.extract(members, row, t, instance)
+                yield shapes.extract(row, t)
             if rows:
                 emitted[instance] = max(after, max(rows))
 
     def _report(self) -> None:
         if self.progress is not None:
             self.progress(self.stats)
-
-
-class _Template:
-    """Where each sample of one instance's scrape lands in an `Extract`, learnt by running
-    `catalog.extract` itself once per set of series present (a scrape's shape changes only
-    when a series appears or goes), then applied to every scrape of that shape: the naming
-    rules stay in one place, and a scrape costs a few dict writes instead of a catalog walk.
-    Each sample's value in the learning run is its own index, so the index found at an
-    Extract key says which sample `extract` put there (the last one, as it would)."""
-
-    def __init__(
-        self,
-        members: list[tuple[str, dict[str, str], list[tuple[float, float]]]],
-        present: tuple[int, ...],
-        instance: str,
-    ) -> None:
-        learnt = extract(_exposition(members, {i: float(i) for i in present}, None), 0.0, instance)
-        self.learnt = learnt
-        self.counters = [(k, int(i)) for k, i in learnt.counters.items()]
-        self.created = [(k, int(i)) for k, i in learnt.created.items()]
-        self.gauges = [(k, int(i)) for k, i in learnt.gauges.items()]
-
-    def extract(
-        self,
-        members: list[tuple[str, dict[str, str], list[tuple[float, float]]]],
-        row: dict[int, float],
-        t: float,
-        instance: str,
-    ) -> Extract:
-        if not math.isfinite(math.fsum(row.values())):
-            # A NaN or infinite value is skipped by extract, which may let another sample
-            # take its place: ask extract itself.
-            return extract(_exposition(members, row, t), t, instance)
-        learnt = self.learnt
-        return Extract(
-            t,
-            {k: row[i] for k, i in self.counters},
-            {k: row[i] for k, i in self.created},
-            {k: row[i] for k, i in self.gauges},
-            learnt.cache_config,
-            learnt.offload_config,
-            learnt.offload_families,
-            learnt.models,
-            learnt.offload_naming,
-        )
-
-
-def _exposition(
-    members: list[tuple[str, dict[str, str], list[tuple[float, float]]]],
-    row: dict[int, float],
-    t: float | None,
-) -> Exposition:
-    """The scrape the stored samples came from: its samples and the families they declare."""
-    expo = Exposition(timestamp=t)
-    for i, v in row.items():
-        name, labels, _points = members[i]
-        family, mtype = _family(name)
-        expo.families[family] = mtype
-        sample: Sample = (name, labels, v, None)
-        expo.samples.append(sample)
-    return expo
-
-
-def _family(name: str) -> tuple[str, str]:
-    """The family a stored sample name came from, as a scrape's TYPE line declares it."""
-    for suffix, mtype in (("_total", "counter"), ("_sum", "histogram"), ("_count", "histogram")):
-        if name.endswith(suffix):
-            return name[: -len(suffix)], mtype
-    return name, "gauge"
 
 
 def _duration(seconds: float) -> str:

@@ -1,0 +1,97 @@
+"""Scrapes rebuilt from stored series, turned into the catalog's `Extract` cheaply.
+
+Readers that hold samples by series (the Prometheus API's answers, a recording read family by
+family) know, per instance, each series' name and labels once and then only (time, value)
+points. Running `catalog.extract` on every rebuilt scrape would walk the catalog for every
+sample; instead it runs once per *shape* — the set of series present and the families the
+scrape declares — and the shape then maps each series to its place in the Extract: a scrape
+costs a few dict writes. The naming rules stay in one place (`catalog.extract` decides), and
+each sample's value in that learning run is its own index, so the index found at an Extract
+key says which sample `extract` put there (the last one, as it would).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvoffload.ingest.catalog import Extract, extract
+from kvoffload.ingest.parse import Exposition, Sample
+
+# A series of one instance: its (canonical) sample name and labels.
+Member = tuple[str, dict[str, str]]
+
+
+class ScrapeShapes:
+    """The scrapes of one instance. `members` may grow between calls (a series that appears
+    later gets the next index); indices never change."""
+
+    def __init__(self, instance: str, members: list[Member]) -> None:
+        self.instance = instance
+        self.members = members
+        self._shapes: dict[tuple[tuple[int, ...], frozenset[str] | None], _Shape] = {}
+
+    def extract(
+        self, row: dict[int, float], t: float, declared: frozenset[str] | None = None
+    ) -> Extract:
+        """The Extract of the scrape at `t` holding member i's value row[i]. `declared`: the
+        families the scrape declared (TYPE lines, with or without samples); None: those of
+        its samples."""
+        key = (tuple(row), declared)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = _Shape(self, key[0], declared)
+        if not math.isfinite(math.fsum(row.values())):
+            # A NaN or infinite value is skipped by extract, which may let another sample
+            # take its place: ask extract itself.
+            return extract(self.exposition(row, t, declared), t, self.instance)
+        return shape.fill(row, t)
+
+    def exposition(
+        self, row: dict[int, float], t: float | None, declared: frozenset[str] | None
+    ) -> Exposition:
+        """The scrape the stored samples came from: its samples and its families."""
+        expo = Exposition(timestamp=t)
+        for i, v in row.items():
+            name, labels = self.members[i]
+            family, mtype = family_of(name)
+            expo.families[family] = mtype
+            sample: Sample = (name, labels, v, None)
+            expo.samples.append(sample)
+        for family in declared or ():
+            expo.families.setdefault(family, "unknown")
+        return expo
+
+
+class _Shape:
+    def __init__(
+        self, shapes: ScrapeShapes, present: tuple[int, ...], declared: frozenset[str] | None
+    ) -> None:
+        learnt = extract(
+            shapes.exposition({i: float(i) for i in present}, None, declared), 0.0, shapes.instance
+        )
+        self.learnt = learnt
+        self.counters = [(k, int(i)) for k, i in learnt.counters.items()]
+        self.created = [(k, int(i)) for k, i in learnt.created.items()]
+        self.gauges = [(k, int(i)) for k, i in learnt.gauges.items()]
+
+    def fill(self, row: dict[int, float], t: float) -> Extract:
+        learnt = self.learnt
+        return Extract(
+            t,
+            {k: row[i] for k, i in self.counters},
+            {k: row[i] for k, i in self.created},
+            {k: row[i] for k, i in self.gauges},
+            learnt.cache_config,
+            learnt.offload_config,
+            learnt.offload_families,
+            learnt.models,
+            learnt.offload_naming,
+        )
+
+
+def family_of(name: str) -> tuple[str, str]:
+    """The family a stored sample name came from, as a scrape's TYPE line declares it."""
+    for suffix, mtype in (("_total", "counter"), ("_sum", "histogram"), ("_count", "histogram")):
+        if name.endswith(suffix):
+            return name[: -len(suffix)], mtype
+    return name, "gauge"

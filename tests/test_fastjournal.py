@@ -1,0 +1,142 @@
+"""The fast reader of scrape-ordered recordings (ingest.fastjournal) gives exactly what the
+general reader gives, or declines and leaves the file to it.
+
+Equality is of the whole analysis JSON (every figure, bit for bit), on simulator scenarios
+(a restart, the legacy names, two models in one process, two DP engines), the real H200
+captures and a journal of two targets; every file odd in a way the fast reader does not take
+(cut short, CR line ends, a NUL, a line it does not know, time going back, a sample without
+timestamp) is declined, and reading it gives what the general reader gives (the same JSON or
+the same error)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kvoffload.analysis.analyze import (
+    analyze_window,
+    window_from_expositions,
+    window_from_recording,
+)
+from kvoffload.errors import InputError
+from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
+from kvoffload.ingest.fastjournal import Declined, journal_extracts
+from kvoffload.ingest.recording import RecordingWriter, read_recording
+from kvoffload.sim import scenarios
+from kvoffload.sim.record import record_scenario
+
+from helpers import h200_scrapes, recording_text
+
+
+def _general(path: Path) -> str:
+    win, _n, lifetime = window_from_expositions(read_recording(str(path), wanted, WANTED_FAMILIES))
+    return json.dumps(analyze_window(win, lifetime=lifetime), sort_keys=True)
+
+
+def _fast(path: Path) -> str:
+    win, _n, lifetime = window_from_recording(str(path))
+    return json.dumps(analyze_window(win, lifetime=lifetime), sort_keys=True)
+
+
+def _takes(path: Path) -> int:
+    """How many scrapes the fast reader gives (raises Declined when it declines)."""
+    return sum(1 for _ in journal_extracts(str(path)))
+
+
+@pytest.fixture(scope="module")
+def sim_recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("fastjournal")
+    out = {}
+    for name in ("restart", "legacy-0.23", "two-models", "dp2"):
+        scenario = scenarios.get(name)
+        path = work / f"{name}.om"
+        record_scenario(scenario, str(path), scenario.duration_s, 15.0, instance=f"{name}:8000")
+        out[name] = path
+    return out
+
+
+@pytest.mark.parametrize("name", ["restart", "legacy-0.23", "two-models", "dp2"])
+def test_simulator_recordings_read_the_same(sim_recordings: dict[str, Path], name: str) -> None:
+    path = sim_recordings[name]
+    assert _takes(path) == 121
+    assert _fast(path) == _general(path)
+
+
+def test_real_capture_and_two_targets_read_the_same(tmp_path: Path) -> None:
+    one = tmp_path / "h200.om"
+    one.write_text(recording_text(h200_scrapes("8b-offload"), instance="h200:8000"))
+    assert _takes(one) > 1
+    assert _fast(one) == _general(one)
+
+    # Two targets in one journal, as `record --target A --target B` writes it.
+    buf = io.StringIO()
+    writer = RecordingWriter(buf, job="vllm")
+    offload, plain = h200_scrapes("8b-offload"), h200_scrapes("8b-nooffload")
+    for k, ((_t1, body1), (_t2, body2)) in enumerate(zip(offload, plain, strict=False)):
+        writer.write_scrape(body1, 1.8e9 + 15 * k, instance="a:8000")
+        writer.write_scrape(body2, 1.8e9 + 15 * k + 1, instance="b:8000")
+    writer.close()
+    two = tmp_path / "two.om"
+    two.write_text(buf.getvalue())
+    assert _takes(two) > 2
+    fast = json.loads(_fast(two))
+    assert {g["labels"]["instance"] for g in fast} == {"a:8000", "b:8000"}
+    assert _fast(two) == _general(two)
+
+
+def _odd_variants(text: str) -> dict[str, str]:
+    lines = text.splitlines(keepends=True)
+    first_sample = next(
+        i for i, line in enumerate(lines) if line.startswith("vllm:prompt_tokens_total")
+    )
+    no_stamp = list(lines)
+    no_stamp[first_sample] = no_stamp[first_sample].rsplit(" ", 1)[0] + "\n"
+    foreign = list(lines)
+    foreign.insert(first_sample, 'vllm:something_else{engine="0"} 1.0 1800000000.0\n')
+    stamps = [i for i, line in enumerate(lines) if line.startswith("vllm:prompt_tokens_total")]
+    back = list(lines)
+    last = stamps[-1]
+    head, value, _ts = back[last].rsplit(" ", 2)
+    back[last] = f"{head} {value} 1.0\n"
+    return {
+        "cut short": text[: len(text) // 2],
+        "CR line ends": text.replace("\n", "\r\n"),
+        "a NUL byte": text.replace("# TYPE", "\x00# TYPE", 1),
+        "a sample without timestamp": "".join(no_stamp),
+        "a line of another name": "".join(foreign),
+        "time going back": "".join(back),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "cut short",
+        "CR line ends",
+        "a NUL byte",
+        "a sample without timestamp",
+        "a line of another name",
+        "time going back",
+    ],
+)
+def test_odd_files_are_declined_and_read_as_before(
+    sim_recordings: dict[str, Path], tmp_path: Path, case: str
+) -> None:
+    path = tmp_path / "odd.om"
+    path.write_text(_odd_variants(sim_recordings["restart"].read_text())[case])
+    with pytest.raises(Declined):
+        _takes(path)
+    try:
+        expected: str | None = _general(path)
+        error = None
+    except InputError as exc:
+        expected, error = None, str(exc)
+    if error is None:
+        assert _fast(path) == expected
+    else:
+        with pytest.raises(InputError) as raised:
+            _fast(path)
+        assert str(raised.value) == error
