@@ -26,6 +26,7 @@ from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.promsource import FleetReader, ReadStats
 from kvoffload.ingest.recording import read_recording
 from kvoffload.ingest.scrape import SyncScraper
+from kvoffload.links import docs_epilog
 from kvoffload.overrides import parse_number, split_pair
 from kvoffload.promoptions import Progress, make_api, prometheus_options, time_range
 from kvoffload.report import render_report
@@ -118,7 +119,7 @@ def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "thresholds_file",
                 type=click.Path(dir_okay=False),
                 default=None,
-                help="YAML file of advisor thresholds (docs/advisor.md).",
+                help="YAML file of advisor thresholds (docs: advisor.md, below).",
             ),
             click.option(
                 "--kv-bytes-per-token",
@@ -219,7 +220,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     return out
 
 
-@cli.command()
+@cli.command(epilog=docs_epilog("advisor.md", "metrics.md", "sizing.md"))
 @click.option(
     "--target",
     "targets",
@@ -565,7 +566,7 @@ def record(
         raise InputError("no scrape succeeded: the recording is empty")
 
 
-@cli.command()
+@cli.command(epilog=docs_epilog("advisor.md", "metrics.md"))
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option("--target", default=None, metavar="URL", help="Sample a live server instead.")
 @click.option(
@@ -728,7 +729,7 @@ def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposit
         scraper.close()
 
 
-@cli.command()
+@cli.command(epilog=docs_epilog("rules.md", "runbooks.md"))
 @click.option(
     "--out",
     "out_dir",
@@ -760,7 +761,7 @@ def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposit
     "settings",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Any other setting of docs/rules.md, e.g. low_reuse_ratio=0.1 or "
+    help="Any other setting of the docs' rules.md (below), e.g. low_reuse_ratio=0.1 or "
     "alert_for.KVOffloadTransferSlow=1h; repeatable.",
 )
 @click.option(
@@ -808,12 +809,12 @@ def _scenario(name: str):
         raise InputError(str(exc.args[0])) from None
 
 
-@cli.command()
+@cli.command(epilog=docs_epilog("scenarios.md"))
 @click.option(
     "--scenario",
     default="laptop-eviction",
     show_default=True,
-    help="A scenario of the library (docs/scenarios.md).",
+    help="A scenario of the library (docs: scenarios.md, below).",
 )
 @click.option(
     "--listen",

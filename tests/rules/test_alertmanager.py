@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from kvoffload.links import doc
 from kvoffload.mixin import rules
 from kvoffload.mixin.promql import ALERT_NAMES, MixinConfig
 
@@ -158,7 +159,7 @@ def test_webhook_receives_the_alert_with_labels_and_annotations(
     assert alert["annotations"] == {
         "summary": notes["summary"],
         "description": render(notes["description"], labels, "0%"),
-        "runbook_url": "docs/runbooks.md#kvoffloadlowprefixreuse",
+        "runbook_url": doc("runbooks.md", "kvoffloadlowprefixreuse"),
     }
     assert received[0]["receiver"] == "webhook"
 

@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from kvoffload.mixin import dashboards, rules
+from kvoffload.mixin import dashboards, kustomize, rules
 from kvoffload.mixin.promql import RENAMED_SETTINGS, MixinConfig
 from kvoffload.overrides import parse_number, refuse, split_pair
 
@@ -27,6 +27,7 @@ def render_all(config: MixinConfig | None = None) -> dict[str, str]:
     cfg = config or MixinConfig()
     out = {f"{ALERTS_DIR}/{name}": text for name, text in rules.render(cfg).items()}
     out |= {f"{DASHBOARDS_DIR}/{name}": text for name, text in dashboards.render(cfg).items()}
+    out |= kustomize.render(cfg, out, ALERTS_DIR, DASHBOARDS_DIR)  # both folders as bases
     return out
 
 

@@ -16,8 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grafanalib.core as G
-from grafanalib._gen import DashboardEncoder
+from kvoffload.errors import InputError
+
+try:
+    import grafanalib.core as G
+    from grafanalib._gen import DashboardEncoder
+except ModuleNotFoundError as exc:  # an extra: the sidecar image does without it
+    raise InputError("the dashboards need grafanalib: pip install 'kvoffload[generate]'") from exc
 
 SCHEMA_VERSION = 39
 DATASOURCE_VAR = "datasource"

@@ -41,6 +41,7 @@ from kvoffload.analysis.formula import (  # noqa: F401 (the text helpers rules a
 )
 from kvoffload.analysis.signals import FIGURES, FIGURES_BY_KEY, LOADED
 from kvoffload.errors import InputError
+from kvoffload.links import doc
 from kvoffload.units import parse_duration
 
 _ADVISOR = Thresholds()  # alert thresholds default to the sidecar advisor's, so both agree
@@ -127,7 +128,8 @@ class MixinConfig:
     alert_for: dict[str, str] = field(default_factory=lambda: dict(_DEFAULT_FOR))
     severity_info: str = "info"
     severity_warning: str = "warning"
-    runbook_url_base: str = "docs/runbooks.md"
+    # Absolute: a runbook_url is clicked in a notification, far from this repository.
+    runbook_url_base: str = doc("runbooks.md")
     rules_group: str = "kvoffload.rules"
     alerts_group: str = "kvoffload.alerts"
     prometheusrule_name: str = "kvoffload"
