@@ -51,9 +51,22 @@ class GroupStatic:
     offload_config: list[dict[str, str]] = field(default_factory=list)
     offload_families: bool = False
     naming: str = "none"
-    engines: set[str] = field(default_factory=set)
-    # Raw counter sums of the latest scrape: totals since the engines (re)started.
-    lifetime: dict[str, float] = field(default_factory=dict)
+    # (counter key, engine, raw value) of the latest scrape: kept as the scrape gave them and
+    # summed only when asked (the analysis asks once; a long recording has many scrapes).
+    latest: list[tuple[str, str, float]] = field(default_factory=list)
+
+    @property
+    def lifetime(self) -> dict[str, float]:
+        """Raw counter sums of the latest scrape: totals since the engines (re)started."""
+        sums: dict[str, float] = {}
+        for key, _engine, raw in self.latest:
+            sums[key] = sums.get(key, 0.0) + raw
+        return sums
+
+    @property
+    def engines(self) -> set[str]:
+        """The engines of the latest scrape: after a DP shrink, sizes divide by the new count."""
+        return {engine for _key, engine, _raw in self.latest}
 
 
 @dataclass
@@ -128,8 +141,6 @@ class Window:
             series = self._series.get(g)
             if series is None:
                 series = self._series[g] = {}
-            raw_sums: dict[str, float] = {}
-            engines: set[str] = set()
             earliest_created: float | None = None
             # Adjusted totals of every series ever seen in the group, kept as running sums: a
             # series missing from this scrape keeps its last contribution instead of making
@@ -138,7 +149,6 @@ class Window:
             if running is None:
                 running = self._totals[g] = {}
             for key, engine, raw in entries:
-                engines.add(engine)
                 created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
                 if state is None:
@@ -162,24 +172,21 @@ class Window:
                 running[key] = running.get(key, 0.0) + increase
                 if created is not None and (earliest_created is None or created < earliest_created):
                     earliest_created = created
-                raw_sums[key] = raw_sums.get(key, 0.0) + raw
             totals: dict[str, float] = dict(running) if entries else {}
 
             static = self._static.get(g)
             if static is None:
                 static = self._static[g] = GroupStatic()
-            static.lifetime = raw_sums
+            static.latest = entries
             # Offloading is a process setting, but one process may serve several models:
             # a model with no offload series of its own is judged as "off".
-            own_series = any(k in OFFLOAD_KEYS for k in raw_sums) or g in offload_config
+            own_series = any(e[0] in OFFLOAD_KEYS for e in entries) or g in offload_config
             static.offload_families = ex.offload_families.get(instance, False) and (
                 own_series or len(ex.models.get(instance, ())) <= 1
             )
             static.naming = ex.offload_naming.get(instance, "none")
             static.cache_config = cache_config.get(instance) or static.cache_config
             static.offload_config = offload_config.get(g) or static.offload_config
-            # The engines of the latest scrape: after a DP shrink, sizes divide by the new count.
-            static.engines = engines
 
             gauges = {
                 k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)

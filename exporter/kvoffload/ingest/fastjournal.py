@@ -137,6 +137,8 @@ def _read(mm: mmap.mmap) -> Iterator[Extract]:
     declared: set[str] = set()  # TYPE lines since the last sample, as iter_openmetrics does
     scrape_families: set[str] = set()
     rows: dict[_Instance, dict[int, float]] = {}
+    row: dict[int, float] = {}
+    row_of: _Instance | None = None
     current_t: float | None = None
     last_ts = b""
     find = mm.find
@@ -202,14 +204,17 @@ def _read(mm: mmap.mmap) -> Iterator[Extract]:
                         yield from flush()
                     current_t = t
                     rows = {}
+                    row_of = None
                     scrape_families = set()
             if declared:
                 scrape_families |= declared
                 declared = set()
             inst, index = known
-            row = rows.get(inst)
-            if row is None:
-                row = rows[inst] = {}
+            if inst is not row_of:  # most lines of a scrape are one instance's
+                found = rows.get(inst)
+                if found is None:
+                    found = rows[inst] = {}
+                row, row_of = found, inst
             try:
                 row[index] = float(value)
             except ValueError:
