@@ -360,9 +360,10 @@ def window_from_recording(
     path: str, window_seconds: float | None = None
 ) -> tuple[Window, int, bool]:
     """window_from_expositions of a recording file: scrape-ordered recordings through the fast
-    reader (ingest.fastjournal), anything it declines through the general one."""
+    reader (ingest.fastjournal; with a window, only the scrapes the window keeps are read),
+    anything it declines through the general one."""
     try:
-        return window_from_extracts(journal_extracts(path), window_seconds)
+        return window_from_extracts(journal_extracts(path, window_seconds), window_seconds)
     except Declined as exc:
         log.debug("%s: the general reader reads it (%s)", path, exc)
     return window_from_expositions(read_recording(path, wanted, WANTED_FAMILIES), window_seconds)

@@ -16,6 +16,7 @@ caller starts again with the general reader, which reads or rejects it with its 
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -114,18 +115,78 @@ def _member(head: bytes, instances: dict[str, _Instance]) -> tuple[_Instance, in
     return inst, len(inst.members) - 1
 
 
-def journal_extracts(path: str) -> Iterator[Extract]:
-    """Every scrape of a scrape-ordered recording as an Extract, in file order."""
+def journal_extracts(path: str, tail_seconds: float | None = None) -> Iterator[Extract]:
+    """Every scrape of a scrape-ordered recording as an Extract, in file order; with
+    `tail_seconds`, only from the last scrape at or before the last one's time minus that
+    (found by bisecting the file: a window over the last minutes of a day-long recording
+    reads only those minutes, which is all a window of that length keeps; the part before is
+    not looked at, so a fault there goes unseen)."""
     try:
         with open(path, "rb") as fh:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         raise Declined("cannot map the file") from None  # the general reader says why
     with mm:
-        yield from _read(mm)
+        yield from _read(mm, tail_seconds)
 
 
-def _read(mm: mmap.mmap) -> Iterator[Extract]:
+def _sample_at(mm: mmap.mmap, pos: int, end: int) -> tuple[int, float] | None:
+    """The first sample line starting at or after `pos`: (its start, its timestamp)."""
+    if pos:
+        pos = mm.find(b"\n", pos - 1, end) + 1
+        if pos == 0:
+            return None
+    while pos < end:
+        eol = mm.find(b"\n", pos, end)
+        if eol == -1:
+            return None
+        if mm[pos] != 35:  # not a '#' line
+            try:
+                return pos, float(mm[pos:eol].rsplit(b" ", 2)[2])
+            except (ValueError, IndexError):
+                raise Declined("a sample line without timestamp") from None
+        pos = eol + 1
+    return None
+
+
+def _back_over_comments(mm: mmap.mmap, line: int) -> int:
+    """The start of the run of '#' lines right before the line starting at `line`."""
+    while line > 0:
+        previous = mm.rfind(b"\n", 0, line - 1) + 1
+        if mm[previous] != 35:
+            break
+        line = previous
+    return line
+
+
+def _scrape_start(mm: mmap.mmap, since: float, end: int) -> int:
+    """Where the last scrape at or before `since` begins — with the TYPE lines before its
+    first sample, which the general reader gives to it (0 when no scrape is that early)."""
+
+    def first_at_or_after(t: float) -> int:
+        # The line start of the first sample at `t` or later (times never go back in a
+        # scrape-ordered file), bisecting the bytes.
+        lo, hi = 0, end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            found = _sample_at(mm, mid, end)
+            if found is None or found[1] >= t:
+                hi = mid
+            else:
+                lo = mid + 1
+        found = _sample_at(mm, lo, end)
+        return found[0] if found is not None else end
+
+    later = _back_over_comments(mm, first_at_or_after(math.nextafter(since, math.inf)))
+    if later == 0:
+        return 0
+    last = _sample_at(mm, mm.rfind(b"\n", 0, later - 1) + 1, end)
+    if last is None:
+        return 0
+    return _back_over_comments(mm, first_at_or_after(last[1]))
+
+
+def _read(mm: mmap.mmap, tail_seconds: float | None = None) -> Iterator[Extract]:
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
         raise Declined("no '# EOF' at the end")
@@ -142,8 +203,13 @@ def _read(mm: mmap.mmap) -> Iterator[Extract]:
     current_t: float | None = None
     last_ts = b""
     find = mm.find
-    pos = 0
     end_of_data = size - 6
+    pos = 0
+    if tail_seconds is not None:
+        last_line = _back_over_comments(mm, end_of_data)
+        last = _sample_at(mm, mm.rfind(b"\n", 0, max(last_line - 1, 0)) + 1, end_of_data)
+        if last is not None:
+            pos = _scrape_start(mm, last[1] - tail_seconds, end_of_data)
 
     def flush() -> Iterator[Extract]:
         assert current_t is not None
