@@ -47,14 +47,14 @@ lint: deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## Regenerate alerts/, dashboards/, docs/metrics.md and docs/rules.md's rule table from the
-## signal catalog (commit the result).
+## Regenerate alerts/, dashboards/, docs/metrics.md, docs/rules.md's rule table and the figures
+## table of docs/runbooks.md from the signal catalog (commit the result).
 ## The reference goes through a temporary file so a failing render leaves the old one whole.
 generate: deps
 	$(BIN)/kvoffload generate --out .
 	$(BIN)/python -m kvoffload.sidecar.reference > docs/metrics.md.tmp || { rm -f docs/metrics.md.tmp; exit 1; }
 	mv docs/metrics.md.tmp docs/metrics.md
-	$(BIN)/python -m kvoffload.mixin.reference docs/rules.md
+	$(BIN)/python -m kvoffload.mixin.reference docs/rules.md docs/runbooks.md
 	$(BIN)/python tests/rules/promtool_cases.py
 
 bench: deps

@@ -796,8 +796,15 @@ def generate(
         if stale:
             sys.exit(1)
         return
-    for path in gen.generate(out_dir, selector=selector, **overrides):
+    paths, checked = gen.generate_checked(out_dir, selector=selector, **overrides)
+    for path in paths:
         click.echo(str(path))
+    tool = (
+        f"; {checked.rule_files} rule files by {checked.promtool} check rules"
+        if checked.promtool
+        else "; promtool not on PATH: rule files not checked by promtool"
+    )
+    click.echo(f"validated {checked.expressions} expressions with promql-parser{tool}", err=True)
 
 
 def _scenario(name: str):

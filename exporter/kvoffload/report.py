@@ -13,7 +13,7 @@ _UNIT_FORMAT = {
     "B/s": lambda v: f"{_bytes(v)}/s",
     "tokens/s": lambda v: f"{v:,.0f} tokens/s",
     "tokens": lambda v: f"{v:,.0f} tokens",
-    "x": lambda v: f"{v:.2f}x",
+    "x": lambda v: f"{v:.2f}x" if abs(v) >= 0.1 else f"{v:.3f}x",
     "s": lambda v: _seconds(v),
     "1/s": lambda v: f"{v:.4f}/s",
     "requests": lambda v: f"{v:.2f}",

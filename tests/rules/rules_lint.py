@@ -61,6 +61,12 @@ VALID_UNITS = {
     "bool",
 }
 UNIT_PANELS = {"stat", "singlestat", "graph", "table", "timeseries", "gauge"}
+# Grafana's custom units (`suffix:×`, `prefix:$`: a fixed text after or before the value).
+CUSTOM_UNIT = re.compile(r"^(suffix|prefix):\S.*$")
+
+
+def valid_unit(unit: object) -> bool:
+    return unit in VALID_UNITS or (isinstance(unit, str) and bool(CUSTOM_UNIT.match(unit)))
 
 
 # -- alerts ------------------------------------------------------------------------------------
@@ -263,7 +269,7 @@ def lint_panel(panel: dict[str, Any]) -> list[str]:
         problems.append("panel does not use the $datasource variable")
     if panel.get("type") in UNIT_PANELS:
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
-        if unit not in VALID_UNITS:
+        if not valid_unit(unit):
             problems.append(f"no or invalid unit {unit!r}")
     targets = panel.get("targets") or []
     if not targets:

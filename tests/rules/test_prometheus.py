@@ -152,7 +152,9 @@ async def _collect(api: PromAPI, live: Live) -> None:
     live.sidecar = await api.query('{__name__=~"kvoffload_.+", job="kvoffload"}', live.at)
     for build in (dashboards.overview, dashboards.fleet):
         d = build(CFG)
-        for panel in d["panels"]:
+        # A collapsed row holds its panels: they are queried like the others.
+        panels = [c for p in d["panels"] for c in (p, *p.get("panels", []))]
+        for panel in panels:
             for target in panel.get("targets", []):
                 expr = _substitute(target["expr"], live)
                 result = await api.query(expr, live.at)

@@ -287,7 +287,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "reuse_ratio",
         "kvoffload_reuse_ratio",
-        "ratio",
+        "x",  # a multiple, not a share: above 1 when hot blocks are reloaded repeatedly
         "Bytes loaded back from the CPU tier per byte stored into it over the window.",
         WhenOffloading(Ratio(LOADED, STORED)),
     ),
@@ -416,7 +416,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "cpu_fill_ratio_since_start",
         "kvoffload_cpu_fill_since_start_ratio",
-        "ratio",
+        "x",  # times the tier was filled: a multiple, not a share
         "Bytes stored since start ÷ CPU tier size: under 1 the tier has never been full.",
         Ratio(
             WhenOffloading(Total("store_bytes")),

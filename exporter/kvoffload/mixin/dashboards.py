@@ -4,7 +4,14 @@ Panels read the recording rules of rules.py wherever one exists (so the dashboar
 and the sidecar show the same figure), the sidecar's gauges for what PromQL cannot compute
 (capacities, the recommendation), and raw vLLM series only for per-engine views, with
 `$__rate_interval`. One scope selector per source is injected into every query, like vLLM's
-own generator (vLLM's `tools/generate_grafana_dashboards.py`).
+own generator (vLLM's `tools/generate_grafana_dashboards.py`): a variable and a filter for each
+of the config's `target_labels` (the labels the rules group by), `model_name`, and `engine` on
+the per-engine views. The variables list what the recording rules hold (`label_values()` of a
+rule every target has), so they offer exactly the targets the rules' selector picked.
+
+A panel showing one catalog figure takes its unit and its description from the catalog
+(`signals.FIGURES`: the unit, and the help text /metrics and docs/metrics.md also print), so the
+dashboards say what the sidecar and the docs say.
 """
 
 from __future__ import annotations
@@ -13,15 +20,73 @@ from typing import Any
 
 from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.formula import counter_series
+from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.mixin import grafana as g
-from kvoffload.mixin.promql import MixinConfig, helper_record, record_name
+from kvoffload.mixin.promql import MixinConfig, helper_record, record_name, rendering_for
+from kvoffload.sidecar.metrics import ADVICE_METRICS, KV_EVENT_METRICS, TTFT_METRICS
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds
 
 OVERVIEW = "overview"
 FLEET = "fleet"
+# Title suffix of the rows whose panels read only what `serve --kv-events` exports; such rows
+# are collapsed, so a dashboard without KV events shows no wall of empty panels.
+NEEDS_KV_EVENTS = "(needs KV events)"
+EXACT_ROW = f"Exact sizing {NEEDS_KV_EVENTS}"
 
-_VLLM_SCOPE = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
+# Grafana's unit for each unit of the catalog (signals.Figure.unit). The rules and the sidecar's
+# /metrics carry base units (bytes/s where the JSON says GB/s).
+GRAFANA_UNITS = {
+    "ratio": "percentunit",  # a share of a whole, 0–1
+    "x": g.TIMES,  # a ratio of like quantities that can pass 1: 13.1 reads "13.1×", not 1,310%
+    "GB/s": "Bps",
+    "B/s": "Bps",
+    "bytes": "bytes",
+    "s": "s",
+    "tokens/s": "short",
+    "tokens": "short",
+    "requests": "short",
+    "1/s": "ops",
+}
+
+# The variable listing the targets: a recording rule every target with traffic counters has,
+# grouped by the target labels and model_name.
+_TARGETS_RULE = "prompt_tokens_per_second"
+
+
+def unit(key: str) -> str:
+    """Grafana's unit of catalog figure `key`."""
+    return GRAFANA_UNITS[FIGURES_BY_KEY[key].unit]
+
+
+def about(cfg: MixinConfig, key: str, extra: str = "", which: str | None = None) -> str:
+    """The description of a panel showing figure `key`: the catalog's help text (the words of
+    /metrics and docs/metrics.md) with the rule's window, the rule's name, then `extra`."""
+    r = rendering_for(key)
+    which = which or (r.windows[0] if r.windows else None)
+    text = FIGURES_BY_KEY[key].help
+    if which:
+        text = text.replace("over the window", f"over {r.window(cfg, which)}")
+    text = f"{text} Recording rule: {record_name(key, cfg, which)}."
+    return f"{text} {extra}" if extra else text
+
+
+def sidecar_help(name: str) -> str:
+    """The help text the sidecar's /metrics gives series `name`."""
+    for table in (ADVICE_METRICS, KV_EVENT_METRICS):
+        if name in table:
+            return table[name][2]
+    for fig in FIGURES_BY_KEY.values():
+        if fig.metric == name:
+            return fig.help
+    return TTFT_METRICS[name][1]
+
+
+def _scope(cfg: MixinConfig) -> str:
+    """Matchers of the dashboard variables on the target labels and model_name."""
+    return ", ".join(
+        [*(f'{label}=~"${label}"' for label in cfg.target_labels), 'model_name=~"$model_name"']
+    )
 
 
 class Scope:
@@ -30,16 +95,21 @@ class Scope:
     def __init__(self, cfg: MixinConfig, per_engine: bool) -> None:
         self.cfg = cfg
         self.per_engine = per_engine
+        self.scope = _scope(cfg)
 
     def rule(self, key: str, which: str | None = None) -> str:
-        return f"{record_name(key, self.cfg, which)}{{{_VLLM_SCOPE}}}"
+        return f"{record_name(key, self.cfg, which)}{{{self.scope}}}"
 
     def helper(self, metric: str, op: str, *matchers: str, which: str = "fast") -> str:
-        scope = ", ".join([_VLLM_SCOPE, *matchers])
+        scope = ", ".join([self.scope, *matchers])
         return f"{helper_record(metric, op, self.cfg, which)}{{{scope}}}"
 
     def raw(self, name: str, *matchers: str) -> str:
-        parts = [f'__name__=~"vllm[:_]{name}"', _VLLM_SCOPE]
+        """Raw vLLM series: the rules' selector too (the variables' "All" is `.+`)."""
+        parts = [f'__name__=~"vllm[:_]{name}"']
+        if self.cfg.vllm_selector:
+            parts.append(self.cfg.vllm_selector)
+        parts.append(self.scope)
         if self.per_engine:
             parts.append('engine=~"$engine"')
         return "{" + ", ".join([*parts, *matchers]) + "}"
@@ -59,26 +129,25 @@ class Scope:
 
 
 def _variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
-    series = "vllm[:_]prompt_tokens_total"
-    base = f'__name__=~"{series}"' + (f", {cfg.vllm_selector}" if cfg.vllm_selector else "")
-    variables = [
-        g.datasource_variable(),
-        g.query_variable("job", f"label_values({{{base}}}, job)"),
-        g.query_variable("instance", f'label_values({{{base}, job=~"$job"}}, instance)'),
-        g.query_variable(
-            "model_name",
-            f'label_values({{{base}, job=~"$job", instance=~"$instance"}}, model_name)',
-            label="Model",
-        ),
-    ]
-    if per_engine:
+    """One variable per target label, then model_name (and engine), each narrowed by those
+    before it; listed from a recording rule, so they hold the targets the rules selected."""
+    rule = record_name(_TARGETS_RULE, cfg)
+    variables = [g.datasource_variable()]
+    before: list[str] = []
+    for label in (*cfg.target_labels, "model_name"):
+        selector = f"{rule}{{{', '.join(before)}}}" if before else rule
         variables.append(
             g.query_variable(
-                "engine",
-                f'label_values({{{base}, job=~"$job", instance=~"$instance", '
-                f'model_name=~"$model_name"}}, engine)',
+                label,
+                f"label_values({selector}, {label})",
+                label="Model" if label == "model_name" else None,
             )
         )
+        before.append(f'{label}=~"${label}"')
+    if per_engine:
+        # The rules sum engines away: the raw series name them.
+        raw = Scope(cfg, per_engine=False).raw("prompt_tokens_total")
+        variables.append(g.query_variable("engine", f"label_values({raw}, engine)"))
     return variables
 
 
@@ -117,30 +186,34 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         ),
         g.stat(
             "Offload hit ratio",
-            f"Share of GPU-missed prompt tokens served from the CPU tier over {fast} "
-            f"({record_name('offload_hit_ratio', cfg)}).",
-            "percentunit",
+            about(cfg, "offload_hit_ratio"),
+            unit("offload_hit_ratio"),
             [t(f"avg({s.rule('offload_hit_ratio')})")],
             decimals=1,
         ),
         g.stat(
             "Reload speedup",
-            "Load tokens/s over recompute tokens/s: a throughput ratio, not the TTFT gain "
-            f"({record_name('speedup', cfg)}). Red under {cfg.min_speedup:g}; whether the tier "
-            "pays is the TTFT verdict's question, not this ratio's.",
-            "none",
+            about(
+                cfg,
+                "speedup",
+                f"Red under {cfg.min_speedup:g}×; whether the tier pays is the TTFT verdict's "
+                "question, not this ratio's.",
+            ),
+            unit("speedup"),
             [t(f"avg({s.rule('speedup')})")],
             decimals=1,
             thresholds=[(0.0, "red"), (cfg.min_speedup, "green")],
         ),
         g.stat(
             f"Reuse ratio ({slow})",
-            f"Bytes loaded back per byte stored over {slow} "
-            f"({record_name('reuse_ratio', cfg)}). Near 0 for longer than the tier's fill "
-            "time: offloading is pure cost.",
-            "percentunit",
+            about(
+                cfg,
+                "reuse_ratio",
+                "Near 0 for longer than the tier's fill time: offloading is pure cost.",
+            ),
+            unit("reuse_ratio"),
             [t(f"avg({s.rule('reuse_ratio')})")],
-            decimals=1,
+            decimals=2,
             thresholds=[(0.0, "red"), (cfg.low_reuse_ratio, "green")],
         ),
     ]
@@ -197,7 +270,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "Offload hit ratio (GPU-missed tokens served from the CPU tier) next to "
             "the GPU prefix hit ratio (looked-up tokens found on the GPU), "
             f"over {fast}.",
-            "percentunit",
+            unit("offload_hit_ratio"),
             [
                 t(s.rule("offload_hit_ratio"), "{{instance}} CPU tier"),
                 t(s.rule("gpu_prefix_hit_ratio"), "{{instance}} GPU prefix cache"),
@@ -210,7 +283,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "Share of prompt tokens computed, hit in the GPU prefix cache, or supplied "
             "by a KV connector (the CPU tier, or another connector) "
             f"(vllm:prompt_tokens_by_source over {fast}).",
-            "percentunit",
+            unit("prompt_share_local_compute"),
             [t(s.rule("prompt_share_local_compute"), "{{instance}} {{source}}")],
             stack=True,
             min_value=0,
@@ -241,7 +314,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "Tokens restored from the CPU tier per second of copy time (× world "
             f"size {cfg.world_size}) next to prefill tokens computed per second of "
             "prefill time.",
-            "short",
+            unit("load_tokens_per_second"),
             [
                 t(s.rule("load_tokens_per_second"), "{{instance}} reload"),
                 t(s.rule("recompute_tokens_per_second"), "{{instance}} recompute"),
@@ -253,7 +326,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "Offload traffic",
             f"Wall-clock bytes per second stored into and loaded from the CPU tier "
             f"over {fast}, all workers.",
-            "Bps",
+            unit("store_rate_bytes_per_second"),
             [
                 t(s.rule("store_rate_bytes_per_second"), "{{instance}} store"),
                 t(s.helper("vllm_kv_offload_load_bytes", "rate"), "{{instance}} load"),
@@ -261,10 +334,13 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         ),
         g.timeseries(
             f"Stored but not loaded back ({slow})",
-            f"Bytes stored minus bytes loaded over {slow}, floored at 0: an "
-            "upper-bound proxy for offloaded KV never reused (counters cannot tell "
-            "which blocks came back).",
-            "bytes",
+            about(
+                cfg,
+                "wasted_bytes",
+                "Counters cannot tell which blocks came back; the exact figure is in the row "
+                f'"{EXACT_ROW}".',
+            ),
+            unit("wasted_bytes"),
             [
                 t(s.rule("wasted_bytes"), "{{instance}} not loaded back"),
                 t(s.rule("stored_bytes"), "{{instance}} stored"),
@@ -273,9 +349,8 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         ),
         g.timeseries(
             f"Reuse ratio ({slow})",
-            f"Bytes loaded back per byte stored over {slow}; can exceed 100% when hot "
-            "blocks are reloaded repeatedly.",
-            "percentunit",
+            about(cfg, "reuse_ratio", "Above 1× when hot blocks are reloaded repeatedly."),
+            unit("reuse_ratio"),
             [t(s.rule("reuse_ratio"), "{{instance}}")],
             min_value=0,
             lines=[(cfg.low_reuse_ratio, "red")],
@@ -298,7 +373,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             f"per worker). Dashed: the {_gbps(cfg)} nominal link peak and the "
             f"{cfg.transfer_slow_bytes_per_second / 1e9:g} GB/s floor of "
             "KVOffloadTransferSlow.",
-            "Bps",
+            unit("load_gbps"),
             [
                 t(s.rule("load_gbps"), "{{instance}} load (CPU→GPU)"),
                 t(s.rule("store_gbps"), "{{instance}} store (GPU→CPU)"),
@@ -343,7 +418,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "Allocation failures",
             "CPU-tier store attempts per second that found no free (unpinned) slot; "
             "those blocks are not offloaded.",
-            "ops",
+            unit("allocation_failures_per_second"),
             [t(s.rule("allocation_failures_per_second"), "{{instance}}")],
             min_value=0,
         ),
@@ -354,7 +429,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "Tokens the CPU tier and the GPU KV cache hold, from vLLM's config info "
             "(computed by the sidecar: PromQL cannot read numbers from labels). The "
             "CPU tier must be larger than the GPU cache to add hits.",
-            "short",
+            unit("cpu_capacity_tokens"),
             [
                 t(s.sidecar("kvoffload_cpu_capacity_tokens"), "{{target}} CPU tier"),
                 t(s.sidecar("kvoffload_gpu_capacity_tokens"), "{{target}} GPU KV"),
@@ -366,7 +441,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             f"Capacity over the store rate of the last {slow}: how long a stored "
             "block survives without reuse. Over "
             f"{cfg.oversized_fill_seconds / 3600:g} h the tier is oversized.",
-            "s",
+            unit("cpu_fill_seconds"),
             [t(s.rule("cpu_fill_seconds"), "{{instance}}")],
             min_value=0,
             lines=[(cfg.oversized_fill_seconds, "orange")],
@@ -391,16 +466,19 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "GPU KV capacity over the rate of prompt tokens written into it (computed "
             f"or loaded, {fast}): reuse gaps longer than this need the CPU tier. "
             f"Dashed: the advisor's {_ADVISOR_HORIZON:g} s reuse horizon.",
-            "s",
+            unit("gpu_turnover_seconds"),
             [t(s.rule("gpu_turnover_seconds"), "{{instance}}")],
             min_value=0,
             lines=[(_ADVISOR_HORIZON, "orange")],
         ),
         g.timeseries(
             "CPU tier filled since start",
-            "Bytes stored since the engines started over the CPU tier's size: below "
-            "100% the tier has never been full, so it cannot have evicted anything.",
-            "percentunit",
+            about(
+                cfg,
+                "cpu_fill_ratio_since_start",
+                "Under 1× the tier cannot have evicted anything.",
+            ),
+            unit("cpu_fill_ratio_since_start"),
             [t(s.rule("cpu_fill_ratio_since_start"), "{{instance}}")],
             min_value=0,
             lines=[(1.0, "orange")],
@@ -408,7 +486,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         g.timeseries(
             "Preemptions",
             f"Request preemptions per second over {fast}: the GPU KV cache ran out.",
-            "ops",
+            unit("preemptions_per_second"),
             [t(s.rule("preemptions_per_second"), "{{instance}}")],
             min_value=0,
             width=6,
@@ -416,7 +494,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         g.timeseries(
             "Waiting for KV capacity",
             f"Mean number of requests waiting for KV cache capacity over {fast}.",
-            "short",
+            unit("waiting_for_capacity"),
             [t(s.rule("waiting_for_capacity"), "{{instance}}")],
             min_value=0,
             width=6,
@@ -428,7 +506,37 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         ([cfg.sidecar_selector] if cfg.sidecar_selector else [])
         + [f'{cfg.sidecar_target_label}=~"$instance"']
     )
+    # Three stats across, then two rows of two charts: the rectangle has no holes.
     exact = [
+        g.stat(
+            "Achievable offload hit ratio",
+            "What an unbounded CPU tier would serve, from the KV-event curve "
+            "(kvoffload_achievable_offload_hit_ratio).",
+            "percentunit",
+            [t(f"max({s.sidecar('kvoffload_achievable_offload_hit_ratio')})")],
+            decimals=1,
+            width=8,
+        ),
+        g.stat(
+            "Predicted at the advised size",
+            "Offload hit ratio the curve predicts at the recommended size, else at the "
+            "current one (kvoffload_predicted_offload_hit_ratio).",
+            "percentunit",
+            [t(f"max({s.sidecar('kvoffload_predicted_offload_hit_ratio')})")],
+            decimals=1,
+            width=8,
+        ),
+        g.stat(
+            "Predicted TTFT effect at the advised size",
+            "Mean TTFT change per request a CPU tier of the advised size would cause "
+            "against none, predicted from the curve and this engine's measured costs "
+            "(kvoffload_predicted_offload_ttft_effect_seconds); negative = faster.",
+            "s",
+            [t(f"max({s.sidecar('kvoffload_predicted_offload_ttft_effect_seconds')})")],
+            decimals=3,
+            width=8,
+            thresholds=[(0.0, "red")],
+        ),
         g.bargauge(
             "Predicted offload hit ratio by CPU tier size",
             "From vLLM's KV events (kvoffload serve --kv-events): the share of "
@@ -446,39 +554,6 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                 )
             ],
             max_value=1.0,
-            height=10,
-        ),
-        g.stat(
-            "Achievable offload hit ratio",
-            "What an unbounded CPU tier would serve, from the KV-event curve "
-            "(kvoffload_achievable_offload_hit_ratio).",
-            "percentunit",
-            [t(f"max({s.sidecar('kvoffload_achievable_offload_hit_ratio')})")],
-            decimals=1,
-            width=4,
-            height=5,
-        ),
-        g.stat(
-            "Predicted at the advised size",
-            "Offload hit ratio the curve predicts at the recommended size, else at the "
-            "current one (kvoffload_predicted_offload_hit_ratio).",
-            "percentunit",
-            [t(f"max({s.sidecar('kvoffload_predicted_offload_hit_ratio')})")],
-            decimals=1,
-            width=4,
-            height=5,
-        ),
-        g.stat(
-            "Predicted TTFT effect at the advised size",
-            "Mean TTFT change per request a CPU tier of the advised size would cause "
-            "against none, predicted from the curve and this engine's measured costs "
-            "(kvoffload_predicted_offload_ttft_effect_seconds); negative = faster.",
-            "s",
-            [t(f"max({s.sidecar('kvoffload_predicted_offload_ttft_effect_seconds')})")],
-            decimals=3,
-            width=4,
-            height=5,
-            thresholds=[(0.0, "red")],
         ),
         g.timeseries(
             "CPU tier occupancy",
@@ -491,13 +566,14 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                 t(s.sidecar("kvoffload_cpu_capacity_bytes"), "{{target}} size"),
             ],
             min_value=0,
-            width=12,
         ),
         g.timeseries(
             "Stored, evicted, never loaded (exact)",
-            "Bytes per second evicted from the CPU tier without ever being loaded "
-            "back, from KV events (kvoffload_never_loaded_evicted_bytes_total): the "
-            "exact waste that stored − loaded only bounds.",
+            f"{sidecar_help('kvoffload_never_loaded_evicted_bytes')} Per second "
+            "(kvoffload_never_loaded_evicted_bytes_total). With the bytes still resident "
+            "and never loaded (kvoffload_never_loaded_resident_bytes) it is the exact "
+            f"figure that stored − loaded ({record_name('wasted_bytes', cfg)}) bounds from "
+            "below.",
             "Bps",
             [
                 t(
@@ -508,7 +584,6 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                 )
             ],
             min_value=0,
-            width=6,
         ),
         g.timeseries(
             "KV-event messages",
@@ -531,7 +606,6 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                 ),
             ],
             min_value=0,
-            width=6,
         ),
     ]
     return g.dashboard(
@@ -541,13 +615,13 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         "the right size, and should it be on? Generated by kvoffload.",
         tags=cfg.dashboard_tags,
         sections=[
-            ("Advice", advice),
-            ("Time to first token: the verdict", verdict),
-            ("Is offloading paying off?", paying),
-            ("What does it cost?", cost),
-            ("Transfers", transfers),
-            ("Capacity", capacity),
-            ("Exact sizing (KV events)", exact),
+            g.Section("Advice", advice),
+            g.Section("Time to first token: the verdict", verdict),
+            g.Section("Is offloading paying off?", paying),
+            g.Section("What does it cost?", cost),
+            g.Section("Transfers", transfers),
+            g.Section("Capacity", capacity),
+            g.Section(EXACT_ROW, exact, collapsed=True),
         ],
         variables=_variables(cfg, per_engine=True),
         refresh=cfg.dashboard_refresh,
@@ -562,24 +636,23 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
     fast, slow = cfg.rate_window, cfg.slow_window
     by = "instance, model_name"
     columns = [
-        ("offload_hit_ratio", "Offload hit ratio", "percentunit"),
-        ("gpu_prefix_hit_ratio", "GPU prefix hit ratio", "percentunit"),
-        ("reuse_ratio", f"Reuse ratio ({slow})", "percentunit"),
-        ("load_gbps", "Load bandwidth", "Bps"),
-        ("speedup", "Reload speedup", "none"),
-        ("cpu_fill_seconds", "CPU tier fill time", "s"),
-        ("store_rate_bytes_per_second", "Store rate", "Bps"),
+        ("offload_hit_ratio", "Offload hit ratio"),
+        ("gpu_prefix_hit_ratio", "GPU prefix hit ratio"),
+        ("reuse_ratio", f"Reuse ratio ({slow})"),
+        ("load_gbps", "Load bandwidth"),
+        ("speedup", "Reload speedup"),
+        ("cpu_fill_seconds", "CPU tier fill time"),
+        ("store_rate_bytes_per_second", "Store rate"),
     ]
     targets = [
-        t(f"max by ({by}) ({s.rule(key)})", instant=True, table=True)
-        for key, _header, _unit in columns
+        t(f"max by ({by}) ({s.rule(key)})", instant=True, table=True) for key, _header in columns
     ]
     overview_table = g.table(
         "Engines at a glance",
         "One row per instance and model: the current figures (recording rules, "
         f"{fast}/{slow} windows). Blank: undefined (no traffic, or offloading off).",
         targets,
-        [(chr(ord("A") + i), header, unit) for i, (_key, header, unit) in enumerate(columns)],
+        [(chr(ord("A") + i), header, unit(key)) for i, (key, header) in enumerate(columns)],
     )
     advice = g.timeseries(
         "Recommendations across the fleet",
@@ -588,6 +661,7 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         [t(f"count by (action) ({s.sidecar('kvoffload_recommendation')} == 1)", "{{action}}")],
         stack=True,
         min_value=0,
+        width=24,
     )
     model = 'model_name=~"$model_name"'
     mean = helper_record("vllm_time_to_first_token_seconds", "fleet_mean_rate", cfg, "slow")
@@ -628,51 +702,51 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         ),
         g.timeseries(
             "Offload hit ratio by instance",
-            f"Share of GPU-missed prompt tokens served from the CPU tier ({fast}).",
-            "percentunit",
+            about(cfg, "offload_hit_ratio"),
+            unit("offload_hit_ratio"),
             [t(s.rule("offload_hit_ratio"), "{{instance}} {{model_name}}")],
             min_value=0,
             max_value=1,
         ),
         g.timeseries(
             "GPU prefix hit ratio by instance",
-            f"Share of looked-up prompt tokens found in the GPU prefix cache ({fast}).",
-            "percentunit",
+            about(cfg, "gpu_prefix_hit_ratio"),
+            unit("gpu_prefix_hit_ratio"),
             [t(s.rule("gpu_prefix_hit_ratio"), "{{instance}} {{model_name}}")],
             min_value=0,
             max_value=1,
         ),
         g.timeseries(
             "Store rate by instance",
-            f"Bytes per second stored into the CPU tier ({fast}).",
-            "Bps",
+            about(cfg, "store_rate_bytes_per_second"),
+            unit("store_rate_bytes_per_second"),
             [t(s.rule("store_rate_bytes_per_second"), "{{instance}} {{model_name}}")],
             min_value=0,
         ),
         g.timeseries(
             f"Reuse ratio by instance ({slow})",
-            f"Bytes loaded back per byte stored ({slow}).",
-            "percentunit",
+            about(cfg, "reuse_ratio"),
+            unit("reuse_ratio"),
             [t(s.rule("reuse_ratio"), "{{instance}} {{model_name}}")],
             min_value=0,
             lines=[(cfg.low_reuse_ratio, "red")],
         ),
         g.timeseries(
             "Load bandwidth by instance",
-            f"CPU→GPU bytes per second of copy time, per worker ({fast}); dashed: the "
-            f"{_gbps(cfg)} nominal link peak.",
-            "Bps",
+            about(cfg, "load_gbps", f"Dashed: the {_gbps(cfg)} nominal link peak."),
+            unit("load_gbps"),
             [t(s.rule("load_gbps"), "{{instance}} {{model_name}}")],
             min_value=0,
             lines=[(cfg.link_peak_bytes_per_second, "red")],
         ),
         g.timeseries(
             "GPU KV cache usage by instance",
-            f"Mean share of GPU KV blocks held by running requests ({fast}).",
-            "percentunit",
+            about(cfg, "gpu_kv_usage_ratio"),
+            unit("gpu_kv_usage_ratio"),
             [t(s.rule("gpu_kv_usage_ratio"), "{{instance}} {{model_name}}")],
             min_value=0,
             max_value=1,
+            width=24,
         ),
     ]
     return g.dashboard(
@@ -682,9 +756,9 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         "should change. Generated by kvoffload.",
         tags=cfg.dashboard_tags,
         sections=[
-            ("Fleet", [overview_table, advice]),
-            ("Fleet A/B: with and without a tier", ab),
-            ("By instance", per_instance),
+            g.Section("Fleet", [overview_table, advice]),
+            g.Section("Fleet A/B: with and without a tier", ab),
+            g.Section("By instance", per_instance),
         ],
         variables=_variables(cfg, per_engine=False),
         refresh=cfg.dashboard_refresh,

@@ -16,10 +16,12 @@ from typing import Any
 
 from kvoffload.mixin import dashboards, kustomize, rules
 from kvoffload.mixin.promql import RENAMED_SETTINGS, MixinConfig
+from kvoffload.mixin.validate import Checked, find_promtool, validate
 from kvoffload.overrides import parse_number, refuse, split_pair
 
 ALERTS_DIR = "alerts"
 DASHBOARDS_DIR = "dashboards"
+FIND_PROMTOOL = "PATH"  # `promtool` default: the promtool on the PATH, if there is one
 
 
 def render_all(config: MixinConfig | None = None) -> dict[str, str]:
@@ -82,24 +84,41 @@ def generate(
     config: MixinConfig | None = None,
     *,
     selector: str | None = None,
+    promtool: str | None = FIND_PROMTOOL,
     **overrides: Any,
 ) -> list[Path]:
     """Write every generated file under `out_dir` (alerts/…, dashboards/…); return the paths.
 
     `overrides` are MixinConfig fields: thresholds (`low_reuse_ratio=0.1`), windows
     (`rate_window="2m"`, `slow_window="2h"`), selectors (`sidecar_selector='job="kvo"'`),
-    `alert_for={...}`. Files are written only when their content changes.
+    `alert_for={...}`. Files are written only when their content changes, and only once every
+    expression in them passed `validate` (promql-parser, and `promtool check rules` with
+    `promtool`: by default the one on the PATH, if any; None skips it).
     """
+    return generate_checked(out_dir, config, selector=selector, promtool=promtool, **overrides)[0]
+
+
+def generate_checked(
+    out_dir: str | Path,
+    config: MixinConfig | None = None,
+    *,
+    selector: str | None = None,
+    promtool: str | None = FIND_PROMTOOL,
+    **overrides: Any,
+) -> tuple[list[Path], Checked]:
+    """`generate`, also saying what the expressions were checked with."""
     cfg = make_config(config, selector=selector, **overrides)
+    files = render_all(cfg)
+    checked = validate(files, find_promtool() if promtool == FIND_PROMTOOL else promtool)
     root = Path(out_dir)
     written = []
-    for rel, text in render_all(cfg).items():
+    for rel, text in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
         written.append(path)
-    return written
+    return written, checked
 
 
 def check(

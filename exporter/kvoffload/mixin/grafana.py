@@ -5,6 +5,8 @@ datasources, `rows`/`style`/`sharedCrosshair`, a dozen legacy keys per target an
 "null" as the base threshold. Dashboards are built with its panel classes here and the JSON is
 then normalised to what Grafana 10–12 export themselves: object datasource refs
 `{"type": "prometheus", "uid": "${datasource}"}`, schemaVersion 39, no legacy or null keys.
+Panel options are Grafana 10's: grafanalib's bar gauge still writes Grafana 6's
+`options.fieldOptions`, rewritten here to `fieldConfig` and `options.reduceOptions`.
 Swapping grafanalib for another builder (grafana-foundation-sdk, plain dicts) only touches
 this file: dashboards.py speaks in the helpers below.
 """
@@ -29,6 +31,8 @@ DATASOURCE_VAR = "datasource"
 DATASOURCE_REF = {"type": "prometheus", "uid": "${" + DATASOURCE_VAR + "}"}
 IMPORT_INPUT = "DS_PROMETHEUS"
 GRID_WIDTH = 24
+# A ratio of like quantities shown as a multiple ("13.1×"): Grafana's custom-unit syntax.
+TIMES = "suffix:×"
 
 # Target keys worth keeping; the rest are Graphite/legacy leftovers of grafanalib's Target.
 _TARGET_KEYS = (
@@ -87,6 +91,16 @@ class Panel:
     body: Any
     width: int
     height: int
+
+
+@dataclass
+class Section:
+    """A dashboard row: its title, its panels, and whether it starts collapsed (its panels
+    then live inside the row, as Grafana stores a collapsed row)."""
+
+    title: str
+    panels: Sequence[Panel]
+    collapsed: bool = False
 
 
 def target(
@@ -195,7 +209,8 @@ def bargauge(
     width: int = 12,
     height: int = 8,
 ) -> Panel:
-    """One bar per series (e.g. per histogram bucket), each the mean over the time range."""
+    """One bar per series (e.g. per histogram bucket), each the mean over the time range.
+    (grafanalib writes Grafana 6's options; `_bargauge` rewrites them.)"""
     body = G.BarGauge(
         title=title,
         description=description,
@@ -267,34 +282,60 @@ def query_variable(name: str, query: str, *, label: str | None = None) -> G.Temp
     )
 
 
+def _layout(section: Section, y: int) -> int:
+    """Pack a section's panels in lines from `y` on; return the y under the last line. Every
+    line must fill the grid's width with panels of one height: no empty grid areas."""
+    line: list[Panel] = []
+
+    def close(line: list[Panel]) -> None:
+        if sum(p.width for p in line) != GRID_WIDTH or len({p.height for p in line}) != 1:
+            shape = ", ".join(f"{p.width}x{p.height}" for p in line)
+            raise ValueError(f"row {section.title!r}: a line of {shape} leaves an empty area")
+
+    for p in section.panels:
+        if sum(q.width for q in line) + p.width > GRID_WIDTH:
+            close(line)
+            y += line[0].height
+            line = []
+        p.body.gridPos = G.GridPos(h=p.height, w=p.width, x=sum(q.width for q in line), y=y)
+        line.append(p)
+    if line:
+        close(line)
+        y += line[0].height
+    return y
+
+
 def dashboard(
     *,
     title: str,
     uid: str,
     description: str,
     tags: Sequence[str],
-    sections: Sequence[tuple[str, Sequence[Panel]]],
+    sections: Sequence[Section],
     variables: Sequence[G.Template],
     refresh: str,
     time_from: str,
     links: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The dashboard as Grafana JSON: one row per section, panels packed on the 24-column grid."""
+    """The dashboard as Grafana JSON: one row per section, panels packed on the 24-column grid.
+    A collapsed row holds its panels (laid out under it, where Grafana puts them when it is
+    opened) and takes one grid unit; the rows after it follow straight on."""
     panels: list[Any] = []
     y = 0
-    for section, members in sections:
-        panels.append(G.RowPanel(title=section, gridPos=G.GridPos(h=1, w=GRID_WIDTH, x=0, y=y)))
+    for section in sections:
+        row = G.RowPanel(
+            title=section.title,
+            gridPos=G.GridPos(h=1, w=GRID_WIDTH, x=0, y=y),
+            collapsed=section.collapsed,
+        )
+        panels.append(row)
         y += 1
-        x, row_height = 0, 0
-        for p in members:
-            if x + p.width > GRID_WIDTH:
-                x, y = 0, y + row_height
-                row_height = 0
-            p.body.gridPos = G.GridPos(h=p.height, w=p.width, x=x, y=y)
-            panels.append(p.body)
-            x += p.width
-            row_height = max(row_height, p.height)
-        y += row_height
+        end = _layout(section, y)
+        if section.collapsed:
+            row.panels = [p.body for p in section.panels]
+        else:
+            panels += [p.body for p in section.panels]
+            y = end
     d = G.Dashboard(
         title=title,
         uid=uid,
@@ -352,7 +393,9 @@ def _panel(p: dict[str, Any]) -> dict[str, Any]:
     if thresholds is not None:
         p["fieldConfig"]["defaults"]["thresholds"] = thresholds
     if p.get("type") == "row":
-        return {k: p[k] for k in ("collapsed", "gridPos", "id", "panels", "title", "type")}
+        row = {k: p[k] for k in ("collapsed", "gridPos", "id", "panels", "title", "type")}
+        row["panels"] = [_panel(child) for child in row["panels"]]
+        return row
     p["datasource"] = dict(DATASOURCE_REF)
     p["targets"] = [_target(t) for t in p.get("targets", [])]
     if not p.get("transformations"):
@@ -361,6 +404,40 @@ def _panel(p: dict[str, Any]) -> dict[str, Any]:
         # grafanalib's Table still writes the pre-7 table panel's keys at the top level.
         for legacy in ("columns", "fontSize", "mappings", "color"):
             p.pop(legacy, None)
+    if p.get("type") == "bargauge":
+        p = _bargauge(p)
+    return p
+
+
+def _bargauge(p: dict[str, Any]) -> dict[str, Any]:
+    """Grafana 6's `options.fieldOptions` (calcs, unit, min/max, thresholds) → Grafana 10's
+    `fieldConfig.defaults` and `options.reduceOptions`, which is all Grafana ≥ 10 reads."""
+    options = dict(p.get("options", {}))
+    legacy = options.pop("fieldOptions", {})
+    for key in ("showThresholdLabels", "showThresholdMarkers"):  # the gauge's, not the bar's
+        options.pop(key, None)
+    defaults = {k: v for k, v in (legacy.get("defaults") or {}).items() if k != "links"}
+    field_config = p.setdefault("fieldConfig", {"defaults": {}})
+    field_config["defaults"] = {
+        **defaults,
+        **field_config.get("defaults", {}),
+        "color": {"mode": "thresholds"},
+    }
+    field_config.setdefault("overrides", [])
+    options["reduceOptions"] = {
+        "calcs": list(legacy.get("calcs") or ["mean"]),
+        "fields": "",
+        "values": bool(legacy.get("values", False)),
+    }
+    options |= {
+        "showUnfilled": True,
+        "valueMode": "color",
+        "namePlacement": "auto",
+        "sizing": "auto",
+        "minVizWidth": 8,
+        "minVizHeight": 16,
+    }
+    p["options"] = options
     return p
 
 

@@ -77,6 +77,40 @@ RENAMED_SETTINGS = {
 _PROM_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
+# The settings that are label matchers spliced into every selector, and their CLI flags.
+SELECTOR_SETTINGS = {"vllm_selector": "--selector", "sidecar_selector": "--sidecar-selector"}
+
+
+def check_matchers(what: str, value: str) -> str:
+    """`value` as PromQL label matchers to splice into `{__name__=~"…", <here>, …}`, or
+    InputError (one line) when it is anything else: an unbalanced quote, a bare word, a
+    second selector or operator smuggled in, `__name__`, Prometheus 3's `or` between matcher
+    sets. Surrounding braces and a trailing comma are dropped; "" means no extra matchers."""
+    text = value.strip()
+    if text.startswith("{") and text.endswith("}"):
+        text = text[1:-1].strip()
+    text = text.rstrip(", \t\n")
+    if not text:
+        return ""
+    from kvoffload.mixin.validate import promql_parser as parser  # the `generate` extra
+
+    promql_parser = parser()
+    example = 'e.g. job="vllm", namespace="prod"'
+    try:
+        tree = promql_parser.parse(f'{{__name__="kvoffload_check", {text}}}')
+    except ValueError as exc:
+        why = str(exc).splitlines()[0] if str(exc) else "does not parse"
+        raise InputError(
+            f"{what}: {value!r} is not PromQL label matchers ({why}); {example}"
+        ) from None
+    if not isinstance(tree, promql_parser.VectorSelector) or tree.name:
+        raise InputError(f"{what}: {value!r} is more than label matchers; {example}")
+    if tree.matchers.or_matchers:
+        raise InputError(f"{what}: {value!r}: one set of matchers, no `or`; {example}")
+    if sum(m.name == "__name__" for m in tree.matchers.matchers) > 1:
+        raise InputError(f"{what}: {value!r}: the metric name is the generator's, not a matcher")
+    return text
+
 
 @dataclass(frozen=True)
 class MixinConfig:
@@ -168,6 +202,9 @@ class MixinConfig:
             raise InputError("target_labels must include 'instance'")
         if self.world_size < 1:
             raise InputError("world_size must be >= 1")
+        for name, flag in SELECTOR_SETTINGS.items():
+            # Normalised (braces and a trailing comma dropped) so it splices into a selector.
+            object.__setattr__(self, name, check_matchers(f"{name} ({flag})", getattr(self, name)))
 
     @property
     def slow_window_seconds(self) -> float:
