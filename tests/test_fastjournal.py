@@ -173,3 +173,27 @@ def _rounded(value: object) -> object:
 
 def _takes_tail(path: Path, window: float) -> int:
     return sum(1 for _ in journal_extracts(str(path), window))
+
+
+@pytest.mark.parametrize("name", ["restart", "legacy-0.23", "two-models", "dp2"])
+def test_windows_of_two_parts_extend_into_the_whole(
+    sim_recordings: dict[str, Path], name: str
+) -> None:
+    """A recording read in two parts (one process each) and the parts' windows joined
+    (Window.extend) analyse as one pass does — seams anywhere, the restart's included (the
+    restart scenario restarts at 900 s: scrape 60)."""
+    from kvoffload.analysis.window import Window
+
+    extracts = list(journal_extracts(str(sim_recordings[name])))
+    whole = Window(None)
+    for ex in extracts:
+        whole.update(ex)
+    expected = _rounded(analyze_window(whole))
+    for seam in (1, 2, 59, 60, 61, 62, 100, 120):
+        first, later = Window(None), Window(None)
+        for ex in extracts[:seam]:
+            first.update(ex)
+        for ex in extracts[seam:]:
+            later.update(ex)
+        first.extend(later)
+        assert _rounded(analyze_window(first)) == expected, f"seam at scrape {seam}"

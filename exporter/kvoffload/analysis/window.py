@@ -28,6 +28,11 @@ class _SeriesState:
     created: float | None
     adjusted: float
     seen_at: int  # scrape number that last contained the series
+    # As first seen (for `Window.extend`: a window of the scrapes before this one's decides
+    # whether the series restarted in between).
+    first_raw: float = 0.0
+    first_created: float | None = None
+    first_seen: int = 0
 
 
 @dataclass
@@ -152,7 +157,9 @@ class Window:
                 created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
                 if state is None:
-                    series[(key, engine)] = _SeriesState(raw, created, raw, scrape_no)
+                    series[(key, engine)] = _SeriesState(
+                        raw, created, raw, scrape_no, raw, created, scrape_no
+                    )
                     increase = raw
                 else:
                     restarted = (
@@ -235,6 +242,103 @@ class Window:
             points.popleft()
         while len(points) > self.max_points:
             points.popleft()
+
+    def extend(self, later: Window) -> None:
+        """Take in `later`, a whole-history window of the scrapes right after this one's (a
+        recording read in parts, one process each): afterwards this window is what reading
+        all the scrapes in one pass gives, up to the rounding of the sums. At the seam each
+        series is judged as `update` would have: a restart when it went down, its `_created`
+        moved, or it was missing from this window's last scrape."""
+        if self.window_seconds is not None or later.window_seconds is not None:
+            raise ValueError("only whole-history windows are extended")
+        for instance, count in later._scrapes.items():
+            base = self._scrapes.get(instance, 0)
+            for g in [g for g in later._points if g[0] == instance]:
+                self._extend_group(later, g, base)
+            self._scrapes[instance] = base + count
+
+    def _extend_group(self, later: Window, g: GroupKey, base: int) -> None:
+        mine = self._series.setdefault(g, {})
+        theirs = later._series.get(g, {})
+
+        def carried(state: _SeriesState, other: _SeriesState) -> float:
+            """What `other`'s adjusted total lacks: this window's up to the seam, plus the
+            increase across it (all of `other`'s first value after a restart)."""
+            restarted = (
+                other.first_raw < state.raw
+                or (
+                    other.first_created is not None
+                    and state.created is not None
+                    and other.first_created != state.created
+                )
+                or state.seen_at != base
+                or other.first_seen != 1
+            )
+            seam = other.first_raw if restarted else other.first_raw - state.raw
+            return state.adjusted + seam - other.first_raw
+
+        # What each of later's group totals lacks.
+        offset: dict[str, float] = {}
+        for (key, engine), state in mine.items():
+            other = theirs.get((key, engine))
+            # A series not seen again keeps its last contribution.
+            extra = state.adjusted if other is None else carried(state, other)
+            offset[key] = offset.get(key, 0.0) + extra
+        for series_key, other in theirs.items():
+            known = mine.get(series_key)
+            if known is None:
+                extra, first = 0.0, (other.first_raw, other.first_created, other.first_seen + base)
+            else:
+                extra = carried(known, other)
+                first = (known.first_raw, known.first_created, known.first_seen)
+            mine[series_key] = _SeriesState(
+                other.raw, other.created, other.adjusted + extra, other.seen_at + base, *first
+            )
+
+        def shifted(counters: dict[str, float]) -> dict[str, float]:
+            if not counters:
+                return {}  # a scrape with no counter of the group has no totals (as update)
+            out = dict(counters)
+            for key, extra in offset.items():
+                out[key] = out.get(key, 0.0) + extra
+            return out
+
+        their_last = later._points[g][-1]
+        their_first = later._first[g]
+        counters = shifted(their_last.counters)
+        points = self._points.get(g)
+        if points:
+            my_last = points[-1]
+            # The interval across the seam, then the later window's own intervals.
+            fit = add_interval(my_last.fit, my_last.counters, shifted(their_first.counters))
+            fit = tuple(a + b for a, b in zip(fit, their_last.fit, strict=True))
+            sums = dict(my_last.gauge_sums)
+            n = dict(my_last.gauge_n)
+            for k, v in their_last.gauge_sums.items():
+                sums[k] = sums.get(k, 0.0) + v
+            for k, v in their_last.gauge_n.items():
+                n[k] = n.get(k, 0.0) + v
+            point = Point(their_last.t, counters, sums, n, fit)
+            points.clear()
+            points.append(point)
+            self._gauge_running[g] = (sums, n)
+        else:
+            point = Point(
+                their_last.t, counters, their_last.gauge_sums, their_last.gauge_n, their_last.fit
+            )
+            self._points[g] = deque([point])
+            self._first[g] = their_first
+            self._gauge_running[g] = later._gauge_running[g]
+        running = later._totals.get(g, {})
+        self._totals[g] = {
+            k: running.get(k, 0.0) + offset.get(k, 0.0) for k in running.keys() | offset.keys()
+        }
+        static = self._static.get(g)
+        newer = later._static[g]
+        if static is not None:
+            newer.cache_config = newer.cache_config or static.cache_config
+            newer.offload_config = newer.offload_config or static.offload_config
+        self._static[g] = newer
 
     # -- query ----------------------------------------------------------------------------
     def groups(self) -> list[GroupKey]:
