@@ -11,6 +11,7 @@ the same error)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 from pathlib import Path
@@ -197,3 +198,28 @@ def test_windows_of_two_parts_extend_into_the_whole(
             later.update(ex)
         first.extend(later)
         assert _rounded(analyze_window(first)) == expected, f"seam at scrape {seam}"
+
+
+@pytest.mark.parametrize("name", ["restart", "dp2"])
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_a_recording_read_in_parallel_parts_gives_the_same(
+    sim_recordings: dict[str, Path], name: str, parts: int
+) -> None:
+    """Large recordings are cut at scrape boundaries (journal_parts) and read one part per
+    process; the joined window analyses as one pass does."""
+    from kvoffload.analysis.analyze import _window_in_parts
+    from kvoffload.ingest.fastjournal import journal_parts
+
+    path = sim_recordings[name]
+    spans = journal_parts(str(path), parts)
+    assert len(spans) == parts and spans[0][0] == 0
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    assert sum(_takes_span(path, span) for span in spans) == 121
+    win, count, lifetime = _window_in_parts(str(path), spans)
+    assert count == 121 and not lifetime
+    whole, _n, _l = window_from_recording(str(path), jobs=1)
+    assert _rounded(analyze_window(win)) == _rounded(analyze_window(whole))
+
+
+def _takes_span(path: Path, span: tuple[int, int]) -> int:
+    return sum(1 for _ in journal_extracts(str(path), span=span))

@@ -6,7 +6,10 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import multiprocessing
+import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from kvoffload.analysis import ttft
@@ -25,7 +28,7 @@ from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
-from kvoffload.ingest.fastjournal import Declined, journal_extracts
+from kvoffload.ingest.fastjournal import Declined, journal_extracts, journal_parts
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
@@ -357,16 +360,59 @@ def window_from_expositions(
 
 
 def window_from_recording(
-    path: str, window_seconds: float | None = None
+    path: str, window_seconds: float | None = None, jobs: int | None = None
 ) -> tuple[Window, int, bool]:
     """window_from_expositions of a recording file: scrape-ordered recordings through the fast
-    reader (ingest.fastjournal; with a window, only the scrapes the window keeps are read),
-    anything it declines through the general one."""
+    reader (ingest.fastjournal) — with a window, only the scrapes the window keeps; without,
+    a large file in `jobs` parts (default: one per core), one process each, their windows
+    joined (Window.extend) — and anything it declines through the general reader."""
     try:
+        if window_seconds is None:
+            size = os.path.getsize(path)
+            jobs = jobs or os.cpu_count() or 1
+            parts = journal_parts(path, jobs) if size >= PARALLEL_BYTES and jobs > 1 else []
+            if len(parts) > 1:
+                return _window_in_parts(path, parts)
         return window_from_extracts(journal_extracts(path, window_seconds), window_seconds)
     except Declined as exc:
         log.debug("%s: the general reader reads it (%s)", path, exc)
+    except OSError:
+        pass  # the general reader says what is wrong with the file
     return window_from_expositions(read_recording(path, wanted, WANTED_FAMILIES), window_seconds)
+
+
+# Below this a recording is read in one process (forking costs more than it saves).
+PARALLEL_BYTES = 64 * 2**20
+
+
+def _window_part(path: str, span: tuple[int, int]) -> tuple[Window, int, int]:
+    window = Window(None)
+    count = skipped = 0
+    for ex in journal_extracts(path, span=span):
+        if not _believable(ex.timestamp):
+            skipped += 1
+            continue
+        window.update(ex)
+        count += 1
+    return window, count, skipped
+
+
+def _window_in_parts(path: str, parts: list[tuple[int, int]]) -> tuple[Window, int, bool]:
+    # fork: the workers start at once (the CLI is one thread doing this; a progress thread,
+    # if any, only reads).
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(len(parts), mp_context=context) as pool:
+        results = list(pool.map(_window_part, [path] * len(parts), parts))
+    window, count, skipped = results[0]
+    for later, n, bad in results[1:]:
+        window.extend(later)
+        count += n
+        skipped += bad
+    if count < 2:
+        raise Declined("too few scrapes to read in parts")
+    if skipped:
+        log.warning("%s", _skipped_note(skipped).strip(" ();"))
+    return window, count, False
 
 
 def window_from_extracts(
@@ -378,8 +424,7 @@ def window_from_extracts(
 
     def believable(stream: Iterable[Extract]) -> Iterator[Extract]:
         for ex in stream:
-            ts = ex.timestamp
-            if not (math.isfinite(ts) and 0.0 <= ts <= MAX_TIMESTAMP):
+            if not _believable(ex.timestamp):
                 skipped[0] += 1  # a NaN or far-off time would make every window nonsense
                 continue
             yield ex  # (the samples' own stamps are not read: the scrape's time is)
@@ -402,6 +447,10 @@ def window_from_extracts(
 
 # Later than this (year 5138) a recording's timestamp is garbage, not a time.
 MAX_TIMESTAMP = 1e11
+
+
+def _believable(ts: float) -> bool:
+    return math.isfinite(ts) and 0.0 <= ts <= MAX_TIMESTAMP
 
 
 def _skipped_note(skipped: int) -> str:

@@ -16,6 +16,7 @@ caller starts again with the general reader, which reads or rejects it with its 
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 from collections.abc import Iterator
@@ -115,19 +116,22 @@ def _member(head: bytes, instances: dict[str, _Instance]) -> tuple[_Instance, in
     return inst, len(inst.members) - 1
 
 
-def journal_extracts(path: str, tail_seconds: float | None = None) -> Iterator[Extract]:
+def journal_extracts(
+    path: str, tail_seconds: float | None = None, span: tuple[int, int] | None = None
+) -> Iterator[Extract]:
     """Every scrape of a scrape-ordered recording as an Extract, in file order; with
     `tail_seconds`, only from the last scrape at or before the last one's time minus that
     (found by bisecting the file: a window over the last minutes of a day-long recording
     reads only those minutes, which is all a window of that length keeps; the part before is
-    not looked at, so a fault there goes unseen)."""
+    not looked at, so a fault there goes unseen). `span`: only the scrapes in that byte
+    range (one of `journal_parts`)."""
     try:
         with open(path, "rb") as fh:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         raise Declined("cannot map the file") from None  # the general reader says why
     with mm:
-        yield from _read(mm, tail_seconds)
+        yield from _read(mm, tail_seconds, span)
 
 
 def _sample_at(mm: mmap.mmap, pos: int, end: int) -> tuple[int, float] | None:
@@ -159,31 +163,60 @@ def _back_over_comments(mm: mmap.mmap, line: int) -> int:
     return line
 
 
+def _first_at_or_after(mm: mmap.mmap, t: float, end: int) -> int:
+    """The line start of the first sample at `t` or later (times never go back in a
+    scrape-ordered file), bisecting the bytes."""
+    lo, hi = 0, end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = _sample_at(mm, mid, end)
+        if found is None or found[1] >= t:
+            hi = mid
+        else:
+            lo = mid + 1
+    found = _sample_at(mm, lo, end)
+    return found[0] if found is not None else end
+
+
 def _scrape_start(mm: mmap.mmap, since: float, end: int) -> int:
     """Where the last scrape at or before `since` begins — with the TYPE lines before its
     first sample, which the general reader gives to it (0 when no scrape is that early)."""
-
-    def first_at_or_after(t: float) -> int:
-        # The line start of the first sample at `t` or later (times never go back in a
-        # scrape-ordered file), bisecting the bytes.
-        lo, hi = 0, end
-        while lo < hi:
-            mid = (lo + hi) // 2
-            found = _sample_at(mm, mid, end)
-            if found is None or found[1] >= t:
-                hi = mid
-            else:
-                lo = mid + 1
-        found = _sample_at(mm, lo, end)
-        return found[0] if found is not None else end
-
-    later = _back_over_comments(mm, first_at_or_after(math.nextafter(since, math.inf)))
+    later = _back_over_comments(mm, _first_at_or_after(mm, math.nextafter(since, math.inf), end))
     if later == 0:
         return 0
     last = _sample_at(mm, mm.rfind(b"\n", 0, later - 1) + 1, end)
     if last is None:
         return 0
-    return _back_over_comments(mm, first_at_or_after(last[1]))
+    return _back_over_comments(mm, _first_at_or_after(mm, last[1], end))
+
+
+def journal_parts(path: str, parts: int) -> list[tuple[int, int]]:
+    """`parts` byte ranges of about equal size that start and end at scrape boundaries (the
+    TYPE lines before a scrape's first sample go with it), for reading in parallel; fewer
+    when the file has fewer scrapes. Declined when the file is not one this reader takes."""
+    try:
+        with open(path, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        raise Declined("cannot map the file") from None
+    with mm:
+        size = len(mm)
+        if size < 6 or mm[size - 6 :] != b"# EOF\n":
+            raise Declined("no '# EOF' at the end")
+        end = size - 6
+        cuts = [0]
+        for k in range(1, parts):
+            found = _sample_at(mm, end * k // parts, end)
+            if found is None:
+                break
+            # The scrape after the one at this offset begins here.
+            cut = _back_over_comments(
+                mm, _first_at_or_after(mm, math.nextafter(found[1], math.inf), end)
+            )
+            if cuts[-1] < cut < end:
+                cuts.append(cut)
+        cuts.append(end)
+        return list(itertools.pairwise(cuts))
 
 
 class _Pages:
@@ -219,7 +252,9 @@ class _Pages:
         return pos + region // 4
 
 
-def _read(mm: mmap.mmap, tail_seconds: float | None = None) -> Iterator[Extract]:
+def _read(
+    mm: mmap.mmap, tail_seconds: float | None = None, span: tuple[int, int] | None = None
+) -> Iterator[Extract]:
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
         raise Declined("no '# EOF' at the end")
@@ -234,8 +269,8 @@ def _read(mm: mmap.mmap, tail_seconds: float | None = None) -> Iterator[Extract]
     current_t: float | None = None
     last_ts = b""
     find = mm.find
-    end_of_data = size - 6
-    pos = 0
+    end_of_data = size - 6 if span is None else span[1]
+    pos = 0 if span is None else span[0]
     if tail_seconds is not None:
         last_line = _back_over_comments(mm, end_of_data)
         last = _sample_at(mm, mm.rfind(b"\n", 0, max(last_line - 1, 0)) + 1, end_of_data)
@@ -276,9 +311,10 @@ def _read(mm: mmap.mmap, tail_seconds: float | None = None) -> Iterator[Extract]
             continue  # the block is skipped by the next search for '#'
         block_end = pos
         while True:
-            block_end = find(b"#", block_end)
+            block_end = find(b"#", block_end, end_of_data)
             if block_end == -1:
-                raise Declined("no end")
+                block_end = end_of_data  # the part (or the data) ends in this block
+                break
             if mm[block_end - 1] == 10:
                 break
             block_end += 1
