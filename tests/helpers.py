@@ -7,6 +7,7 @@ import contextlib
 import csv
 import io
 import socket
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -88,3 +89,41 @@ async def running(app: web.Application) -> AsyncIterator[int]:
         yield port
     finally:
         await runner.cleanup()
+
+
+def _openssl(*args: object) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def tls_ca(work: Path, name: str = "ca") -> tuple[Path, Path]:
+    """A self-signed CA made with the openssl CLI: (certificate, key)."""
+    cert, key = work / f"{name}.pem", work / f"{name}.key"
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+        "-days", "1", "-subj", f"/CN=kvoffload test {name}",
+    )  # fmt: skip
+    return cert, key
+
+
+def tls_cert(
+    work: Path, ca: tuple[Path, Path], name: str, cn: str = "127.0.0.1", client: bool = False
+) -> tuple[Path, Path]:
+    """A certificate signed by `ca`: for the server at 127.0.0.1, or a client's (`client`)."""
+    cert, key, csr, ext = (work / f"{name}.{s}" for s in ("pem", "key", "csr", "cnf"))
+    usage = "extendedKeyUsage=clientAuth" if client else "subjectAltName=IP:127.0.0.1"
+    ext.write_text(f"{usage}\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={cn}"
+    )
+    _openssl(
+        "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
+        "-out", cert, "-days", "1", "-extfile", ext,
+    )  # fmt: skip
+    return cert, key
+
+
+def certificates(work: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it: (CA, certificate, key)."""
+    ca = tls_ca(work)
+    cert, key = tls_cert(work, ca, "srv")
+    return ca[0], cert, key

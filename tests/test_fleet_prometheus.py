@@ -31,7 +31,7 @@ from kvoffload.sim import scenarios
 from kvoffload.sim.record import record_scenario
 
 from fleet_prom import backfill, prometheus_on
-from helpers import free_port, h200_scrapes, recording_text
+from helpers import certificates, free_port, h200_scrapes, recording_text
 
 KVO = [sys.executable, "-m", "kvoffload"]
 
@@ -346,65 +346,8 @@ def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> 
     assert len(runs[0][0]) == len(SIM) + 1
 
 
-def _certificates(work: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1 signed by it (openssl)."""
-    ca_key, ca, key, csr, cert = (
-        work / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem")
-    )
-    ext = work / "san.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1\n")
-    for args in (
-        [
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            ca_key,
-            "-out",
-            ca,
-            "-days",
-            "1",
-            "-subj",
-            "/CN=kvoffload test CA",
-        ],
-        [
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            key,
-            "-out",
-            csr,
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-        [
-            "x509",
-            "-req",
-            "-in",
-            csr,
-            "-CA",
-            ca,
-            "-CAkey",
-            ca_key,
-            "-CAcreateserial",
-            "-out",
-            cert,
-            "-days",
-            "1",
-            "-extfile",
-            ext,
-        ],
-    ):
-        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-    return ca, cert, key
-
-
 def test_tls_with_the_operators_ca(fleet: dict[str, Any], tmp_path: Path) -> None:
-    ca, cert, key = _certificates(tmp_path)
+    ca, cert, key = certificates(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     start, end = fleet["spans"]["rag:8000"]

@@ -15,11 +15,20 @@ from typing import Any
 import click
 import yaml
 
-from kvoffload import __version__, logrepeat
+from kvoffload import __version__
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis.analyze import Settings, window_from_expositions
 from kvoffload.analysis.fleetrun import analyze_from_prometheus
 from kvoffload.analysis.fleetsummary import analyze_fleet
+from kvoffload.conventions import (
+    DEFAULT_PORT,
+    ENV_HELP,
+    ExporterGroup,
+    WebFlags,
+    log_options,
+    run_app,
+    web_options,
+)
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
@@ -52,13 +61,6 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | N
         return parse_size(value)
     except InputError as exc:
         raise click.BadParameter(str(exc)) from None
-
-
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InputError(f"bad listen address {value!r}: use host:port, e.g. 0.0.0.0:9400")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _threshold_number(path: str, key: str, value: object) -> float:
@@ -111,8 +113,9 @@ def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "--memory-limit",
                 callback=_size,
                 default=None,
-                help="Container memory limit for the OOM check (default: cgroup "
-                "memory.max when readable).",
+                help="The vLLM container's memory limit, for the OOM check (default: its "
+                "pod's cgroup memory.max less the sidecar's own, where visible; in Kubernetes "
+                "set KVOFFLOAD_MEMORY_LIMIT from vLLM's limits.memory, Downward API).",
             ),
             click.option(
                 "--thresholds",
@@ -149,7 +152,13 @@ def make_settings(
     threshold_overrides: tuple[str, ...] = (),
     kv_bytes_per_token: float | None = None,
 ) -> Settings:
-    limit = memory_limit if memory_limit is not None else read_cgroup_memory_limit()
+    limit = memory_limit
+    if limit is None and (limit := read_cgroup_memory_limit()) is not None:
+        logging.getLogger("kvoffload").info(
+            "memory check against %.2f GiB: the pod's cgroup limit less the sidecar's "
+            "(--memory-limit to give vLLM's)",
+            limit / 2**30,
+        )
     overrides: dict[str, float] = {}
     known = set(Thresholds.__dataclass_fields__)
     for item in threshold_overrides:
@@ -160,18 +169,15 @@ def make_settings(
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="kvoffload")
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+@click.group(
+    cls=ExporterGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    params=log_options(defaults=True),
+    epilog=ENV_HELP,
 )
-def cli(log_level: str) -> None:
+@click.version_option(__version__, prog_name="kvoffload")
+def cli() -> None:
     """Is vLLM's CPU KV offloading paying off, and how big should the CPU tier be?"""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
-    logrepeat.install()
 
 
 # serve's options that only scraping targets uses: refused with --prometheus.
@@ -228,14 +234,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     metavar="URL",
     help="vLLM /metrics URL; repeat for several engines/pods.",
 )
-@click.option(
-    "--web.listen-address",
-    "--listen",
-    "listen",
-    default="0.0.0.0:9400",
-    show_default=True,
-    help="Where to serve /metrics, /api/v1/status and the page.",
-)
+@web_options(f"0.0.0.0:{DEFAULT_PORT}", "--listen")
 @click.option(
     "--interval",
     callback=_duration,
@@ -312,7 +311,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 @prometheus_options
 def serve(
     targets: tuple[str, ...],
-    listen: str,
+    web: WebFlags,
     interval: float | None,
     window: float,
     scrape_timeout: float,
@@ -344,7 +343,6 @@ def serve(
     from kvoffload.sidecar.fleet import FleetConfig, FleetService
     from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 
-    host, port = _listen(listen)
     if bool(targets) == (prometheus_url is not None):
         raise InputError("give --target URL (repeatable) or --prometheus URL, one of them")
     ctx = click.get_current_context()
@@ -379,8 +377,7 @@ def serve(
             fleet,
             f"reading the fleet from {fleet.api.base} ({span}) every "
             f"{fleet.config.interval_seconds:g} s",
-            host,
-            port,
+            web,
         )
         return
     refused = _given(ctx, _PROMETHEUS_ONLY)
@@ -423,18 +420,19 @@ def serve(
             state_interval,
         )
     )
-    _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", host, port)
+    _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", web)
 
 
-def _run(service: Service, doing: str, host: str, port: int) -> None:
+def _run(service: Service, doing: str, web: WebFlags) -> None:
     """Serve `service`'s /metrics, status and page until SIGTERM or Ctrl-C."""
-    from aiohttp import web
-
     from kvoffload.sidecar.http import make_app
 
-    click.echo(f"kvoffload {__version__}: {doing}; serving http://{host}:{port}/", err=True)
-    web.run_app(
-        make_app(service), host=host, port=port, print=None, access_log=None, handle_signals=True
+    run_app(
+        make_app(service, metrics_path=web.telemetry_path),
+        web,
+        lambda url: logging.getLogger("kvoffload").info(
+            "kvoffload %s: %s; metrics at %s", __version__, doing, url
+        ),
     )
 
 
@@ -823,12 +821,7 @@ def _scenario(name: str):
     show_default=True,
     help="A scenario of the library (docs: scenarios.md, below).",
 )
-@click.option(
-    "--listen",
-    default="127.0.0.1:8000",
-    show_default=True,
-    help="Where to serve the simulated /metrics.",
-)
+@web_options("127.0.0.1:8000", "--listen")
 @click.option(
     "--speed",
     type=click.FloatRange(min=0, min_open=True),
@@ -893,7 +886,7 @@ def _scenario(name: str):
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
 def sim(
     scenario: str,
-    listen: str,
+    web: WebFlags,
     speed: float,
     clock: str,
     record_path: str | None,
@@ -938,20 +931,12 @@ def sim(
             err=True,
         )
         return
-    from aiohttp import web
-
     from kvoffload.sim.server import make_app as make_sim_app
 
-    host, port = _listen(listen)
-    click.echo(
-        f"simulated vLLM ({chosen.name}, {speed:g}x): http://{host}:{port}/metrics", err=True
-    )
+    log = logging.getLogger("kvoffload.sim")
     if kv_events is not None:
-        click.echo(
-            f"KV events: {kv_events}"
-            + (f" (replay {kv_events_replay})" if kv_events_replay else ""),
-            err=True,
-        )
+        replay = f" (replay {kv_events_replay})" if kv_events_replay else ""
+        log.info("KV events: %s%s", kv_events, replay)
     # A server runs until stopped: the workload continues period after period (no counter
     # reset, memory capped) so a sidecar or Prometheus next to it never sees it go idle.
     wall = SimServer.wall_clock(speed) if clock == "wall" else {}
@@ -960,8 +945,9 @@ def sim(
         speed=speed,
         kv_events_endpoint=kv_events,
         kv_events_replay=kv_events_replay,
+        metrics_path=web.telemetry_path,
     )
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    run_app(app, web, lambda url: log.info("simulated vLLM (%s, %gx): %s", chosen.name, speed, url))
 
 
 @cli.command()
@@ -979,8 +965,7 @@ def sim(
     default=None,
     help="Stop after this long (default: until Ctrl-C).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=None, help="Sidecar port (default: a free one).")
+@web_options("127.0.0.1:0")
 @click.option(
     "--every",
     callback=_duration,
@@ -998,17 +983,32 @@ def demo(
     scenario: str,
     speed: float,
     duration: float | None,
-    host: str,
-    port: int | None,
+    web: WebFlags,
     every: float,
     kv_events: bool,
 ) -> None:
-    """The simulator and the sidecar together, with a live summary (the quick start)."""
+    """The simulator and the sidecar together, with a live summary (the quick start); the
+    sidecar at --web.listen-address (port 0: a free one), the simulator on a free port."""
     from kvoffload.demo import run_demo
+    from kvoffload.sidecar.webconfig import WebSecurity
 
     _scenario(scenario)
+    security = WebSecurity(web.config_file)
     try:
-        asyncio.run(run_demo(scenario, speed, duration, host, port, every, click.echo, kv_events))
+        asyncio.run(
+            run_demo(
+                scenario,
+                speed,
+                duration,
+                web.host,
+                web.port,
+                every,
+                click.echo,
+                kv_events,
+                metrics_path=web.telemetry_path,
+                security=security,
+            )
+        )
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
 

@@ -12,9 +12,11 @@ from aiohttp import web
 
 from kvoffload.analysis.analyze import Settings
 from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.conventions import listen_socket, url
 from kvoffload.report import format_value
 from kvoffload.sidecar.http import make_app as make_sidecar_app
 from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
+from kvoffload.sidecar.webconfig import WebSecurity
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,13 +58,17 @@ async def run_demo(
     every: float,
     echo: Callable[[str], None],
     kv_events: bool = True,
+    metrics_path: str = "/metrics",
+    security: WebSecurity | None = None,
 ) -> None:
     from kvoffload.sim import SimServer, scenarios
     from kvoffload.sim.server import make_app as make_sim_app
 
     scenario = scenarios.get(scenario_name)
+    security = security or WebSecurity(None)
+    # Bound first: an address in use ends the demo (one line) before anything starts.
+    side_sock = listen_socket(listen_host, sidecar_port or 0)
     sim_port = free_port(listen_host)
-    side_port = sidecar_port or free_port(listen_host)
     events_endpoint = f"tcp://{listen_host}:{free_port(listen_host)}" if kv_events else None
     # The workload goes on past the scenario's length for as long as the demo runs, so the
     # figures keep moving instead of going flat (memory stays bounded: SimServer endless).
@@ -90,18 +96,17 @@ async def run_demo(
             kv_events=sources,
         )
     )
-    side_runner = web.AppRunner(make_sidecar_app(sidecar), access_log=None)
+    side_app = security.install(make_sidecar_app(sidecar, metrics_path=metrics_path))
+    side_runner = web.AppRunner(side_app, access_log=None)
     await side_runner.setup()
-    await web.TCPSite(side_runner, listen_host, side_port).start()
+    await web.SockSite(side_runner, side_sock, ssl_context=security.ssl_context()).start()
     echo(
         f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}"
         + (f", KV events {events_endpoint}" if events_endpoint else "")
     )
-    echo(f"sidecar:   http://{listen_host}:{side_port}/  (status page)")
-    echo(
-        f"           http://{listen_host}:{side_port}/metrics  "
-        f"http://{listen_host}:{side_port}/api/v1/status"
-    )
+    base = url(security.scheme, side_sock, "")
+    echo(f"sidecar:   {base}/  (status page)")
+    echo(f"           {base}{metrics_path}  {base}/api/v1/status")
     echo("Ctrl-C to stop.")
     started = time.monotonic()
     try:

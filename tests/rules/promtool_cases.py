@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEST_FILE = ROOT / "alerts" / "tests" / "kvoffload-alerts.test.yaml"
 
 INSTANCE = "vllm-0:8000"
-SIDECAR = "vllm-0:9400"
+SIDECAR = "vllm-0:19400"
 MODEL = "qwen3-8b"
 MINUTES = 180  # 3 h of samples at 1 m: long enough for the 1 h windows and 1 h `for:`
 EVAL = "150m"

@@ -16,6 +16,8 @@ Counters cannot show reuse distances; the decisions lean on what they do show:
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -422,19 +424,50 @@ def _memory_check(
         )
 
 
-def read_cgroup_memory_limit(path: str = "/sys/fs/cgroup/memory.max") -> float | None:
-    """The container's memory limit (cgroup v2), or None when unlimited or unreadable."""
+# Kubelet's pod cgroup: `pod<uid>` (cgroupfs driver) or `kubepods-<qos>-pod<uid>.slice` (systemd
+# driver, the uid's dashes as underscores).
+_POD_CGROUP = re.compile(r"pod[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_]")
+
+
+def _memory_max(directory: str) -> float | None:
     try:
-        with open(path) as fh:
+        with open(os.path.join(directory, "memory.max")) as fh:
             raw = fh.read().strip()
     except OSError:
         return None
-    if raw == "max":
-        return None
     try:
-        return float(raw)
+        return None if raw == "max" else float(raw)
     except ValueError:
         return None
+
+
+def read_cgroup_memory_limit(
+    root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup"
+) -> float | None:
+    """vLLM's memory limit as the sidecar's cgroups (v2) show it, or None.
+
+    The sidecar's own limit is not vLLM's (256 MiB in the example pod), so it is never the
+    answer. Where the pod's cgroup is visible (the parent of the sidecar's own, with no cgroup
+    namespace), its `memory.max` is the sum of its containers' limits: less the sidecar's own
+    it is the vLLM container's, exactly in a pod of the two. In a cgroup namespace (the default
+    for containers on cgroup v2) the sidecar sees only its own cgroup: None, and the manifests
+    give `--memory-limit` (KVOFFLOAD_MEMORY_LIMIT from the Downward API) instead."""
+    try:
+        with open(self_cgroup) as fh:
+            own = next((line.strip()[3:] for line in fh if line.startswith("0::")), "")
+    except OSError:
+        return None
+    if own.strip("/") == "":
+        return None
+    own_dir = os.path.join(root, own.lstrip("/"))
+    pod_dir = os.path.dirname(own_dir)
+    if not _POD_CGROUP.search(os.path.basename(pod_dir)):
+        return None
+    pod = _memory_max(pod_dir)
+    if pod is None:
+        return None
+    mine = _memory_max(own_dir)
+    return pod - mine if mine is not None and mine < pod else pod
 
 
 def _ms(seconds: float) -> str:

@@ -23,11 +23,15 @@ def _page() -> bytes:
     return importlib.resources.files("kvoffload.sidecar").joinpath("web/index.html").read_bytes()
 
 
-def make_app(sidecar: Service, manage_lifecycle: bool = True) -> web.Application:
+def make_app(
+    sidecar: Service, manage_lifecycle: bool = True, metrics_path: str = "/metrics"
+) -> web.Application:
+    """The sidecar's routes, its metrics at `metrics_path` (--web.telemetry-path)."""
     app = web.Application()
     app[SIDECAR_KEY] = sidecar
     registry = build_registry(sidecar)
-    page = _page()
+    # The page links the metrics relative to itself (a proxy may mount it under a prefix).
+    page = _page().replace(b'href="metrics"', f'href="{metrics_path[1:]}"'.encode())
 
     async def metrics(request: web.Request) -> web.Response:
         accept = request.headers.get("Accept", "")
@@ -56,7 +60,7 @@ def make_app(sidecar: Service, manage_lifecycle: bool = True) -> web.Application
         return web.Response(status=503, text="no successful scrape yet\n")
 
     app.router.add_get("/", index)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get(metrics_path, metrics)
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -374,6 +375,11 @@ def _le(value: float) -> str:
 def build_registry(sidecar: Service) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(sidecar))
+    # The self-metrics every exporter has (process_*: CPU, memory, open fds, start time;
+    # python_*: version, GC), so the sidecar's own cost shows next to its figures.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry
 
 

@@ -75,6 +75,18 @@ def metrics_markdown() -> str:
         "|---|---|---|",
     ]
     lines += _table(FLEET_METRICS)
+    lines += [
+        "",
+        "## The sidecar itself",
+        "",
+        "Like every exporter, its own cost and runtime (prometheus_client's collectors): "
+        "`process_cpu_seconds_total`, `process_resident_memory_bytes`, "
+        "`process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, "
+        "`process_start_time_seconds` (Linux), `python_info{implementation,major,minor,"
+        "patchlevel,version}` and `python_gc_objects_collected_total`, "
+        "`python_gc_objects_uncollectable_total`, `python_gc_collections_total` "
+        "(`{generation}`).",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -53,6 +53,7 @@ def make_app(
     kv_events_replay: str | None = None,
     kv_events_topic: str = "",
     clock: Callable[[], float] = time.monotonic,
+    metrics_path: str = "/metrics",
 ) -> web.Application:
     """The HTTP app; with `kv_events_endpoint` (e.g. `tcp://127.0.0.1:5557`, bound; see
     kv_events.should_bind) it turns the simulator's KV events on and publishes them, with an
@@ -154,7 +155,7 @@ def make_app(
                 pub.close()
             publishers.clear()
 
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get(metrics_path, metrics)
     app.router.add_get("/ground-truth", ground_truth)
     app.cleanup_ctx.append(start_ticker)
     return app

@@ -1,0 +1,333 @@
+"""`--web.config.file`: TLS and basic auth in the format of Prometheus' exporter-toolkit
+(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md), so one
+file serves every exporter of a node.
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to this file
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+      min_version: TLS12
+    http_server_config:
+      headers: {Strict-Transport-Security: max-age=31536000}
+    basic_auth_users:
+      prometheus: $2b$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
+
+Like exporter-toolkit, the files are re-read when they change (a renewed certificate, a new
+password) without a restart: checked at each TLS handshake and each request. A change that does
+not load (a half-written key) is logged and the last good configuration stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bcrypt
+import yaml
+from aiohttp import web
+
+from kvoffload.errors import InputError
+
+log = logging.getLogger(__name__)
+
+_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+# Python's TLS verifies every client certificate it asks for: it cannot take one unverified,
+# which exporter-toolkit's RequestClientCert and RequireAnyClientCert do.
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_UNSUPPORTED_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+# exporter-toolkit's keys that name Go's own cipher and curve identifiers, or inline PEM.
+_UNSUPPORTED_TLS = ("cipher_suites", "curve_preferences", "client_allowed_sans", "cert", "key")
+_TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+    *_UNSUPPORTED_TLS,
+}
+# The response headers exporter-toolkit lets a web config set.
+_HEADERS = {
+    "Content-Security-Policy",
+    "X-Frame-Options",
+    "X-Content-Type-Options",
+    "X-XSS-Protection",
+    "Strict-Transport-Security",
+}
+# Kubelet probes carry no credentials and these say only "alive"/"ready": left open so a pod
+# with basic auth keeps its probes (a client certificate is asked at the handshake, for all).
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# A user that does not exist costs a bcrypt check all the same (no timing oracle of names).
+_DUMMY_HASH = b"$2b$10$03NEP5N9GSBbfSK5lK9GluiYD0TBeQxr5tdhLnF9d9hySB2lhP0Rq"
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+    client_auth: ssl.VerifyMode = ssl.CERT_NONE
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    max_version: ssl.TLSVersion | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        return self.cert_file is not None
+
+    def files(self) -> tuple[str, ...]:
+        return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
+
+
+def _mapping(path: str, where: str, value: object, known: set[str] | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: {where} must be a mapping")
+    unknown = sorted(str(k) for k in value if known is not None and k not in known)
+    if unknown:
+        raise InputError(f"{path}: unknown field(s) in {where}: {', '.join(unknown)}")
+    return value
+
+
+def _version(path: str, key: str, value: object) -> ssl.TLSVersion:
+    if value not in _VERSIONS:
+        raise InputError(f"{path}: tls_server_config.{key} {value!r}: use one of {list(_VERSIONS)}")
+    return _VERSIONS[str(value)]
+
+
+def parse_web_config(path: str) -> WebConfig:
+    """The configuration in `path`; InputError (one line) for anything exporter-toolkit
+    would refuse or kvoffload cannot do."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise InputError(f"--web.config.file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    top = _mapping(
+        path, "the file", data, {"tls_server_config", "http_server_config", "basic_auth_users"}
+    )
+    base = os.path.dirname(os.path.abspath(path))
+
+    def local(value: object, key: str) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise InputError(f"{path}: tls_server_config.{key} must be a file name")
+        return os.path.join(base, value)
+
+    tls = _mapping(path, "tls_server_config", top.get("tls_server_config"), _TLS_KEYS)
+    unsupported = [k for k in _UNSUPPORTED_TLS if k in tls]
+    if unsupported:
+        raise InputError(
+            f"{path}: tls_server_config.{unsupported[0]} is not supported by kvoffload "
+            "(Python's TLS: give cert_file/key_file, OpenSSL's default ciphers and curves)"
+        )
+    cert, key = local(tls.get("cert_file"), "cert_file"), local(tls.get("key_file"), "key_file")
+    ca = local(tls.get("client_ca_file"), "client_ca_file")
+    if tls and (cert is None or key is None):
+        raise InputError(f"{path}: tls_server_config needs both cert_file and key_file")
+    auth_type = tls.get("client_auth_type") or "NoClientCert"
+    if auth_type in _UNSUPPORTED_AUTH:
+        raise InputError(
+            f"{path}: client_auth_type {auth_type} is not supported (Python's TLS verifies "
+            "every client certificate): use VerifyClientCertIfGiven or RequireAndVerifyClientCert"
+        )
+    if auth_type not in _CLIENT_AUTH:
+        raise InputError(f"{path}: client_auth_type {auth_type!r}: use one of {list(_CLIENT_AUTH)}")
+    client_auth = _CLIENT_AUTH[auth_type]
+    if ca is not None and client_auth == ssl.CERT_NONE:
+        raise InputError(f"{path}: client_ca_file is set but client_auth_type is NoClientCert")
+    if ca is None and client_auth != ssl.CERT_NONE:
+        raise InputError(f"{path}: client_auth_type {auth_type} needs client_ca_file")
+    http = _mapping(path, "http_server_config", top.get("http_server_config"), {"http2", "headers"})
+    headers = {
+        str(k): str(v) for k, v in _mapping(path, "headers", http.get("headers"), None).items()
+    }
+    refused = sorted(set(headers) - _HEADERS)
+    if refused:
+        raise InputError(
+            f"{path}: header {refused[0]} cannot be set (allowed: {', '.join(sorted(_HEADERS))})"
+        )
+    users: dict[str, bytes] = {}
+    for user, hashed in _mapping(
+        path, "basic_auth_users", top.get("basic_auth_users"), None
+    ).items():
+        raw = str(hashed).encode()
+        if not raw.startswith((b"$2a$", b"$2b$", b"$2y$")) or len(raw) != 60:
+            raise InputError(f"{path}: basic_auth_users.{user} is not a bcrypt hash")
+        users[str(user)] = raw
+    return WebConfig(
+        cert,
+        key,
+        ca,
+        client_auth,
+        _version(path, "min_version", tls.get("min_version", "TLS12")),
+        _version(path, "max_version", tls["max_version"]) if "max_version" in tls else None,
+        users,
+        headers,
+    )
+
+
+def tls_context(config: WebConfig) -> ssl.SSLContext:
+    assert config.cert_file is not None and config.key_file is not None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = config.min_version
+    if config.max_version is not None:
+        ctx.maximum_version = config.max_version
+    try:
+        ctx.load_cert_chain(config.cert_file, config.key_file)
+    except OSError as exc:
+        raise InputError(
+            f"TLS certificate {config.cert_file} / key {config.key_file}: "
+            f"{exc.strerror or getattr(exc, 'reason', None) or exc}"
+        ) from None
+    if config.client_ca_file is not None:
+        try:
+            ctx.load_verify_locations(config.client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise InputError(
+                f"client_ca_file {config.client_ca_file}: "
+                f"{exc.strerror or getattr(exc, 'reason', None) or exc}"
+            ) from None
+    ctx.verify_mode = config.client_auth
+    return ctx
+
+
+def _stamp(paths: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
+    out: list[tuple[int, int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)  # follows links: a Kubernetes secret volume swaps ..data
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+class WebSecurity:
+    """The web configuration in force for one server: its TLS context and a middleware for
+    basic auth and headers, both following changes to the files."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.config = parse_web_config(path) if path else WebConfig()
+        self._context = tls_context(self.config) if self.config.tls else None
+        self._stamp = self._files_stamp()
+        self._verified: set[bytes] = set()  # digests of credentials bcrypt accepted
+
+    def _files_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
+        return _stamp(((self.path,) if self.path else ()) + self.config.files())
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._context is not None else "http"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's context: each handshake first re-reads what changed, then runs on
+        the newest context that loaded (a swap OpenSSL allows in the ClientHello callback)."""
+        if self._context is None:
+            return None
+        self._context.sni_callback = self._on_hello
+        return self._context
+
+    def _on_hello(self, conn: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+        self.refresh()
+        if self._context is not None and conn.context is not self._context:
+            conn.context = self._context
+
+    def refresh(self) -> None:
+        if self.path is None:
+            return
+        stamp = self._files_stamp()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            config = parse_web_config(self.path)
+            context = tls_context(config) if config.tls else None
+        except InputError as exc:
+            log.error("web config not reloaded, the last good one stays: %s", exc)
+            return
+        if (context is None) != (self._context is None):
+            log.error("web config not reloaded: turning TLS on or off needs a restart")
+            return
+        self.config, self._context = config, context
+        self._stamp = self._files_stamp()  # the new config may name other files
+        self._verified.clear()
+        log.info("web config %s reloaded", self.path)
+
+    async def _authorized(self, header: str | None) -> bool:
+        users = self.config.users
+        scheme, _, encoded = (header or "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = users.get(user, _DUMMY_HASH)
+        digest = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
+        if digest in self._verified:
+            return True
+        try:
+            # bcrypt is slow on purpose (~50 ms at cost 10): off the event loop, once per
+            # credential (Prometheus sends the same one every scrape).
+            ok = await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed)
+        except ValueError:  # longer than bcrypt's 72 bytes
+            ok = False
+        if ok and sep and user in users:
+            if len(self._verified) > 1000:
+                self._verified.clear()
+            self._verified.add(digest)
+            return True
+        return False
+
+    @web.middleware
+    async def middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        self.refresh()
+        config = self.config
+        response: web.StreamResponse
+        if (
+            config.users
+            and request.path not in OPEN_PATHS
+            and not await self._authorized(request.headers.get("Authorization"))
+        ):
+            response = web.Response(
+                status=401,
+                text="Unauthorized\n",
+                headers={"WWW-Authenticate": 'Basic realm="kvoffload"'},
+            )
+        else:
+            response = await handler(request)
+        response.headers.update(config.headers)
+        return response
+
+    def install(self, app: web.Application) -> web.Application:
+        app.middlewares.append(self.middleware)
+        return app

@@ -1,0 +1,268 @@
+"""--web.config.file (exporter-toolkit's format) for real: `kvoffload serve`, `sim` and `demo`
+behind TLS from a CA made with openssl, basic auth with bcrypt hashes, a client certificate
+required, a renewed certificate and a new password taken without a restart, and every
+configuration it cannot honour refused in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+import yaml
+
+from kvoffload.errors import InputError
+from kvoffload.sidecar.webconfig import WebSecurity
+
+from helpers import free_port, tls_ca, tls_cert
+
+KVO = [sys.executable, "-m", "kvoffload"]
+DEAD_TARGET = "http://127.0.0.1:9/metrics"  # the sidecar serves its own /metrics regardless
+NAMES = {"cert_file": "tls.crt", "key_file": "tls.key"}  # checked before they are read
+
+
+def _hash(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("pki")
+    ca = tls_ca(work)
+    other_ca = tls_ca(work, "other-ca")
+    out = {"ca": ca[0], "other_ca": other_ca[0]}
+    for name, signer, cn, client in (
+        ("a", ca, "127.0.0.1", False),
+        ("b", ca, "renewed", False),
+        ("client", ca, "prometheus", True),
+        ("stranger", other_ca, "prometheus", True),
+    ):
+        out[f"{name}_cert"], out[f"{name}_key"] = tls_cert(work, signer, name, cn, client)
+    return out
+
+
+def _config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@contextlib.contextmanager
+def running(*args: str) -> Iterator[int]:
+    """`kvoffload ARGS --web.listen-address 127.0.0.1:PORT` until the block ends."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*KVO, *args, "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for_port(port, proc)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _peer_cn(port: int, ca: Path) -> str:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), 5) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        subject = dict(x[0] for x in tls.getpeercert()["subject"])
+    return str(subject["commonName"])
+
+
+def test_tls_and_basic_auth_on_serve(pki: dict[str, Path], tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path / "web.yml",
+        {
+            "tls_server_config": {"cert_file": str(pki["a_cert"]), "key_file": str(pki["a_key"])},
+            "http_server_config": {"headers": {"X-Frame-Options": "deny"}},
+            "basic_auth_users": {"prometheus": _hash("s3cret")},
+        },
+    )
+    with running("serve", "--target", DEAD_TARGET, "--web.config.file", str(cfg)) as port:
+        url = f"https://127.0.0.1:{port}/metrics"
+        anonymous = requests.get(url, verify=pki["ca"], timeout=10)
+        assert anonymous.status_code == 401
+        assert anonymous.headers["WWW-Authenticate"].startswith("Basic")
+        assert anonymous.headers["X-Frame-Options"] == "deny"
+        for user, password in (("prometheus", "wrong"), ("nobody", "s3cret"), ("prometheus", "")):
+            r = requests.get(url, auth=(user, password), verify=pki["ca"], timeout=10)
+            assert r.status_code == 401, (user, password)
+        ok = requests.get(url, auth=("prometheus", "s3cret"), verify=pki["ca"], timeout=10)
+        assert ok.status_code == 200
+        assert "kvoffload_up{" in ok.text and "process_cpu_seconds_total" in ok.text
+        # Probes carry no credentials and learn nothing: open.
+        health = requests.get(f"https://127.0.0.1:{port}/healthz", verify=pki["ca"], timeout=10)
+        assert health.status_code == 200
+        with pytest.raises(requests.exceptions.SSLError):  # a CA that did not sign it
+            requests.get(url, verify=pki["other_ca"], timeout=10)
+        with pytest.raises(requests.exceptions.ConnectionError):  # plain HTTP to a TLS port
+            requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+
+
+def test_client_certificate_required(pki: dict[str, Path], tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path / "web.yml",
+        {
+            "tls_server_config": {
+                "cert_file": str(pki["a_cert"]),
+                "key_file": str(pki["a_key"]),
+                "client_auth_type": "RequireAndVerifyClientCert",
+                "client_ca_file": str(pki["ca"]),
+            }
+        },
+    )
+    with running("serve", "--target", DEAD_TARGET, "--web.config.file", str(cfg)) as port:
+        url = f"https://127.0.0.1:{port}/metrics"
+        for cert in (None, (str(pki["stranger_cert"]), str(pki["stranger_key"]))):
+            with pytest.raises(requests.exceptions.RequestException):
+                requests.get(url, cert=cert, verify=pki["ca"], timeout=10)
+        r = requests.get(
+            url,
+            cert=(str(pki["client_cert"]), str(pki["client_key"])),
+            verify=pki["ca"],
+            timeout=10,
+        )
+        assert r.status_code == 200 and "kvoffload_up{" in r.text
+
+
+def test_renewed_certificate_and_new_password_without_restart(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """Like a cert-manager renewal: the files change under the running server; the next
+    connection gets the new certificate. A key that does not load keeps the last good one."""
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(pki["a_cert"].read_bytes())
+    key.write_bytes(pki["a_key"].read_bytes())
+    web = {
+        "tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"},  # relative
+        "basic_auth_users": {"prometheus": _hash("old")},
+    }
+    cfg = _config(tmp_path / "web.yml", web)
+    with running("serve", "--target", DEAD_TARGET, "--web.config.file", str(cfg)) as port:
+        url = f"https://127.0.0.1:{port}/metrics"
+        assert _peer_cn(port, pki["ca"]) == "127.0.0.1"
+        for src, dst in ((pki["b_cert"], cert), (pki["b_key"], key)):
+            (tmp_path / "new").write_bytes(src.read_bytes())
+            os.replace(tmp_path / "new", dst)
+        assert _peer_cn(port, pki["ca"]) == "renewed"
+        key.write_text("not a key\n")
+        assert _peer_cn(port, pki["ca"]) == "renewed"  # the last good one stays
+        key.write_bytes(pki["b_key"].read_bytes())
+        web["basic_auth_users"] = {"prometheus": _hash("new")}
+        _config(cfg, web)
+        assert requests.get(url, auth=("prometheus", "old"), verify=pki["ca"]).status_code == 401
+        assert requests.get(url, auth=("prometheus", "new"), verify=pki["ca"]).status_code == 200
+
+
+def test_sim_takes_the_same_flags(pki: dict[str, Path], tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "web.yml", {"basic_auth_users": {"scraper": _hash("pw")}})
+    args = ("sim", "--web.config.file", str(cfg), "--web.telemetry-path", "/vllm")
+    with running(*args) as port:
+        url = f"http://127.0.0.1:{port}/vllm"
+        assert requests.get(url, timeout=10).status_code == 401
+        r = requests.get(url, auth=("scraper", "pw"), timeout=10)
+        assert r.status_code == 200 and "vllm:" in r.text
+        assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code in (
+            401,
+            404,
+        )
+
+
+def test_demo_serves_its_sidecar_over_tls(pki: dict[str, Path], tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path / "web.yml",
+        {"tls_server_config": {"cert_file": str(pki["a_cert"]), "key_file": str(pki["a_key"])}},
+    )
+    proc = subprocess.Popen(
+        [*KVO, "demo", "--duration", "60s", "--no-kv-events", "--web.config.file", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = next(ln for ln in proc.stdout if ln.startswith("sidecar:"))
+        match = re.search(r"https://127\.0\.0\.1:(\d+)/", line)
+        assert match, line
+        r = requests.get(f"{match.group(0)}metrics", verify=pki["ca"], timeout=10)
+        assert r.status_code == 200 and "kvoffload_up{" in r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _refused(args: tuple[str, ...], cfg: Path) -> str:
+    r = subprocess.run(
+        [*KVO, *args, "--web.config.file", str(cfg), "--web.listen-address", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, (args, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    return r.stderr
+
+
+@pytest.mark.parametrize(
+    ("web", "says"),
+    [
+        ({"tls_server_config": {"cert_file": "a.pem"}}, "needs both cert_file and key_file"),
+        ({"tls_server_config": {"cert_file": "x.pem", "key_file": "x.key"}}, "No such file"),
+        ({"basic_auth_users": {"u": "plaintext"}}, "basic_auth_users.u is not a bcrypt hash"),
+        ({"basic_auth_user": {}}, "unknown field(s) in the file: basic_auth_user"),
+        ({"tls_server_config": {"cipher_suites": ["x"]}}, "cipher_suites is not supported"),
+        ({"http_server_config": {"headers": {"Server": "x"}}}, "header Server cannot be set"),
+        ({"tls_server_config": {**NAMES, "min_version": "TLS14"}}, "min_version 'TLS14'"),
+        (
+            {"tls_server_config": {**NAMES, "client_auth_type": "RequireAnyClientCert"}},
+            "not supported",
+        ),
+        (
+            {"tls_server_config": {**NAMES, "client_ca_file": "ca.pem"}},
+            "client_auth_type is NoClientCert",
+        ),
+        (
+            {"tls_server_config": {**NAMES, "client_auth_type": "VerifyClientCertIfGiven"}},
+            "needs client_ca",
+        ),
+        (None, "No such file or directory"),
+    ],
+)
+def test_a_config_it_cannot_honour_is_refused(tmp_path: Path, web: dict | None, says: str) -> None:
+    cfg = tmp_path / "web.yml"
+    if web is not None:
+        _config(cfg, web)
+    with pytest.raises(InputError, match=re.escape(says)):
+        WebSecurity(str(cfg))
+
+
+def test_serve_sim_and_demo_refuse_it_in_one_line(tmp_path: Path) -> None:
+    cfg = _config(tmp_path / "web.yml", {"basic_auth_users": {"u": "plaintext"}})
+    for args in (("serve", "--target", DEAD_TARGET), ("sim",), ("demo",)):
+        assert "not a bcrypt hash" in _refused(args, cfg)
