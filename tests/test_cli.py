@@ -272,7 +272,14 @@ def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_p
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
-            time.sleep(3)
+            # Signalled once scrapes are landing (its SIGTERM handler is in place by then:
+            # a loaded machine can take seconds to start Python).
+            deadline = time.time() + 30
+            while time.time() < deadline and (
+                not journal.exists() or journal.read_text().count("# TYPE") < 2
+            ):
+                time.sleep(0.1)
+            time.sleep(1)
             rec.send_signal(sig)
             rec.wait(timeout=20)
             assert out.exists() == (sig == signal.SIGTERM)

@@ -37,7 +37,8 @@ from kvoffload.ingest.recording import read_recording
 from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.links import docs_epilog
 from kvoffload.overrides import parse_number, split_pair
-from kvoffload.promoptions import Progress, make_api, prometheus_options, time_range
+from kvoffload.progress import FileReadProgress, Progress, format_seconds
+from kvoffload.promoptions import ReadProgress, make_api, prometheus_options, time_range
 from kvoffload.report import render_report
 from kvoffload.sidecar.service import Service, target_name
 from kvoffload.units import parse_duration, parse_size
@@ -522,24 +523,50 @@ def record(
     if kv_events:
         events_fh, events_writer = open_writer(events_output or output + ".kvev")
     failures = 0
-    # SIGTERM (a pod or a driver stopping it) closes the recording like Ctrl-C does.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        failures = asyncio.run(
+    # On a terminal: scrapes written and failed as it goes (the final line is below).
+    progress = Progress(every=0.5)
+    failed = [0]
+
+    def warn(msg: str) -> None:
+        failed[0] += 1  # record_targets warns once per failed scrape
+        show()
+        progress.note(f"kvoffload: warning: {msg}")
+
+    def show() -> None:
+        progress.update(
+            f"recording {len(pairs)} target(s) every {interval:g} s: {recording.scrapes:,} "
+            f"scrapes written, {failed[0]:,} failed, {format_seconds(progress.elapsed)} of "
+            f"{format_seconds(duration)}"
+        )
+
+    async def run() -> int:
+        task = asyncio.ensure_future(
             record_targets(
                 pairs,
                 interval,
                 duration,
                 recording,
                 scrape_timeout,
-                lambda msg: click.echo(f"kvoffload: warning: {msg}", err=True),
+                warn,
                 (kv_events, kv_events_replay, kv_events_dp) if kv_events else None,
                 events_writer,
             )
         )
+        while not task.done():
+            show()
+            await asyncio.wait({task}, timeout=progress.every)
+        return task.result()
+
+    # SIGTERM (a pod or a driver stopping it) closes the recording like Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        failures = asyncio.run(run())
     except KeyboardInterrupt:
+        failures = failed[0]
+        progress.clear()
         click.echo("kvoffload: interrupted; closing the recording", err=True)
     finally:
+        progress.clear()
         if events_fh is not None:
             events_fh.close()
         try:
@@ -648,7 +675,7 @@ def analyze(
         if events_file is not None:
             raise InputError("--events goes with a recording of one target, not --prometheus")
         first, last = time_range(range_seconds, start, end)
-        progress = Progress()
+        progress = ReadProgress()
         reader = FleetReader(
             make_api(prometheus_url, prometheus_timeout, **auth), first, last, selector, step
         )
@@ -664,12 +691,15 @@ def analyze(
         )
         lifetime = False
     else:
-        expositions = (
-            read_recording(file, wanted, WANTED_FAMILIES)
-            if file is not None
-            else _sample_live(source, duration, interval)
-        )
-        win, scrapes, lifetime = window_from_expositions(expositions, window)
+        if file is not None:
+            # Bytes of the file read so far, seen from its descriptor (the reader needs no
+            # hook); on a terminal after a second, elsewhere one line for a long read.
+            with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
+                expositions = reading.count(read_recording(file, wanted, WANTED_FAMILIES))
+                win, scrapes, lifetime = window_from_expositions(expositions, window)
+        else:
+            expositions = _sample_live(source, duration, interval)
+            win, scrapes, lifetime = window_from_expositions(expositions, window)
         events = None
         if events_file is not None:
             from kvoffload.kvevents.replay import load_event_file

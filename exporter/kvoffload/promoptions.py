@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ import click
 from kvoffload.errors import InputError
 from kvoffload.ingest.promapi import PromAuth, PrometheusAPI
 from kvoffload.ingest.promsource import ReadStats
+from kvoffload.progress import Progress
 from kvoffload.units import parse_duration
 
 
@@ -175,29 +175,14 @@ def make_api(
     return PrometheusAPI(url, auth, timeout, gzip=prometheus_gzip)
 
 
-class Progress:
-    """One line on stderr, rewritten in place on a terminal; elsewhere only the last one."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.started = time.monotonic()
-        self._last = 0.0
-        self._line = ""
+class ReadProgress(Progress):
+    """`analyze --prometheus`: instances read, points and questions, as the read goes; the
+    last line is written off a terminal too."""
 
     def __call__(self, stats: ReadStats) -> None:
-        elapsed = time.monotonic() - self.started
-        self._line = (
+        self.update(
             f"read {stats.done:,}/{stats.instances:,} instances, {stats.points:,} points in "
-            f"{stats.questions:,} questions, {elapsed:.1f} s"
-            + (f", {len(stats.errors)} failed" if stats.errors else "")
+            f"{stats.questions:,} questions, {self.elapsed:.1f} s"
+            + (f", {len(stats.errors)} failed" if stats.errors else ""),
+            force=stats.done == stats.instances,
         )
-        if self.tty and (elapsed - self._last > 0.2 or stats.done == stats.instances):
-            self._last = elapsed
-            sys.stderr.write("\r" + self._line)
-            sys.stderr.flush()
-
-    def finish(self) -> None:
-        if not self._line:
-            return
-        sys.stderr.write(("\r" if self.tty else "") + self._line + "\n")
-        sys.stderr.flush()
