@@ -13,6 +13,7 @@ from prometheus_client.openmetrics.exposition import (
 )
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from kvoffload.sidecar.history import add_history
 from kvoffload.sidecar.metrics import build_registry
 from kvoffload.sidecar.service import Service
 
@@ -73,6 +74,7 @@ def make_app(
             await sidecar.stop()
 
         app.cleanup_ctx.append(lifecycle)
+    add_history(app, sidecar)  # GET /api/v1/history: the page's trends
     return app
 
 
