@@ -223,3 +223,44 @@ def test_a_recording_read_in_parallel_parts_gives_the_same(
 
 def _takes_span(path: Path, span: tuple[int, int]) -> int:
     return sum(1 for _ in journal_extracts(str(path), span=span))
+
+
+def _strict(journal: Path, tmp_path: Path) -> Path:
+    from kvoffload.ingest.recording import finalize_journal
+
+    out = tmp_path / (journal.stem + ".strict.om")
+    finalize_journal(str(journal), str(out))
+    return out
+
+
+@pytest.mark.parametrize("name", ["restart", "legacy-0.23", "two-models", "dp2"])
+def test_strict_recordings_read_the_same(
+    sim_recordings: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """The strict layout `record` leaves (families once, series contiguous) read by columns
+    (ingest.faststrict) gives the general reader's JSON, bit for bit."""
+    from kvoffload.ingest.faststrict import strict_extracts
+
+    path = _strict(sim_recordings[name], tmp_path)
+    assert sum(1 for _ in strict_extracts(str(path))) == 121
+    assert _fast(path) == _general(path)
+
+
+def test_strict_real_capture_and_two_targets(tmp_path: Path) -> None:
+    from kvoffload.ingest.faststrict import strict_extracts
+
+    one = tmp_path / "h200.journal"
+    one.write_text(recording_text(h200_scrapes("8b-offload"), instance="h200:8000"))
+    buf = io.StringIO()
+    writer = RecordingWriter(buf, job="vllm")
+    offload, plain = h200_scrapes("8b-offload"), h200_scrapes("8b-nooffload")
+    for k, ((_t1, body1), (_t2, body2)) in enumerate(zip(offload, plain, strict=False)):
+        writer.write_scrape(body1, 1.8e9 + 15 * k, instance="a:8000")
+        writer.write_scrape(body2, 1.8e9 + 15 * k + 1, instance="b:8000")
+    writer.close()
+    two = tmp_path / "two.journal"
+    two.write_text(buf.getvalue())
+    for journal in (one, two):
+        path = _strict(journal, tmp_path)
+        assert sum(1 for _ in strict_extracts(str(path))) > 2
+        assert _fast(path) == _general(path)

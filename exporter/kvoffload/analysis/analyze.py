@@ -10,7 +10,8 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from copy import deepcopy
+from dataclasses import dataclass, field, replace
 
 from kvoffload.analysis import ttft
 from kvoffload.analysis.advisor import (
@@ -28,7 +29,13 @@ from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
-from kvoffload.ingest.fastjournal import Declined, journal_extracts, journal_parts
+from kvoffload.ingest.fastjournal import (
+    Declined,
+    journal_extracts,
+    journal_parts,
+    scrape_ordered,
+)
+from kvoffload.ingest.faststrict import strict_extracts
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
@@ -79,42 +86,65 @@ def analyze_groups(
     settings = settings or Settings()
     groups: list[GroupAnalysis] = []
     for group in window.groups():
-        if not group[1]:
-            continue  # instance-level series only (cache_config_info); no model to judge
-        entry, ctx = _group_entry(window, group, settings, lifetime)
-        target_events = (events or {}).get(group[0])
-        hit_at: Callable[[float], float] | None = None
-        if (
-            ctx is not None
-            and target_events is not None
-            and target_events.messages()
-            and _events_belong_to(window, group, entry.offloading)
-        ):
-            missed = _missed_tokens(window, group, ctx, event_baselines)
-            hit_at = _add_event_evidence(
-                entry, window.static(group), target_events, missed, settings
-            )
-        if ctx is not None:
-            _add_ttft_verdict(entry, ctx, settings, hit_at)
-        groups.append(entry)
+        entry = analyze_group(window, group, settings, lifetime, events, event_baselines)
+        if entry is not None:
+            groups.append(entry)
     if fleet:
         add_fleet_evidence(groups, settings)
     return groups
 
 
-def add_fleet_evidence(groups: list[GroupAnalysis], settings: Settings) -> None:
+def analyze_group(
+    window: Window,
+    group: GroupKey,
+    settings: Settings,
+    lifetime: bool = False,
+    events: dict[str, TargetEvents] | None = None,
+    event_baselines: dict[GroupKey, dict[str, float]] | None = None,
+) -> GroupAnalysis | None:
+    """One group of `analyze_groups`, without the comparison of replicas: it reads only this
+    group's part of the window and its instance's events (None: an instance-level group)."""
+    if not group[1]:
+        return None  # instance-level series only (cache_config_info); no model to judge
+    entry, ctx = _group_entry(window, group, settings, lifetime)
+    target_events = (events or {}).get(group[0])
+    hit_at: Callable[[float], float] | None = None
+    if (
+        ctx is not None
+        and target_events is not None
+        and target_events.messages()
+        and _events_belong_to(window, group, entry.offloading)
+    ):
+        missed = _missed_tokens(window, group, ctx, event_baselines)
+        hit_at = _add_event_evidence(entry, window.static(group), target_events, missed, settings)
+    if ctx is not None:
+        _add_ttft_verdict(entry, ctx, settings, hit_at)
+    return entry
+
+
+def add_fleet_evidence(
+    groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
+) -> None:
     """Replicas of one model with and without a tier, compared (analysis.fleet): where there
-    are some, their measured difference decides (basis "fleet")."""
+    are some, their measured difference decides (basis "fleet"). copy_changed: the entries are
+    shared (the sidecar keeps each group's analysis until its next scrape), so an entry the
+    fleet changes is replaced in `groups` by a copy, and the shared one stays as analysed."""
     effects = fleet_effects(groups)
-    for entry in groups:
+    for i, entry in enumerate(groups):
         fleet = effects.get(entry.key)
-        if fleet is None or entry.ttft is None:
+        verdict = entry.ttft
+        if fleet is None or verdict is None:
             continue
-        entry.ttft.fleet = fleet.to_json()
+        if copy_changed:
+            verdict = replace(verdict)
+            entry = groups[i] = replace(
+                entry, ttft=verdict, recommendation=deepcopy(entry.recommendation)
+            )
+        verdict.fleet = fleet.to_json()
         entry.recommendation = judge_fleet(
             entry.recommendation,
             entry.offloading,
-            entry.ttft.mean_ttft_seconds,
+            verdict.mean_ttft_seconds,
             fleet,
             settings.thresholds,
         )
@@ -362,11 +392,14 @@ def window_from_expositions(
 def window_from_recording(
     path: str, window_seconds: float | None = None, jobs: int | None = None
 ) -> tuple[Window, int, bool]:
-    """window_from_expositions of a recording file: scrape-ordered recordings through the fast
-    reader (ingest.fastjournal) — with a window, only the scrapes the window keeps; without,
-    a large file in `jobs` parts (default: one per core), one process each, their windows
-    joined (Window.extend) — and anything it declines through the general reader."""
+    """window_from_expositions of a recording file. Scrape-ordered recordings go through the
+    fast journal reader (ingest.fastjournal) — with a window, only the scrapes the window
+    keeps; without, a large file in `jobs` parts (default: one per core), one process each,
+    their windows joined (Window.extend) —, strict ones through the column reader
+    (ingest.faststrict), and anything they decline through the general reader."""
     try:
+        if not scrape_ordered(path):
+            return window_from_extracts(strict_extracts(path), window_seconds)
         if window_seconds is None:
             size = os.path.getsize(path)
             jobs = jobs or os.cpu_count() or 1

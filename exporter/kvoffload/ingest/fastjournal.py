@@ -190,6 +190,23 @@ def _scrape_start(mm: mmap.mmap, since: float, end: int) -> int:
     return _back_over_comments(mm, _first_at_or_after(mm, last[1], end))
 
 
+def scrape_ordered(path: str, probe: int = 64 * 2**20) -> bool:
+    """Whether a recording is scrape by scrape (its first TYPE line comes again: each scrape
+    declares its families) or another layout (declared once: the strict one). Only the first
+    `probe` bytes are looked at; a journal with scrapes larger than that reads as strict, which
+    the strict reader declines (a family declared twice)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(probe)
+    except OSError:
+        raise Declined("cannot read the file") from None
+    start = head.find(b"# TYPE ")
+    if start == -1:
+        raise Declined("no TYPE line")
+    eol = head.find(b"\n", start)
+    return eol != -1 and head.find(b"\n" + head[start : eol + 1], eol) != -1
+
+
 def journal_parts(path: str, parts: int) -> list[tuple[int, int]]:
     """`parts` byte ranges of about equal size that start and end at scrape boundaries (the
     TYPE lines before a scrape's first sample go with it), for reading in parallel; fewer
