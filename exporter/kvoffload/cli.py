@@ -17,7 +17,7 @@ import yaml
 
 from kvoffload import __version__
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
-from kvoffload.analysis.analyze import Settings, window_from_expositions
+from kvoffload.analysis.analyze import Settings, window_from_expositions, window_from_recording
 from kvoffload.analysis.fleetrun import analyze_from_prometheus
 from kvoffload.analysis.fleetsummary import analyze_fleet
 from kvoffload.conventions import (
@@ -33,7 +33,6 @@ from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.promsource import FleetReader, ReadStats
-from kvoffload.ingest.recording import read_recording
 from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.links import docs_epilog
 from kvoffload.overrides import parse_number, split_pair
@@ -692,11 +691,12 @@ def analyze(
         lifetime = False
     else:
         if file is not None:
-            # Bytes of the file read so far, seen from its descriptor (the reader needs no
-            # hook); on a terminal after a second, elsewhere one line for a long read.
+            # Bytes of the file read so far: told by the fast readers, else seen from the
+            # general reader's descriptor; on a terminal after a second, elsewhere one line
+            # for a long read.
             with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
-                expositions = reading.count(read_recording(file, wanted, WANTED_FAMILIES))
-                win, scrapes, lifetime = window_from_expositions(expositions, window)
+                win, scrapes, lifetime = window_from_recording(file, window, report=reading.reached)
+                reading.items = scrapes
         else:
             expositions = _sample_live(source, duration, interval)
             win, scrapes, lifetime = window_from_expositions(expositions, window)

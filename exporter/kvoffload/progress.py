@@ -159,12 +159,18 @@ class FileReadProgress:
             self._ident, self.size = None, 0
         self.items = 0
         self.offset = 0
+        self.told = False  # the reader reports its offset itself (`reached`)
         self.passes = 1
         self._fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- the reader's side ------------------------------------------------------------------
+    def reached(self, offset: int) -> None:
+        """A reader that maps the file says how far it got (its descriptor cannot)."""
+        self.told = True
+        self.offset = offset
+
     def count(self, items: Iterable[T]) -> Iterator[T]:
         """`items` unchanged, counted."""
         for item in items:
@@ -191,14 +197,15 @@ class FileReadProgress:
     # -- what is shown ----------------------------------------------------------------------
     def line(self) -> str:
         parts = [f"reading {self.name}:"]
-        if self._fd is not None and self.size and self.offset:
+        if (self._fd is not None or self.told) and self.size and self.offset:
             done = min(self.offset, self.size)
             again = f", pass {self.passes}" if self.passes > 1 else ""
             parts.append(
                 f"{format_bytes(done)} of {format_bytes(self.size)} "
                 f"({100 * done / self.size:.0f} %{again}),"
             )
-        parts.append(f"{self.items:,} {self.what}, {format_seconds(self.progress.elapsed)}")
+        counted = f"{self.items:,} {self.what}, " if self.items or not self.told else ""
+        parts.append(f"{counted}{format_seconds(self.progress.elapsed)}")
         return " ".join(parts)
 
     def final_line(self) -> str:
@@ -210,7 +217,7 @@ class FileReadProgress:
     # -- the watching thread ----------------------------------------------------------------
     def poll(self) -> None:
         """Look at the descriptor once and update the line."""
-        offset = self._offset()
+        offset = self.offset if self.told else self._offset()
         if offset is not None:
             if offset < self.offset and self.offset >= self.size / 2:
                 self.passes += 1  # it went through and started again from the top

@@ -9,9 +9,10 @@ import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kvoffload.analysis import ttft
 from kvoffload.analysis.advisor import (
@@ -390,23 +391,29 @@ def window_from_expositions(
 
 
 def window_from_recording(
-    path: str, window_seconds: float | None = None, jobs: int | None = None
+    path: str,
+    window_seconds: float | None = None,
+    jobs: int | None = None,
+    report: Callable[[int], None] | None = None,
 ) -> tuple[Window, int, bool]:
     """window_from_expositions of a recording file. Scrape-ordered recordings go through the
     fast journal reader (ingest.fastjournal) — with a window, only the scrapes the window
     keeps; without, a large file in `jobs` parts (default: one per core), one process each,
     their windows joined (Window.extend) —, strict ones through the column reader
-    (ingest.faststrict), and anything they decline through the general reader."""
+    (ingest.faststrict), and anything they decline through the general reader. `report`: told
+    how many bytes of the file the fast readers got through, now and then."""
     try:
         if not scrape_ordered(path):
-            return window_from_extracts(strict_extracts(path), window_seconds)
+            return window_from_extracts(strict_extracts(path, report), window_seconds)
         if window_seconds is None:
             size = os.path.getsize(path)
             jobs = jobs or os.cpu_count() or 1
             parts = journal_parts(path, jobs) if size >= PARALLEL_BYTES and jobs > 1 else []
             if len(parts) > 1:
-                return _window_in_parts(path, parts)
-        return window_from_extracts(journal_extracts(path, window_seconds), window_seconds)
+                return _window_in_parts(path, parts, report)
+        return window_from_extracts(
+            journal_extracts(path, window_seconds, report=report), window_seconds
+        )
     except Declined as exc:
         log.debug("%s: the general reader reads it (%s)", path, exc)
     except OSError:
@@ -418,10 +425,20 @@ def window_from_recording(
 PARALLEL_BYTES = 64 * 2**20
 
 
-def _window_part(path: str, span: tuple[int, int]) -> tuple[Window, int, int]:
+# The offset each worker reached (shared memory: the workers are forked processes).
+_REACHED: Any = None
+
+
+def _window_part(path: str, span: tuple[int, int], slot: int) -> tuple[Window, int, int]:
     window = Window(None)
     count = skipped = 0
-    for ex in journal_extracts(path, span=span):
+    reached = _REACHED
+
+    def report(pos: int) -> None:
+        if reached is not None:
+            reached[slot] = pos - span[0]
+
+    for ex in journal_extracts(path, span=span, report=report):
         if not _believable(ex.timestamp):
             skipped += 1
             continue
@@ -430,12 +447,23 @@ def _window_part(path: str, span: tuple[int, int]) -> tuple[Window, int, int]:
     return window, count, skipped
 
 
-def _window_in_parts(path: str, parts: list[tuple[int, int]]) -> tuple[Window, int, bool]:
+def _window_in_parts(
+    path: str, parts: list[tuple[int, int]], report: Callable[[int], None] | None = None
+) -> tuple[Window, int, bool]:
+    global _REACHED
     # fork: the workers start at once (the CLI is one thread doing this; a progress thread,
     # if any, only reads).
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(len(parts), mp_context=context) as pool:
-        results = list(pool.map(_window_part, [path] * len(parts), parts))
+    _REACHED = context.Array("q", len(parts), lock=False)
+    try:
+        with ProcessPoolExecutor(len(parts), mp_context=context) as pool:
+            futures = [pool.submit(_window_part, path, span, i) for i, span in enumerate(parts)]
+            while wait(futures, timeout=0.25).not_done:
+                if report is not None:
+                    report(sum(_REACHED))
+            results = [f.result() for f in futures]
+    finally:
+        _REACHED = None
     window, count, skipped = results[0]
     for later, n, bad in results[1:]:
         window.extend(later)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvoffload.ingest.catalog import _INDEX, Extract
@@ -117,21 +117,24 @@ def _member(head: bytes, instances: dict[str, _Instance]) -> tuple[_Instance, in
 
 
 def journal_extracts(
-    path: str, tail_seconds: float | None = None, span: tuple[int, int] | None = None
+    path: str,
+    tail_seconds: float | None = None,
+    span: tuple[int, int] | None = None,
+    report: Callable[[int], None] | None = None,
 ) -> Iterator[Extract]:
     """Every scrape of a scrape-ordered recording as an Extract, in file order; with
     `tail_seconds`, only from the last scrape at or before the last one's time minus that
     (found by bisecting the file: a window over the last minutes of a day-long recording
     reads only those minutes, which is all a window of that length keeps; the part before is
     not looked at, so a fault there goes unseen). `span`: only the scrapes in that byte
-    range (one of `journal_parts`)."""
+    range (one of `journal_parts`). `report`: told the byte offset reached now and then."""
     try:
         with open(path, "rb") as fh:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         raise Declined("cannot map the file") from None  # the general reader says why
     with mm:
-        yield from _read(mm, tail_seconds, span)
+        yield from _read(mm, tail_seconds, span, report)
 
 
 def _sample_at(mm: mmap.mmap, pos: int, end: int) -> tuple[int, float] | None:
@@ -244,8 +247,9 @@ class _Pages:
 
     REGION = 8 * 2**20
 
-    def __init__(self, mm: mmap.mmap) -> None:
+    def __init__(self, mm: mmap.mmap, report: Callable[[int], None] | None = None) -> None:
         self.mm = mm
+        self.report = report  # told the offset reached, for a progress line
         self.size = len(mm)
         self.checked = 0
         self.released = 0
@@ -266,11 +270,16 @@ class _Pages:
         if behind > self.released and hasattr(mmap, "MADV_DONTNEED"):
             mm.madvise(mmap.MADV_DONTNEED, self.released, behind - self.released)
             self.released = behind
+        if self.report is not None:
+            self.report(pos)
         return pos + region // 4
 
 
 def _read(
-    mm: mmap.mmap, tail_seconds: float | None = None, span: tuple[int, int] | None = None
+    mm: mmap.mmap,
+    tail_seconds: float | None = None,
+    span: tuple[int, int] | None = None,
+    report: Callable[[int], None] | None = None,
 ) -> Iterator[Extract]:
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
@@ -300,7 +309,7 @@ def _read(
         for inst, row in rows.items():
             yield inst.shapes.extract(row, current_t, frozen)
 
-    window = _Pages(mm)
+    window = _Pages(mm, report)
     next_step = 0
     while pos < end_of_data:
         if pos >= next_step:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import mmap
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kvoffload.ingest.catalog import FLAT_FAMILY, OFFLOAD_FAMILY_PREFIXES, Extract
 from kvoffload.ingest.fastjournal import (
@@ -79,21 +79,21 @@ class _Repeated:
         return self.value
 
 
-def strict_extracts(path: str) -> Iterator[Extract]:
+def strict_extracts(path: str, report: Callable[[int], None] | None = None) -> Iterator[Extract]:
     """Every scrape of a strict-layout recording as an Extract: instance by instance, each
-    in time order."""
+    in time order. `report`: told the byte offset reached now and then."""
     try:
         with open(path, "rb") as fh:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         raise Declined("cannot map the file") from None
     with mm:
-        columns, instances, users = _read_columns(mm)
+        columns, instances, users = _read_columns(mm, report)
     yield from _scrapes(columns, instances, users)
 
 
 def _read_columns(
-    mm: mmap.mmap,
+    mm: mmap.mmap, report: Callable[[int], None] | None
 ) -> tuple[dict[tuple[_Instance, int], _Column], dict[str, _Instance], dict[str, set[str] | None]]:
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
@@ -107,7 +107,7 @@ def _read_columns(
     users: dict[str, set[str] | None] = {}
     unread: dict[str, list[tuple[int, int]]] = {}  # relevant families not read: their blocks
     find = mm.find
-    pages = _Pages(mm)
+    pages = _Pages(mm, report)
     next_step = 0
     pos = 0
     while pos < end_of_data:
