@@ -21,6 +21,7 @@ from typing import Any
 from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.formula import counter_series
 from kvoffload.analysis.signals import FIGURES_BY_KEY
+from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.promql import MixinConfig, helper_record, record_name, rendering_for
 from kvoffload.sidecar.metrics import ADVICE_METRICS, KV_EVENT_METRICS, TTFT_METRICS
@@ -252,7 +253,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             "TTFT effect of the CPU tier, with its range",
             "The sidecar's measured TTFT effect (estimate, low, high): the verdict "
             "keeps a tier only when the whole range is a saving of at least 5 ms and "
-            "5% of the mean TTFT (docs/advisor.md).",
+            f"5% of the mean TTFT ([the verdict]({doc('advisor.md')})).",
             "s",
             [
                 t(
