@@ -195,19 +195,30 @@ def _scrape_start(mm: mmap.mmap, since: float, end: int) -> int:
 
 def scrape_ordered(path: str, probe: int = 64 * 2**20) -> bool:
     """Whether a recording is scrape by scrape (its first TYPE line comes again: each scrape
-    declares its families) or another layout (declared once: the strict one). Only the first
-    `probe` bytes are looked at; a journal with scrapes larger than that reads as strict, which
+    declares its families) or another layout (declared once: the strict one). The search
+    stops `probe` bytes in; a journal with scrapes larger than that reads as strict, which
     the strict reader declines (a family declared twice)."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(probe)
-    except OSError:
-        raise Declined("cannot read the file") from None
-    start = head.find(b"# TYPE ")
-    if start == -1:
-        raise Declined("no TYPE line")
-    eol = head.find(b"\n", start)
-    return eol != -1 and head.find(b"\n" + head[start : eol + 1], eol) != -1
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        raise Declined("cannot map the file") from None
+    with mm:
+        start = mm.find(b"# TYPE ", 0, probe)
+        if start == -1:
+            raise Declined("no TYPE line")
+        eol = mm.find(b"\n", start, probe)
+        if eol == -1:
+            return False
+        needle = b"\n" + mm[start : eol + 1]
+        step = 4 * 2**20
+        for at in range(eol, min(len(mm), probe), step):
+            if mm.find(needle, at, at + step + len(needle)) != -1:
+                return True
+            if hasattr(mmap, "MADV_DONTNEED"):  # what was searched is not kept
+                done = at + step - (at + step) % mmap.PAGESIZE
+                mm.madvise(mmap.MADV_DONTNEED, 0, min(done, len(mm)))
+        return False
 
 
 def journal_parts(path: str, parts: int) -> list[tuple[int, int]]:
@@ -239,24 +250,46 @@ def journal_parts(path: str, parts: int) -> list[tuple[int, int]]:
         return list(itertools.pairwise(cuts))
 
 
+def _next_comment(mm: mmap.mmap, pos: int, end: int, pages: _Pages) -> int:
+    """Where the next line beginning with '#' starts (`end` if none): searched a region at a
+    time, the pages behind given back, so skipping a family of hundreds of MB holds none of
+    it. A '#' inside a line (a label value) is passed over."""
+    step = pages.REGION
+    while pos < end:
+        stop = min(pos + step, end)
+        at = mm.find(b"#", pos, stop)
+        while at > 0 and mm[at - 1] != 10:
+            at = mm.find(b"#", at + 1, stop)
+        if at != -1:
+            return at
+        pos = stop
+        pages.advance(pos)
+    return end
+
+
 class _Pages:
     """Keeps what the reader holds of the mapped file to a few regions: the region ahead is
     checked for NUL and CR bytes before it is read (iter_openmetrics refuses the first and
     strips the second; both are left to it), and the pages behind are given back, so the
     process does not grow with the file (mapped pages it touched count in its RSS)."""
 
-    REGION = 8 * 2**20
+    REGION = 2 * 2**20
 
-    def __init__(self, mm: mmap.mmap, report: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, mm: mmap.mmap, report: Callable[[int], None] | None = None, start: int = 0
+    ) -> None:
         self.mm = mm
         self.report = report  # told the offset reached, for a progress line
         self.size = len(mm)
-        self.checked = 0
-        self.released = 0
+        # A reader that starts further in (a window's tail, a part) holds nothing before it.
+        self.checked = start
+        self.released = start - start % mmap.PAGESIZE
 
     def advance(self, pos: int) -> int:
         """Called at `pos`; returns where to call again."""
         mm, region = self.mm, self.REGION
+        if pos < self.released:  # a second look at an earlier part (it was checked)
+            self.released = pos - pos % mmap.PAGESIZE
         while self.checked < min(pos + 2 * region, self.size):
             stop = min(self.checked + region, self.size)
             if (
@@ -309,17 +342,14 @@ def _read(
         for inst, row in rows.items():
             yield inst.shapes.extract(row, current_t, frozen)
 
-    window = _Pages(mm, report)
+    window = _Pages(mm, report, pos)
     next_step = 0
     while pos < end_of_data:
         if pos >= next_step:
             next_step = window.advance(pos)
-        hash_at = find(b"#", pos)
-        if hash_at == -1 or hash_at >= end_of_data:
+        hash_at = _next_comment(mm, pos, end_of_data, window)
+        if hash_at >= end_of_data:
             break
-        if hash_at and mm[hash_at - 1] != 10:
-            pos = hash_at + 1  # a '#' inside a line (a label value)
-            continue
         eol = find(b"\n", hash_at)
         line = mm[hash_at:eol]
         pos = eol + 1
@@ -335,15 +365,7 @@ def _read(
             spec = families[(raw, mtype)] = _family(raw, mtype)
         if not spec.wanted:
             continue  # the block is skipped by the next search for '#'
-        block_end = pos
-        while True:
-            block_end = find(b"#", block_end, end_of_data)
-            if block_end == -1:
-                block_end = end_of_data  # the part (or the data) ends in this block
-                break
-            if mm[block_end - 1] == 10:
-                break
-            block_end += 1
+        block_end = _next_comment(mm, pos, end_of_data, window)
         block = mm[pos:block_end]
         pos = block_end
         for line in _wanted_lines(block, spec):

@@ -29,6 +29,7 @@ from kvoffload.ingest.fastjournal import (
     _family,
     _Instance,
     _member,
+    _next_comment,
     _Pages,
     _wanted_lines,
 )
@@ -113,12 +114,9 @@ def _read_columns(
     while pos < end_of_data:
         if pos >= next_step:
             next_step = pages.advance(pos)
-        hash_at = find(b"#", pos, end_of_data)
-        if hash_at == -1:
+        hash_at = _next_comment(mm, pos, end_of_data, pages)
+        if hash_at >= end_of_data:
             break
-        if hash_at and mm[hash_at - 1] != 10:
-            pos = hash_at + 1
-            continue
         eol = find(b"\n", hash_at)
         line = mm[hash_at:eol]
         pos = eol + 1
@@ -138,24 +136,18 @@ def _read_columns(
             spec = families[(raw, mtype)] = _family(raw, mtype)
         if not spec.wanted and not followed:
             continue
-        block_end = pos
-        while True:
-            block_end = find(b"#", block_end, end_of_data)
-            if block_end == -1:
-                block_end = end_of_data
-                break
-            if mm[block_end - 1] == 10:
-                break
-            block_end += 1
-        block_start, pos = pos, block_end
         if not spec.wanted:
-            unread.setdefault(name, []).append((block_start, block_end))
+            block_end = _next_comment(mm, pos, end_of_data, pages)
+            unread.setdefault(name, []).append((pos, block_end))
+            pos = block_end
             continue
+        block_start = pos
+        block_end_at: list[int] = []
         family_users = users[name]
         last_head = b""
         column = _Column()
         last_t = 0.0
-        for sample in _lines_of(mm, block_start, block_end, spec, pages):
+        for sample in _lines_of(mm, block_start, end_of_data, spec, pages, block_end_at):
             try:
                 head, value, stamp = sample.rsplit(b" ", 2)
                 t, v = float(stamp), float(value)
@@ -177,6 +169,7 @@ def _read_columns(
                 raise Declined("a series' points out of time order")
             column.append(t, v)
             last_t = t
+        pos = block_end_at[0]
     if len(instances) > 1:
         # Which instances an unread relevant family has series of (a histogram not read).
         for name, spans in unread.items():
@@ -189,24 +182,52 @@ def _read_columns(
 
 
 # A family block is read in pieces of about this size: a day's histogram is hundreds of MB.
-_PIECE = 8 * 2**20
+_PIECE = 2 * 2**20
 
 
-def _pieces(mm: mmap.mmap, start: int, stop: int, pages: _Pages) -> Iterator[bytes]:
-    """mm[start:stop] in pieces that end at line ends."""
-    while start < stop:
-        cut = stop if stop - start <= _PIECE else mm.rfind(b"\n", start, start + _PIECE) + 1
-        if cut <= start:
-            cut = stop
-        pages.advance(start)
-        yield mm[start:cut]
-        start = cut
+def _pieces(
+    mm: mmap.mmap, start: int, end: int, pages: _Pages, stopped: list[int] | None = None
+) -> Iterator[bytes]:
+    """mm[start:end] (`start` a line start) in pieces that end at line ends; with `stopped`,
+    only up to the next line beginning with '#' (the end of a family block), whose offset is
+    appended to it."""
+    pos = start
+    while pos < end:
+        limit = min(pos + _PIECE, end)
+        if stopped is not None:
+            if mm[pos] == 35:  # '#': the block ends here
+                stopped.append(pos)
+                return
+            at = mm.find(b"\n#", pos, limit)
+            if at != -1:
+                pages.advance(pos)
+                yield mm[pos : at + 1]
+                stopped.append(at + 1)
+                return
+        cut = limit
+        if limit < end:
+            cut = mm.rfind(b"\n", pos, limit) + 1
+            if cut <= pos:  # one line longer than a piece: take it whole
+                newline = mm.find(b"\n", limit, end)
+                cut = end if newline == -1 else newline + 1
+        pages.advance(pos)
+        yield mm[pos:cut]
+        pos = cut
+    if stopped is not None:
+        stopped.append(end)
 
 
 def _lines_of(
-    mm: mmap.mmap, start: int, stop: int, spec: _Family, pages: _Pages
+    mm: mmap.mmap,
+    start: int,
+    end: int,
+    spec: _Family,
+    pages: _Pages,
+    stopped: list[int],
 ) -> Iterator[bytes]:
-    for piece in _pieces(mm, start, stop, pages):
+    """The wanted lines of the family block at `start` (it ends at the next '#' line, whose
+    offset goes to `stopped`), read a piece at a time."""
+    for piece in _pieces(mm, start, end, pages, stopped):
         yield from _wanted_lines(piece, spec)
 
 
