@@ -618,7 +618,9 @@ def record(
     "--jobs",
     type=click.IntRange(1),
     default=None,
-    help="With --prometheus: worker processes (default: one per core).",
+    help="Worker processes: with --prometheus (default: one per core); for a recording "
+    "written scrape by scrape (default 1: more read it in parts and join them, the same "
+    "figures up to float rounding).",
 )
 @click.option(
     "--top",
@@ -695,7 +697,9 @@ def analyze(
             # general reader's descriptor; on a terminal after a second, elsewhere one line
             # for a long read.
             with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
-                win, scrapes, lifetime = window_from_recording(file, window, report=reading.reached)
+                win, scrapes, lifetime = window_from_recording(
+                    file, window, jobs or 1, report=reading.reached
+                )
                 reading.items = scrapes
         else:
             expositions = _sample_live(source, duration, interval)

@@ -398,16 +398,17 @@ def window_from_recording(
 ) -> tuple[Window, int, bool]:
     """window_from_expositions of a recording file. Scrape-ordered recordings go through the
     fast journal reader (ingest.fastjournal) — with a window, only the scrapes the window
-    keeps; without, a large file in `jobs` parts (default: one per core), one process each,
-    their windows joined (Window.extend) —, strict ones through the column reader
-    (ingest.faststrict), and anything they decline through the general reader. `report`: told
-    how many bytes of the file the fast readers got through, now and then."""
+    keeps; without, a large file in `jobs` parts if asked (default: one), one process each,
+    their windows joined (Window.extend: the same figures up to float rounding) —, strict
+    ones through the column reader (ingest.faststrict), and anything they decline through
+    the general reader. `report`: told how many bytes of the file the fast readers got
+    through, now and then."""
     try:
         if not scrape_ordered(path):
             return window_from_extracts(strict_extracts(path, report), window_seconds)
         if window_seconds is None:
             size = os.path.getsize(path)
-            jobs = jobs or os.cpu_count() or 1
+            jobs = jobs or 1
             parts = journal_parts(path, jobs) if size >= PARALLEL_BYTES and jobs > 1 else []
             if len(parts) > 1:
                 return _window_in_parts(path, parts, report)
