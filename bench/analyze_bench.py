@@ -109,7 +109,9 @@ def bench_analyze(hours_list: list[float], repeats: int = 5) -> list[dict[str, o
         reports = {}
         for strict in (False, True):
             path = recording(hours, strict)
-            cases = [("", ())] + ([("--window 5m", ("--window", "5m"))] if not strict else [])
+            cases = [("", ())]
+            if not strict:
+                cases += [("--jobs 2", ("--jobs", "2")), ("--window 5m", ("--window", "5m"))]
             for label, extra in cases:
                 runs = [_run(path, *extra) for _ in range(repeats)]
                 walls = sorted(r[0] for r in runs)
