@@ -10,7 +10,6 @@ the system temp dir) and kept for the next run; they are large (1.7 GB for 6 h, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -20,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fleet import tree_rss_mb
 from payloads import bodies
 
 from kvoffload.analysis.analyze import analyze_window, window_from_expositions
@@ -55,27 +55,9 @@ def _tree_peak_rss_mb(proc: subprocess.Popen[bytes]) -> float:
     """The largest sum of VmRSS over the process and its workers, sampled every 20 ms."""
     peak = 0.0
     while proc.poll() is None:
-        total = 0.0
-        for pid in _tree(proc.pid):
-            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) / 1024
-        peak = max(peak, total)
+        peak = max(peak, tree_rss_mb(proc.pid))
         time.sleep(0.02)
     return peak
-
-
-def _tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-    return out
 
 
 def _run(path: Path, *extra: str) -> tuple[float, float, dict[str, object]]:

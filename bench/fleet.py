@@ -158,7 +158,8 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _tree_rss_mb(pid: int) -> float:
+def tree_rss_mb(pid: int) -> float:
+    """The RSS of `pid` and its descendants, summed."""
     total = 0.0
     for p in _tree(pid):
         with contextlib.suppress(OSError, ValueError):
@@ -208,7 +209,7 @@ def bench_fleet(engines: int, hours: float, step: str | None = None) -> dict[str
         # Read the JSON while polling the child's peak RSS (VmHWM).
         os.set_blocking(proc.stdout.fileno(), False)
         while proc.poll() is None:
-            peak = max(peak, _tree_rss_mb(proc.pid))
+            peak = max(peak, tree_rss_mb(proc.pid))
             with contextlib.suppress(BlockingIOError, TypeError):
                 data = proc.stdout.read()
                 if data:

@@ -73,7 +73,16 @@ def test_real_capture_and_two_targets_read_the_same(tmp_path: Path) -> None:
     assert _takes(one) > 1
     assert _fast(one) == _general(one)
 
-    # Two targets in one journal, as `record --target A --target B` writes it.
+    two = tmp_path / "two.om"
+    two.write_text(_two_targets())
+    assert _takes(two) > 2
+    fast = json.loads(_fast(two))
+    assert {g["labels"]["instance"] for g in fast} == {"a:8000", "b:8000"}
+    assert _fast(two) == _general(two)
+
+
+def _two_targets() -> str:
+    """Two targets in one journal, as `record --target A --target B` writes it."""
     buf = io.StringIO()
     writer = RecordingWriter(buf, job="vllm")
     offload, plain = h200_scrapes("8b-offload"), h200_scrapes("8b-nooffload")
@@ -81,12 +90,7 @@ def test_real_capture_and_two_targets_read_the_same(tmp_path: Path) -> None:
         writer.write_scrape(body1, 1.8e9 + 15 * k, instance="a:8000")
         writer.write_scrape(body2, 1.8e9 + 15 * k + 1, instance="b:8000")
     writer.close()
-    two = tmp_path / "two.om"
-    two.write_text(buf.getvalue())
-    assert _takes(two) > 2
-    fast = json.loads(_fast(two))
-    assert {g["labels"]["instance"] for g in fast} == {"a:8000", "b:8000"}
-    assert _fast(two) == _general(two)
+    return buf.getvalue()
 
 
 def _odd_variants(text: str) -> dict[str, str]:
@@ -251,15 +255,8 @@ def test_strict_real_capture_and_two_targets(tmp_path: Path) -> None:
 
     one = tmp_path / "h200.journal"
     one.write_text(recording_text(h200_scrapes("8b-offload"), instance="h200:8000"))
-    buf = io.StringIO()
-    writer = RecordingWriter(buf, job="vllm")
-    offload, plain = h200_scrapes("8b-offload"), h200_scrapes("8b-nooffload")
-    for k, ((_t1, body1), (_t2, body2)) in enumerate(zip(offload, plain, strict=False)):
-        writer.write_scrape(body1, 1.8e9 + 15 * k, instance="a:8000")
-        writer.write_scrape(body2, 1.8e9 + 15 * k + 1, instance="b:8000")
-    writer.close()
     two = tmp_path / "two.journal"
-    two.write_text(buf.getvalue())
+    two.write_text(_two_targets())
     for journal in (one, two):
         path = _strict(journal, tmp_path)
         assert sum(1 for _ in strict_extracts(str(path))) > 2

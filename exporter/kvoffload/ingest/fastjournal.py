@@ -128,12 +128,7 @@ def journal_extracts(
     reads only those minutes, which is all a window of that length keeps; the part before is
     not looked at, so a fault there goes unseen). `span`: only the scrapes in that byte
     range (one of `journal_parts`). `report`: told the byte offset reached now and then."""
-    try:
-        with open(path, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        raise Declined("cannot map the file") from None  # the general reader says why
-    with mm:
+    with _mapped(path) as mm:
         yield from _read(mm, tail_seconds, span, report)
 
 
@@ -193,17 +188,41 @@ def _scrape_start(mm: mmap.mmap, since: float, end: int) -> int:
     return _back_over_comments(mm, _first_at_or_after(mm, last[1], end))
 
 
+def _mapped(path: str) -> mmap.mmap:
+    try:
+        with open(path, "rb") as fh:
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        raise Declined("cannot map the file") from None  # the general reader says why
+
+
+def _next_type_line(
+    mm: mmap.mmap, pos: int, end: int, pages: _Pages
+) -> tuple[int, bytes, bytes] | None:
+    """The next `# TYPE name type` line at or after `pos` (other comments passed over):
+    (where the line after it starts, name, type); None at the end."""
+    while pos < end:
+        pages.at(pos)
+        hash_at = _next_comment(mm, pos, end, pages)
+        if hash_at >= end:
+            return None
+        eol = mm.find(b"\n", hash_at)
+        line = mm[hash_at:eol]
+        pos = eol + 1
+        if line.startswith(b"# TYPE "):
+            parts = line.split()
+            if len(parts) != 4:
+                raise Declined("odd TYPE line")
+            return pos, parts[2], parts[3]
+    return None
+
+
 def scrape_ordered(path: str, probe: int = 64 * 2**20) -> bool:
     """Whether a recording is scrape by scrape (its first TYPE line comes again: each scrape
     declares its families) or another layout (declared once: the strict one). The search
     stops `probe` bytes in; a journal with scrapes larger than that reads as strict, which
     the strict reader declines (a family declared twice)."""
-    try:
-        with open(path, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        raise Declined("cannot map the file") from None
-    with mm:
+    with _mapped(path) as mm:
         start = mm.find(b"# TYPE ", 0, probe)
         if start == -1:
             raise Declined("no TYPE line")
@@ -225,12 +244,7 @@ def journal_parts(path: str, parts: int) -> list[tuple[int, int]]:
     """`parts` byte ranges of about equal size that start and end at scrape boundaries (the
     TYPE lines before a scrape's first sample go with it), for reading in parallel; fewer
     when the file has fewer scrapes. Declined when the file is not one this reader takes."""
-    try:
-        with open(path, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        raise Declined("cannot map the file") from None
-    with mm:
+    with _mapped(path) as mm:
         size = len(mm)
         if size < 6 or mm[size - 6 :] != b"# EOF\n":
             raise Declined("no '# EOF' at the end")
@@ -284,6 +298,12 @@ class _Pages:
         # A reader that starts further in (a window's tail, a part) holds nothing before it.
         self.checked = start
         self.released = start - start % mmap.PAGESIZE
+        self.next_step = 0
+
+    def at(self, pos: int) -> None:
+        """The reader is at `pos`: check ahead and give back behind when due."""
+        if pos >= self.next_step:
+            self.next_step = self.advance(pos)
 
     def advance(self, pos: int) -> int:
         """Called at `pos`; returns where to call again."""
@@ -327,7 +347,6 @@ def _read(
     row_of: _Instance | None = None
     current_t: float | None = None
     last_ts = b""
-    find = mm.find
     end_of_data = size - 6 if span is None else span[1]
     pos = 0 if span is None else span[0]
     if tail_seconds is not None:
@@ -343,22 +362,11 @@ def _read(
             yield inst.shapes.extract(row, current_t, frozen)
 
     window = _Pages(mm, report, pos)
-    next_step = 0
-    while pos < end_of_data:
-        if pos >= next_step:
-            next_step = window.advance(pos)
-        hash_at = _next_comment(mm, pos, end_of_data, window)
-        if hash_at >= end_of_data:
+    while True:
+        type_line = _next_type_line(mm, pos, end_of_data, window)
+        if type_line is None:
             break
-        eol = find(b"\n", hash_at)
-        line = mm[hash_at:eol]
-        pos = eol + 1
-        if not line.startswith(b"# TYPE "):
-            continue  # HELP, UNIT and other comments
-        parts = line.split()
-        if len(parts) != 4:
-            raise Declined("odd TYPE line")
-        raw, mtype = parts[2], parts[3]
+        pos, raw, mtype = type_line
         declared.add(family_name(canonical_name(raw.decode()), mtype.decode()))
         spec = families.get((raw, mtype))
         if spec is None:

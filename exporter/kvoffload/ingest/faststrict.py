@@ -28,8 +28,10 @@ from kvoffload.ingest.fastjournal import (
     _Family,
     _family,
     _Instance,
+    _mapped,
     _member,
     _next_comment,
+    _next_type_line,
     _Pages,
     _wanted_lines,
 )
@@ -83,12 +85,7 @@ class _Repeated:
 def strict_extracts(path: str, report: Callable[[int], None] | None = None) -> Iterator[Extract]:
     """Every scrape of a strict-layout recording as an Extract: instance by instance, each
     in time order. `report`: told the byte offset reached now and then."""
-    try:
-        with open(path, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        raise Declined("cannot map the file") from None
-    with mm:
+    with _mapped(path) as mm:
         columns, instances, users = _read_columns(mm, report)
     yield from _scrapes(columns, instances, users)
 
@@ -107,25 +104,13 @@ def _read_columns(
     # family → the instances with series of it (None: not followed), for the relevant ones.
     users: dict[str, set[str] | None] = {}
     unread: dict[str, list[tuple[int, int]]] = {}  # relevant families not read: their blocks
-    find = mm.find
     pages = _Pages(mm, report)
-    next_step = 0
     pos = 0
-    while pos < end_of_data:
-        if pos >= next_step:
-            next_step = pages.advance(pos)
-        hash_at = _next_comment(mm, pos, end_of_data, pages)
-        if hash_at >= end_of_data:
+    while True:
+        found = _next_type_line(mm, pos, end_of_data, pages)
+        if found is None:
             break
-        eol = find(b"\n", hash_at)
-        line = mm[hash_at:eol]
-        pos = eol + 1
-        if not line.startswith(b"# TYPE "):
-            continue
-        parts = line.split()
-        if len(parts) != 4:
-            raise Declined("odd TYPE line")
-        raw, mtype = parts[2], parts[3]
+        pos, raw, mtype = found
         name = family_name(canonical_name(raw.decode()), mtype.decode())
         if name in users and users[name] is not None:
             raise Declined("a family declared twice")  # not the strict layout
@@ -173,11 +158,11 @@ def _read_columns(
     if len(instances) > 1:
         # Which instances an unread relevant family has series of (a histogram not read).
         for name, spans in unread.items():
-            found = users[name]
-            assert found is not None
+            who = users[name]
+            assert who is not None
             for start, stop in spans:
                 for piece in _pieces(mm, start, stop, pages):
-                    found.update(m.decode() for m in _INSTANCE.findall(piece))
+                    who.update(m.decode() for m in _INSTANCE.findall(piece))
     return columns, instances, users
 
 
