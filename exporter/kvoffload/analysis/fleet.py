@@ -81,11 +81,14 @@ def fleet_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
     """Per replica: the mean TTFT change per request a tier causes (negative = faster), from
     the comparable replicas of the same model on the other side."""
     replicas = [r for r in (replica(g) for g in groups) if r is not None]
+    # Each side of each model, in the replicas' order: a fleet of one model is not compared
+    # replica by replica against every other (1,000 replicas would be a million checks).
+    sides: dict[tuple[str, bool], list[Replica]] = {}
+    for r in replicas:
+        sides.setdefault((r.key[1], r.offloading), []).append(r)
     out: dict[tuple[str, str], Effect] = {}
     for one in replicas:
-        others = _comparable(
-            one, [r for r in replicas if r.key[1] == one.key[1] and r.offloading != one.offloading]
-        )
+        others = _comparable(one, sides.get((one.key[1], not one.offloading), []))
         if not others:
             continue
         other, spread = _pool_mean(others)

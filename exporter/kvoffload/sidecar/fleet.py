@@ -213,6 +213,11 @@ class FleetService:
     def ready(self) -> bool:
         return self.last is not None
 
+    def snapshot(self) -> FleetService:
+        """Itself: a read replaces the published targets and groups whole (it does not edit
+        the lists), so the HTTP face reads them in a thread as they are."""
+        return self
+
     def status(self) -> dict[str, object]:
         read = self.last
         first, last = self.config.time_range(0.0)

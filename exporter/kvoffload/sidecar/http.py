@@ -3,18 +3,18 @@ same for the scraping sidecar and for the fleet read from Prometheus (`serve --p
 
 from __future__ import annotations
 
+import asyncio
 import importlib.resources
 import json
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import (
     CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE,
 )
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from kvoffload.sidecar.exposition import no_collection, render_metrics
 from kvoffload.sidecar.history import add_history
-from kvoffload.sidecar.metrics import build_registry
 from kvoffload.sidecar.service import Service
 
 SIDECAR_KEY = web.AppKey[Service]("sidecar")
@@ -30,24 +30,24 @@ def make_app(
     """The sidecar's routes, its metrics at `metrics_path` (--web.telemetry-path)."""
     app = web.Application()
     app[SIDECAR_KEY] = sidecar
-    registry = build_registry(sidecar)
     # The page links the metrics relative to itself (a proxy may mount it under a prefix).
     page = _page().replace(b'href="metrics"', f'href="{metrics_path[1:]}"'.encode())
 
     async def metrics(request: web.Request) -> web.Response:
         accept = request.headers.get("Accept", "")
-        if "application/openmetrics-text" in accept:
-            body = generate_openmetrics(registry)
-            content_type = OPENMETRICS_CONTENT_TYPE
-        else:
-            body = generate_latest(registry)
-            content_type = CONTENT_TYPE_LATEST
+        openmetrics = "application/openmetrics-text" in accept
+        # Written in a thread from a snapshot: a thousand targets' figures would hold up the
+        # event loop (and every scrape) for as long as they take to write.
+        body = await asyncio.to_thread(render_metrics, sidecar.snapshot(), openmetrics)
+        content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE_LATEST
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = content_type
         return resp
 
     async def status(_request: web.Request) -> web.Response:
-        return web.json_response(sidecar.status(), dumps=_dumps)
+        view = sidecar.snapshot()  # the JSON of a thousand groups is written off the loop too
+        text = await asyncio.to_thread(_status_json, view)
+        return web.Response(text=text, content_type="application/json")
 
     async def index(_request: web.Request) -> web.Response:
         return web.Response(body=page, content_type="text/html", charset="utf-8")
@@ -76,6 +76,11 @@ def make_app(
         app.cleanup_ctx.append(lifecycle)
     add_history(app, sidecar)  # GET /api/v1/history: the page's trends
     return app
+
+
+def _status_json(view: Service) -> str:
+    with no_collection():  # as for /metrics (sidecar.exposition): many dicts, no cycles
+        return _dumps(view.status())
 
 
 def _dumps(obj: object) -> str:

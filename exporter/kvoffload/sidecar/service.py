@@ -13,15 +13,15 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from kvoffload.analysis.analyze import Settings, analyze_groups
+from kvoffload.analysis.analyze import Settings, add_fleet_evidence, analyze_group
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.window import GroupKey, Window
 from kvoffload.errors import InputError
@@ -33,6 +33,7 @@ from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 
 log = logging.getLogger("kvoffload")
+_T = TypeVar("_T")
 
 
 def target_name(url: str) -> str:
@@ -74,17 +75,39 @@ class TargetState:
         }
 
 
+class EventCounts(Protocol):
+    """What /metrics reads of a target's KV-event state (`kvevents.state.TargetEvents`)."""
+
+    @property
+    def decode_errors(self) -> int: ...
+
+    def messages(self) -> int: ...
+
+    def lost_messages(self) -> int: ...
+
+    def unseen_before_start(self) -> int: ...
+
+    def sample_rate_now(self) -> float: ...
+
+
 class Service(Protocol):
     """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads: the `Sidecar`
     scraping its targets, or the fleet read back from Prometheus (`sidecar.fleet`)."""
 
     targets: list[TargetState]
-    events: dict[str, TargetEvents]
     subscribers: list[Subscriber]
+
+    @property
+    def events(self) -> Mapping[str, EventCounts]: ...
 
     def groups(self) -> list[GroupAnalysis]: ...
 
     def status(self) -> dict[str, object]: ...
+
+    def snapshot(self) -> Service:
+        """The service at this moment, safe to read in another thread while the event loop
+        goes on (the HTTP face renders /metrics and the status JSON off the loop)."""
+        ...
 
     @property
     def ready(self) -> bool: ...
@@ -159,7 +182,15 @@ class Sidecar:
                 )
         self._saved_generation: dict[str, int] = {}
         self._generation = 0
-        self._cache: tuple[int, list[GroupAnalysis]] | None = None
+        # Each group's analysis as of its latest scrape (before the replicas' comparison),
+        # made when the scrape lands: the work is spread over the interval as the scrapes
+        # are, not done for every group at once when /metrics is asked for.
+        self._analyses: dict[GroupKey, GroupAnalysis] = {}
+        self._unanalysed: set[GroupKey] = set()  # its analysis failed at the scrape: retried
+        self._events_seen: dict[GroupKey, int] = {}  # the events' generation it was made with
+        self._event_generation: dict[str, int] = {}  # per target with KV events
+        self._analyses_changed = True
+        self._published: list[GroupAnalysis] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -192,6 +223,7 @@ class Sidecar:
         def handle(msg: RawMessage) -> None:
             if state.ingest_message(msg):
                 self._generation += 1
+                self._event_generation[name] = self._event_generation.get(name, 0) + 1
 
         return handle
 
@@ -322,6 +354,12 @@ class Sidecar:
         target.payload_bytes = result.payload_bytes
         self._note_event_baselines(target.name)
         self._generation += 1
+        touched = {(i, m) for _k, i, m, _e in ex.counters} | {(i, m) for _k, i, m, _e in ex.gauges}
+        self._unanalysed |= touched
+        try:
+            self._analyse(touched)
+        except Exception:  # left for groups(), where it fails as it always did
+            log.exception("analysing %s", target.name)
 
     def _note_event_baselines(self, name: str) -> None:
         state = self.events.get(name)
@@ -333,35 +371,75 @@ class Sidecar:
                 if latest is not None:
                     self.event_baselines[group] = latest
 
+    # -- analysis -----------------------------------------------------------------------------
+    def _analyse(self, groups: set[GroupKey]) -> None:
+        """(Re-)analyse these groups (what analyze_groups does for each, the replicas'
+        comparison aside): each reads only its own part of the window and its target's events."""
+        by_name = {t.name: t for t in self.targets} if groups else {}
+        for group in sorted(groups):
+            entry = analyze_group(
+                self.window,
+                group,
+                self.config.settings,
+                events=self.events,
+                event_baselines=self.event_baselines,
+            )
+            if entry is None:
+                self._analyses.pop(group, None)
+            else:
+                # Published as it is while its target is up (groups() copies it to flag it
+                # stale); None for a down target's, as the replicas' comparison sees them.
+                target = by_name.get(group[0])
+                entry.stale = None if target is not None and not target.up else False
+                self._analyses[group] = entry
+                self._events_seen[group] = self._event_generation.get(group[0], 0)
+            self._unanalysed.discard(group)
+            self._analyses_changed = True
+
     # -- views ------------------------------------------------------------------------------
     def groups(self) -> list[GroupAnalysis]:
-        """Analysis of every group, recomputed only when a scrape landed since the last call."""
-        if self._cache is None or self._cache[0] != self._generation:
-            self._cache = (
-                self._generation,
-                analyze_groups(
-                    self.window,
-                    self.config.settings,
-                    events=self.events,
-                    event_baselines=self.event_baselines,
-                ),
-            )
+        """Analysis of every group: each as of its target's latest scrape (and its KV events
+        now), the replicas compared over them. The list and its entries are not changed once
+        returned (a target going down or coming back gets a flagged copy), so the HTTP face
+        reads them in a thread while scrapes go on."""
+        moved = {
+            g
+            for g, seen in self._events_seen.items()
+            if g[0] in self._event_generation and seen != self._event_generation[g[0]]
+        }
+        if moved or self._unanalysed:
+            self._analyse(moved | self._unanalysed)
+        # Figures of a target we cannot read any more describe the past: /metrics drops
+        # them (Prometheus sees them go stale); the JSON keeps them, flagged.
         down = {t.name for t in self.targets if not t.up}
-        for group in self._cache[1]:
-            # Figures of a target we cannot read any more describe the past: /metrics drops
-            # them (Prometheus sees them go stale); the JSON keeps them, flagged.
-            group.stale = group.instance in down
-        return self._cache[1]
+        if self._analyses_changed:
+            entries = [self._analyses[g] for g in sorted(self._analyses)]
+            add_fleet_evidence(entries, self.config.settings, copy_changed=True)
+            self._published = [_flagged(e, e.instance in down) for e in entries]
+            self._analyses_changed = False
+        elif any(g.stale != (g.instance in down) for g in self._published):
+            self._published = [_flagged(g, g.instance in down) for g in self._published]
+        return self._published
 
     @property
     def ready(self) -> bool:
         return any(t.last_success_timestamp is not None for t in self.targets)
 
-    def status(self) -> dict[str, object]:
-        return {
-            "groups": [g.to_json() for g in self.groups()],
-            "targets": [t.to_json() for t in self.targets],
-            "kv_events": [
+    def snapshot(self) -> SidecarView:
+        return SidecarView(
+            [_target_copy(t) for t in self.targets],
+            {
+                name: EventFigures(
+                    state.decode_errors,
+                    state.messages(),
+                    state.lost_messages(),
+                    state.unseen_before_start(),
+                    state.sample_rate_now(),
+                )
+                for name, state in self.events.items()
+            },
+            self.groups(),
+            [
                 {
                     "endpoint": s.state.endpoint,
                     "rank": s.state.rank,
@@ -373,7 +451,106 @@ class Sidecar:
                 }
                 for s in self.subscribers
             ],
-            "window_seconds": self.config.window_seconds,
-            "interval_seconds": self.config.interval_seconds,
+            self.config.window_seconds,
+            self.config.interval_seconds,
+            self.ready,
+        )
+
+    def status(self) -> dict[str, object]:
+        return self.snapshot().status()
+
+
+def _flagged(group: GroupAnalysis, stale: bool) -> GroupAnalysis:
+    """`group` with its stale flag, as a copy when the flag changes (it may be being read)."""
+    if group.stale is stale:
+        return group
+    out = _shallow_copy(group)
+    out.stale = stale
+    return out
+
+
+def _shallow_copy(obj: _T) -> _T:
+    """copy.copy of a plain dataclass instance, without copy's generic (and slow) path."""
+    out = object.__new__(type(obj))
+    out.__dict__.update(obj.__dict__)
+    return out
+
+
+def _target_copy(target: TargetState) -> TargetState:
+    out = _shallow_copy(target)
+    out.rejected = dict(target.rejected)
+    return out
+
+
+@dataclass(frozen=True)
+class EventFigures:
+    """A target's KV-event counts at one moment (the `EventCounts` that /metrics reads)."""
+
+    decode_errors: int
+    _messages: int
+    _lost_messages: int
+    _unseen_before_start: int
+    _sample_rate_now: float
+
+    def messages(self) -> int:
+        return self._messages
+
+    def lost_messages(self) -> int:
+        return self._lost_messages
+
+    def unseen_before_start(self) -> int:
+        return self._unseen_before_start
+
+    def sample_rate_now(self) -> float:
+        return self._sample_rate_now
+
+
+class SidecarView:
+    """The sidecar at one moment (`Sidecar.snapshot`): copies of its targets and KV-event
+    counts, the published analyses (never changed once published) and the rest of its status;
+    read in a thread, it cannot see a scrape land half-way."""
+
+    def __init__(
+        self,
+        targets: list[TargetState],
+        events: dict[str, EventFigures],
+        groups: list[GroupAnalysis],
+        kv_events: list[dict[str, object]],
+        window_seconds: float,
+        interval_seconds: float,
+        ready: bool,
+    ) -> None:
+        self.targets = targets
+        self.events = events
+        self.subscribers: list[Subscriber] = []
+        self._groups = groups
+        self._kv_events = kv_events
+        self._window_seconds = window_seconds
+        self._interval_seconds = interval_seconds
+        self._ready = ready
+
+    def groups(self) -> list[GroupAnalysis]:
+        return self._groups
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def snapshot(self) -> SidecarView:
+        return self
+
+    def status(self) -> dict[str, object]:
+        return {
+            "groups": [g.to_json() for g in self._groups],
+            "targets": [t.to_json() for t in self.targets],
+            "kv_events": self._kv_events,
+            "window_seconds": self._window_seconds,
+            "interval_seconds": self._interval_seconds,
             "generated_at": time.time(),
         }
+
+    async def start(self) -> None:
+        raise RuntimeError("a snapshot of the sidecar does not run")
+
+    async def stop(self) -> None:
+        pass
