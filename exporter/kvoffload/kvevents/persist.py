@@ -16,7 +16,6 @@ settings is set aside (renamed `*.bad`) with one line, and the sidecar starts fr
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import re
@@ -27,13 +26,7 @@ from typing import Any
 
 import msgspec
 
-from kvoffload.kvevents.stackdist import (
-    _SPACE,
-    DistanceHistogram,
-    StackDistanceTracker,
-    _Fenwick,
-    _mix,
-)
+from kvoffload.kvevents.stackdist import _SPACE, DistanceHistogram, StackDistanceTracker
 from kvoffload.kvevents.state import EngineEvents, TargetEvents
 
 log = logging.getLogger("kvoffload.kvevents")
@@ -73,8 +66,9 @@ def state_path(state_dir: str | os.PathLike[str], instance: str) -> Path:
 # -- snapshot (in the event loop: copies only) and encoding (anywhere) ------------------------
 @dataclass(frozen=True)
 class Snapshot:
-    """A consistent copy of a target's event state, cheap to take (C-level copies), so the
-    slow part (packing, writing) can run in a thread while messages keep arriving."""
+    """A consistent copy of a target's event state, cheap to take (C-level copies of the
+    arrays), so the slow part (ordering, packing, writing) can run in a thread while messages
+    keep arriving."""
 
     instance: str
     header: dict[str, Any]
@@ -92,9 +86,9 @@ def snapshot(
                 "rank": rank,
                 "scalars": {k: getattr(e, k) for k in _ENGINE_SCALARS},
                 "checkpoints": [list(c) for c in e.checkpoints],
-                "cpu_resident": dict(e.cpu_resident),
+                "cpu_resident": e.cpu_resident.copy(),
                 "gpu_parent": dict(e.gpu_parent),
-                "tracker_last": dict(t._last),
+                "tracker_state": t.copy_state(),
                 "tracker": {
                     "threshold": t.threshold,
                     "sampled": t.sampled,
@@ -141,20 +135,22 @@ def encode(snap: Snapshot) -> bytes:
     engines = []
     for eng in snap.engines:
         parents = eng["gpu_parent"]
-        # Access order is all the tracker needs: positions are renumbered 0..n-1 on load.
-        order = sorted(eng["tracker_last"].items(), key=lambda kv: kv[1])
+        resident = eng["cpu_resident"].items()
         engines.append(
             {
                 "rank": eng["rank"],
                 "scalars": eng["scalars"],
                 "checkpoints": eng["checkpoints"],
-                "cpu_resident": _pack_hashes(eng["cpu_resident"]),
-                "cpu_loaded": bytes(bytearray(int(v) for v in eng["cpu_resident"].values())),
+                "cpu_resident": _pack_hashes(h for h, _loaded in resident),
+                "cpu_loaded": bytes(bytearray(loaded for _h, loaded in resident)),
                 "gpu_blocks": _pack_hashes(parents),
                 "gpu_has_parent": bytes(bytearray(p is not None for p in parents.values())),
                 "gpu_parents": _pack_hashes(0 if p is None else p for p in parents.values()),
                 "tracker": eng["tracker"],
-                "tracker_blocks": _pack_hashes(b for b, _pos in order),
+                # Access order is all the tracker needs: positions are renumbered on load.
+                "tracker_blocks": _pack_hashes(
+                    StackDistanceTracker.blocks_in_order(*eng["tracker_state"])
+                ),
                 "histogram_exact": array("d", eng["histogram_exact"]).tobytes(),
                 "histogram_coarse": array("d", eng["histogram_coarse"]).tobytes(),
                 "histogram": eng["histogram"],
@@ -207,20 +203,10 @@ def _tracker(
         raise StateError("it was built with other --kv-events-sample-rate/-budget settings")
     t.threshold = int(meta["threshold"])
     t.accesses = int(meta["accesses"])
-    blocks = _unpack_hashes(raw["tracker_blocks"])
-    t._last = {b: i for i, b in enumerate(blocks)}
-    if len(t._last) != len(blocks):
-        raise StateError("a block appears twice in the reuse-distance structure")
-    n = len(blocks)
-    size = max(4096, 2 * n)
-    # A Fenwick tree over positions 0..n-1 all marked: node i (1-based) covers
-    # (i - lowbit(i), i], so it holds how many of those are below n. O(n), not O(n log n).
-    t._fw = _Fenwick(size)
-    t._fw.tree = [0.0] + [float(max(0, min(i, n) - (i - (i & -i)))) for i in range(1, size + 1)]
-    t._pos = n
-    if t.sampled:
-        t._heap = [(-_mix(b), b) for b in blocks]
-        heapq.heapify(t._heap)
+    try:
+        t.load_blocks(_unpack_hashes(raw["tracker_blocks"]))
+    except ValueError:
+        raise StateError("a block appears twice in the reuse-distance structure") from None
     h = t.histogram
     h._fw.tree = _floats(raw["histogram_exact"], DistanceHistogram.EXACT + 1, "the histogram")
     h._coarse = _floats(raw["histogram_coarse"], len(h._coarse), "the histogram")
@@ -242,7 +228,12 @@ def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None) 
     loaded = raw["cpu_loaded"]
     if len(loaded) != len(resident):
         raise StateError("the CPU tier's residency is inconsistent")
-    e.cpu_resident = {h: bool(flag) for h, flag in zip(resident, loaded, strict=True)}
+    for block, flag in zip(resident, loaded, strict=True):
+        if block in e.cpu_resident:
+            raise StateError("a block appears twice in the CPU tier's residency")
+        e.cpu_resident.store(block)
+        if flag:
+            e.cpu_resident.load(block)
     blocks = _unpack_hashes(raw["gpu_blocks"])
     parents = _unpack_hashes(raw["gpu_parents"])
     has_parent = raw["gpu_has_parent"]

@@ -14,18 +14,22 @@ whenever more blocks than the budget are tracked, so memory stays bounded howeve
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
+from array import array
+from collections.abc import Iterator, Sequence
 
-_MASK64 = (1 << 64) - 1
+from kvoffload.kvevents.blockindex import _GOLD, _M64, BlockIndex
+
 _SPACE = 1 << 24  # SHARDS threshold space
+_MIN_POSITIONS = 4096
 
 
 def _mix(h: int) -> int:
     """A 64-bit finaliser (splitmix64): block hashes are not uniformly spread in every bit."""
-    z = (h + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z = (h + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return (z ^ (z >> 31)) % _SPACE
 
 
@@ -109,6 +113,18 @@ class StackDistanceTracker:
 
     sample_rate < 1 samples blocks by hash; sample_budget (blocks) lowers the rate to keep at
     most that many blocks tracked. Both None/1.0: exact.
+
+    Layout, in flat arrays (no Python object per block): each tracked block has a dense id
+    (`BlockIndex`: its hash, 8 B, and 8–16 B of hash table), the position of its latest access
+    (`_last`, 4 B), when sampled its mixed hash (`_mixed`, 4 B); one Fenwick tree over access
+    positions counts the marks (one per tracked block, at its latest access) in int32 nodes,
+    1–2 positions per tracked block (4–8 B). 24–36 B per tracked block in exact mode (~40 B
+    of RSS at 10M blocks, against ~175 B with dicts of Python ints); up to 2^30 of them.
+
+    The tree is filled as positions are used: the node of a new position is written then, as
+    the sum of its children (on average one) plus its mark, so a new mark costs O(1), and
+    moving a mark from position q walks only the nodes between q and the latest position.
+    Positions are renumbered (compacted) when there are twice as many as tracked blocks.
     """
 
     def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
@@ -118,11 +134,22 @@ class StackDistanceTracker:
         self.sampled = sample_rate < 1 or sample_budget is not None
         self.budget = sample_budget
         self.histogram = DistanceHistogram()
-        self._last: dict[int, int] = {}  # block → position of its latest access
-        self._fw = _Fenwick(4096)
-        self._pos = 0
-        self._heap: list[tuple[int, int]] = []  # (-mixed hash, block): largest first
         self.accesses = 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self._index = BlockIndex()
+        self._last = array("i")  # id → position of its latest access; -1: a free id
+        self._mixed = array("i")  # id → _mix(hash), when sampled; -1: a free id
+        # Fenwick tree over positions, 1-based, nodes 1.._pos in use, _limit allocated
+        self._tree = array("i", bytes(4 * (_MIN_POSITIONS + 1)))
+        self._pos = 0  # the next position
+        self._limit = _MIN_POSITIONS  # compact when _pos reaches it
+        # Sampled with a budget: tracked blocks that go first when over it, as (mixed hash,
+        # -hash) ascending — the end is the largest mixed hash, the smallest hash among equal
+        # ones. It holds every tracked block whose mixed hash is at least `_drop_floor`.
+        self._drop: list[tuple[int, int]] = []
+        self._drop_floor = _SPACE + 1
 
     @property
     def rate(self) -> float:
@@ -130,14 +157,11 @@ class StackDistanceTracker:
 
     @property
     def tracked(self) -> int:
-        return len(self._last)
+        return self._index.count
 
     def reset(self) -> None:
         """The cache was emptied (a restart, AllBlocksCleared): every block is cold again."""
-        self._last.clear()
-        self._heap.clear()
-        self._fw = _Fenwick(4096)
-        self._pos = 0
+        self._clear()
 
     def access(self, block: int) -> None:
         """A lookup of `block` (its distance is recorded) that also makes it most recent."""
@@ -161,10 +185,24 @@ class StackDistanceTracker:
         weight = self._weight(block)
         if weight is None:
             return None
-        last = self._last.get(block)
-        if last is None:
+        k = self._index.find(block)
+        if k < 0:
             return math.inf, weight
-        return (self._fw.prefix(self._pos) - self._fw.prefix(last + 1)) * weight, weight
+        return self._after(self._last[k]) * weight, weight
+
+    def _after(self, last: int) -> int:
+        """Tracked blocks accessed after position `last`: prefix(pos) - prefix(last + 1),
+        both walks stopping where they meet."""
+        tree = self._tree
+        i, j, s = self._pos, last + 1, 0
+        while i != j:
+            if i > j:
+                s += tree[i]
+                i &= i - 1
+            else:
+                s -= tree[j]
+                j &= j - 1
+        return s
 
     def record(self, distance: float, weight: float) -> None:
         self.accesses += 1
@@ -176,38 +214,281 @@ class StackDistanceTracker:
     def touch(self, block: int) -> None:
         """Make `block` the most recent (a store, a load, or vLLM's touch of a request's
         blocks), without recording anything."""
-        if self._weight(block) is None:
-            return
-        if self._pos >= self._fw.n:
-            self._compact()  # before reading positions: compaction renumbers them
-        last = self._last.get(block)
-        if last is None:
-            if self.sampled:
-                heapq.heappush(self._heap, (-_mix(block), block))
-        else:
-            self._fw.add(last, -1.0)
-        self._fw.add(self._pos, 1.0)
-        self._last[block] = self._pos
-        self._pos += 1
-        if self.budget is not None and len(self._last) > self.budget:
-            self._shrink_to_budget()
+        self._touch_all((block,), [], [])
+
+    def lookup(self, hashes: Sequence[int], ancestors: Sequence[int] = ()) -> None:
+        """One request's lookup in an LRU tier as vLLM's offloading scheduler does it:
+        `hashes` (its GPU-missed blocks, in order) are looked up first; vLLM loads only the
+        leading run of present blocks, so block i is served by a tier of C blocks iff blocks
+        1..i all are: each is recorded at the running maximum distance. Then the request's
+        blocks are made most recent, the first ones most recent: `hashes` from the last, then
+        `ancestors` (its GPU-hit prefix, root first) from the last.
+
+        The same as probe/record on each block, then touch on each block in that order (one
+        hash lookup serves both, and the loops are written out: this is the hot path)."""
+        index = self._index
+        find = index.find
+        histogram = self.histogram
+        hist_tree, exact = histogram._fw.tree, histogram.EXACT
+        sampled = self.sampled
+        threshold = self.threshold
+        weight = 1.0 / self.rate if sampled and threshold else 1.0  # unused at threshold 0
+        last, tree, pos = self._last, self._tree, self._pos
+        keys, slots, mask, shift = index.keys, index.slots, index.mask, index.shift
+        narrow = index.wide is None
+        accesses = 0
+        running = 0.0
+        ids: list[int] = []
+        mixes: list[int] = []
+        inf = math.inf
+        for h in hashes:
+            if sampled:
+                mixed = _mix(h)
+                mixes.append(mixed)
+                if mixed >= threshold:
+                    ids.append(-1)
+                    continue
+            if narrow and 0 <= h <= _M64:  # index.find, written out
+                i = ((h * _GOLD) & _M64) >> shift
+                k = slots[i]
+                while k >= 0 and keys[k] != h:
+                    i = (i + 1) & mask
+                    k = slots[i]
+            else:
+                k = find(h)
+            ids.append(k)
+            accesses += 1
+            if k < 0:
+                running = inf
+            elif running != inf:
+                i, j, s = pos, last[k] + 1, 0
+                while i != j:
+                    if i > j:
+                        s += tree[i]
+                        i &= i - 1
+                    else:
+                        s -= tree[j]
+                        j &= j - 1
+                if sampled:
+                    d = s * weight
+                    if d > running:
+                        running = d
+                elif s > running:
+                    running = s
+            if running == inf:
+                histogram.add_cold(weight)
+            else:
+                d = round(running)
+                if d < exact:  # histogram.add, written out
+                    i = d + 1
+                    while i <= exact:
+                        hist_tree[i] += weight
+                        i += i & -i
+                    histogram.total += weight
+                    histogram.finite_sum += d * weight
+                else:
+                    histogram.add(d, weight)
+        self.accesses += accesses
+        ids.reverse()
+        mixes.reverse()
+        self._touch_all([*reversed(hashes), *reversed(ancestors)], ids, mixes)
+
+    def _touch_all(self, blocks: Sequence[int], ids: list[int], mixes: list[int]) -> None:
+        """touch() each of `blocks` in order; ids[x], when x < len(ids), is the id blocks[x]
+        had (-1: absent or unsampled), mixes[x] its mixed hash when sampled."""
+        index = self._index
+        find, add = index.find, index.add
+        sampled, budget = self.sampled, self.budget
+        threshold = self.threshold
+        last, mixed_of = self._last, self._mixed
+        tree, pos, limit = self._tree, self._pos, self._limit
+        known = len(ids)
+        mixed = 0
+        for x, h in enumerate(blocks):
+            if sampled:
+                mixed = mixes[x] if x < known else _mix(h)
+                if mixed >= threshold:
+                    continue
+            if pos >= limit:
+                self._pos = pos
+                self._compact()  # renumbers positions, not ids
+                tree, pos, limit = self._tree, self._pos, self._limit
+            k = ids[x] if x < known else -1
+            if k >= 0:
+                # Its mark moves: -1 on the nodes above its old position, up to the end.
+                q = last[k] + 1
+                while q <= pos:
+                    tree[q] -= 1
+                    q += q & -q
+                last[k] = pos
+            else:
+                keys = index.keys
+                if index.wide is None and 0 <= h <= _M64:  # index.find, written out
+                    slots, mask = index.slots, index.mask
+                    i = ((h * _GOLD) & _M64) >> index.shift
+                    k = slots[i]
+                    while k >= 0 and keys[k] != h:
+                        i = (i + 1) & mask
+                        k = slots[i]
+                    if k < 0 and not index.free:  # index.add, written out: slot i is free
+                        k = len(keys)
+                        keys.append(h)
+                        slots[i] = k
+                        index.count += 1
+                        if 2 * index.count > len(slots):
+                            index.grow()
+                        last.append(-1)
+                        if sampled:
+                            mixed_of.append(mixed)
+                else:
+                    k = find(h)
+                if k < 0:
+                    k = add(h)
+                    if k == len(last):
+                        last.append(-1)
+                        if sampled:
+                            mixed_of.append(mixed)
+                    elif sampled:
+                        mixed_of[k] = mixed
+                q = last[k]
+                if q >= 0:  # it was tracked after all (a repeated block)
+                    q += 1
+                    while q <= pos:
+                        tree[q] -= 1
+                        q += q & -q
+                elif sampled and mixed >= self._drop_floor:
+                    bisect.insort(self._drop, (mixed, -h))
+                last[k] = pos
+            # The new mark: node pos + 1 covers (pos + 1 - lowbit, pos + 1], its children and
+            # the mark itself.
+            pos += 1
+            low, child, count = pos & -pos, 1, 1
+            while child < low:
+                count += tree[pos - child]
+                child <<= 1
+            tree[pos] = count
+            if sampled and budget is not None and index.count > budget:
+                self._pos = pos
+                self._shrink_to_budget()
+                threshold = self.threshold
+        self._pos = pos
 
     def _shrink_to_budget(self) -> None:
-        # Drop the blocks with the largest mixed hash until within budget; the new threshold
-        # is the largest dropped value, so exactly the blocks under it stay sampled.
+        # Drop the blocks with the largest mixed hash (the smallest hash first among equal
+        # ones) until within budget; the new threshold is the largest dropped value, so
+        # exactly the blocks under it stay sampled.
         assert self.budget is not None
-        while len(self._last) > self.budget and self._heap:
-            neg, block = heapq.heappop(self._heap)
-            pos = self._last.pop(block, None)
-            if pos is not None:
-                self._fw.add(pos, -1.0)
-            self.threshold = min(self.threshold, -neg)
+        index, tree, pos = self._index, self._tree, self._pos
+        while index.count > self.budget:
+            if not self._drop and not self._refill_drop():
+                return
+            mixed, neg = self._drop.pop()
+            k = index.remove(-neg)
+            if k >= 0:
+                q = self._last[k] + 1
+                while q <= pos:
+                    tree[q] -= 1
+                    q += q & -q
+                self._last[k] = -1
+                self._mixed[k] = -1
+            self.threshold = min(self.threshold, mixed)
+            if not self._drop:
+                self._drop_floor = _SPACE + 1
+
+    def _refill_drop(self) -> bool:
+        """Gather the tracked blocks at the top of the mixed-hash order, about 1/64 of them,
+        by a scan (mixed hashes of tracked blocks spread evenly below the threshold)."""
+        mixes = self._mixed
+        live = self._index.count
+        if not live:
+            return False
+        want = max(64, live // 64)
+        floor = max(0, self.threshold - self.threshold * want // live - 1)
+        while True:
+            ids = [k for k, m in enumerate(mixes) if m >= floor]
+            if len(ids) >= min(want, live) or floor == 0:
+                break
+            floor //= 2
+        if len(ids) > 4 * want:
+            floor = sorted(mixes[k] for k in ids)[-want]
+            ids = [k for k in ids if mixes[k] >= floor]
+        hashes = self._index.hashes(ids)
+        self._drop = sorted((mixes[k], -h) for k, h in zip(ids, hashes, strict=True))
+        self._drop_floor = floor
+        return bool(self._drop)
 
     def _compact(self) -> None:
-        """Renumber live positions 0..n-1 (in access order) into a tree with room to grow."""
-        live = sorted(self._last.items(), key=lambda kv: kv[1])
-        self._fw = _Fenwick(max(4096, 2 * len(live)))
-        for new_pos, (block, _old) in enumerate(live):
-            self._last[block] = new_pos
-            self._fw.add(new_pos, 1.0)
-        self._pos = len(live)
+        """Renumber the tracked blocks' positions 0..n-1, in access order."""
+        last = self._last
+        order = array("i", [-1]) * self._pos  # position → id
+        for k, p in enumerate(last):
+            if p >= 0:
+                order[p] = k
+        live = 0
+        for k in order:
+            if k >= 0:
+                last[k] = live
+                live += 1
+        del order
+        self._set_positions(live)
+
+    def _set_positions(self, live: int) -> None:
+        """The tree with positions 0..live-1 all marked: node i covers (i - lowbit(i), i],
+        all marked, so it holds lowbit(i) (by doubling: lowbit(n + i) = lowbit(i) for i < n
+        a power of two, and lowbit(2n) = 2n). Rebuilt in place, room for 2 × live positions;
+        nodes past the last position are written before they are read."""
+        self._limit = limit = max(_MIN_POSITIONS, 2 * live)
+        tree = self._tree
+        if len(tree) > limit + 1:
+            del tree[limit + 1 :]
+        else:
+            tree.frombytes(bytes(4 * (limit + 1 - len(tree))))
+        if live:
+            tree[1] = 1
+        n = 1
+        while n < live:
+            m = min(n, live - n)
+            tree[n + 1 : n + m + 1] = tree[1 : m + 1]
+            if m == n:
+                tree[2 * n] = 2 * n
+            n += m
+        self._pos = live
+
+    # -- persistence --------------------------------------------------------------------------
+    def copy_state(self) -> tuple[BlockIndex, array[int]]:
+        """(a copy of the index, a copy of the positions): enough to list the tracked blocks
+        in access order later (blocks_in_order), taken with C-level copies."""
+        return self._index.copy(), self._last[:]
+
+    @staticmethod
+    def blocks_in_order(index: BlockIndex, last: array[int]) -> Iterator[int]:
+        """The tracked blocks, least recently accessed first."""
+        order = array("i", [-1]) * (max(last, default=-1) + 1)  # position → id
+        for k, p in enumerate(last):
+            if p >= 0:
+                order[p] = k
+        return index.iter_hashes(k for k in order if k >= 0)
+
+    def load_blocks(self, blocks: Sequence[int]) -> None:
+        """Track `blocks` (least recent first) as if just accessed in that order; raises
+        ValueError when a block appears twice."""
+        self._clear()
+        index = self._index
+        for pos, block in enumerate(blocks):
+            if index.find(block) >= 0:
+                raise ValueError("a block appears twice")
+            index.add(block)
+            self._last.append(pos)
+            if self.sampled:
+                self._mixed.append(_mix(block))
+        self._set_positions(len(blocks))
+
+    def nbytes(self) -> int:
+        """Bytes of its per-block arrays (their length, without over-allocation)."""
+        return (
+            self._index.nbytes()
+            + len(self._last) * 4
+            + len(self._mixed) * 4
+            + len(self._tree) * 4
+            + len(self._drop) * 100
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvoffload.errors import InputError
+from kvoffload.kvevents.blockindex import ResidentBlocks
 from kvoffload.kvevents.decode import CLEARED, REMOVED, STORED, Batch, decode_batch
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.stackdist import StackDistanceTracker
@@ -26,7 +27,8 @@ class EngineEvents:
     tracker: StackDistanceTracker = field(init=False)
     block_size: int = 0
     gpu_missed_blocks: int = 0
-    cpu_resident: dict[int, bool] = field(default_factory=dict)  # hash → loaded since stored
+    # hash → loaded since stored, in flat arrays (~17 B a block; the tier can hold millions)
+    cpu_resident: ResidentBlocks = field(default_factory=ResidentBlocks)
     # GPU-resident block → its parent: bounded by the GPU cache, enough to rebuild prefixes.
     gpu_parent: dict[int, int | None] = field(default_factory=dict)
     cpu_stored_blocks: int = 0
@@ -96,15 +98,16 @@ class EngineEvents:
                     self.block_size = ev.block_size
                 self._gpu_stored(ev.block_hashes, ev.parent_block_hash)
             elif ev.kind == STORED and ev.medium in CPU_MEDIA:
+                store = self.cpu_resident.store
                 for h in ev.block_hashes:
-                    self.cpu_resident[h] = False
-                    self.cpu_stored_blocks += 1
+                    store(h)
+                self.cpu_stored_blocks += len(ev.block_hashes)
             elif ev.kind == REMOVED and ev.medium in GPU_MEDIA:
                 for h in ev.block_hashes:
                     self.gpu_parent.pop(h, None)
             elif ev.kind == REMOVED and ev.medium in CPU_MEDIA:
                 for h in ev.block_hashes:
-                    loaded = self.cpu_resident.pop(h, None)
+                    loaded = self.cpu_resident.pop(h)
                     if loaded is not None:
                         self.cpu_evicted_blocks += 1
                         if not loaded:
@@ -136,30 +139,21 @@ class EngineEvents:
             seen.add(p)
             p = self.gpu_parent[p]
         chain.reverse()  # root first
-        tracker = self.tracker
         # vLLM loads only the leading run of present blocks: block i is served by a tier of
-        # C blocks iff blocks 1..i all are, so it is recorded at the running maximum distance.
+        # C blocks iff blocks 1..i all are, so the tracker records it at the running maximum
+        # distance, then touches the request's blocks (see StackDistanceTracker.lookup).
+        self.tracker.lookup(hashes, chain)
+        self.gpu_missed_blocks += len(hashes)
         # The same rule says which blocks were really loaded: one still in the CPU tier after
         # the first absent one is recomputed (on the real H200 captures, counting every
         # present block overcounts vLLM's loads by up to 1%; the leading run matches them).
-        running = 0.0
-        leading = True
-        for h in hashes:
-            self.gpu_missed_blocks += 1
-            probed = tracker.probe(h)
-            if probed is not None:
-                running = max(running, probed[0])
-                tracker.record(running, probed[1])
-            if leading and h in self.cpu_resident:
-                self.cpu_resident[h] = True  # missed on GPU, loaded from the CPU tier
-                self.cpu_loaded_blocks += 1
-            else:
-                leading = False
+        if len(self.cpu_resident):
+            load = self.cpu_resident.load
+            for h in hashes:
+                if not load(h):  # absent: this block and the rest are recomputed
+                    break
+                self.cpu_loaded_blocks += 1  # missed on GPU, loaded from the CPU tier
         self._checkpoint()
-        for h in reversed(hashes):
-            tracker.touch(h)
-        for h in reversed(chain):
-            tracker.touch(h)
         prev = parent
         for h in hashes:
             if h != prev:  # a block is never its own parent
@@ -168,7 +162,7 @@ class EngineEvents:
 
     @property
     def resident_never_loaded_blocks(self) -> int:
-        return sum(1 for loaded in self.cpu_resident.values() if not loaded)
+        return self.cpu_resident.never_loaded()
 
 
 class TargetEvents:

@@ -1,0 +1,261 @@
+"""Block hash → dense integer id, in flat arrays instead of a dict.
+
+A CPython dict entry keyed by a 64-bit block hash costs ~100 B (the entry, its share of the
+table, the int object); the KV-event state holds one per tracked block, millions of them. Here
+a hash costs 8 B in `keys` (16 B once a hash outside 0..2^64 shows up: negative ints from
+Python's own `hash()`, or 128-bit folded bytes hashes) and 4 B per slot of an open-addressing
+table (linear probing, at most half full, deletion by backward shift, no tombstones). Ids
+are dense (freed ids are reused), so per-block state lives in parallel arrays indexed by id.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator
+
+_M64 = (1 << 64) - 1
+_GOLD = 0x9E3779B97F4A7C15  # Fibonacci hashing: the slot is the top bits of hash × 2^64/φ
+# (h >> 64) & M64 tells apart every h in [-2^64, 2^128 - 2^64) (negatives all give M64 and
+# differ in their low word); the few hashes outside go to a plain dict.
+_LOW, _HIGH = -(1 << 64), (1 << 128) - (1 << 64)
+_MIN_BITS = 10
+
+
+class BlockIndex:
+    __slots__ = ("count", "free", "keys", "mask", "other", "shift", "slots", "wide")
+
+    def __init__(self) -> None:
+        self.keys = array("Q")  # id → the hash's low 64 bits
+        self.wide: array[int] | None = None  # id → bits 64..127, once any hash needs them
+        self.other: dict[int, int] = {}  # hashes outside [_LOW, _HIGH) → id
+        self.slots = array("i", [-1]) * (1 << _MIN_BITS)  # id, or -1 when empty
+        self.mask = (1 << _MIN_BITS) - 1
+        self.shift = 64 - _MIN_BITS
+        self.count = 0  # live ids
+        self.free = array("i")  # ids given back, reused first
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def capacity(self) -> int:
+        """Ids handed out so far (live or free): the length per-id arrays need."""
+        return len(self.keys)
+
+    def find(self, h: int) -> int:
+        """The id of `h`, or -1."""
+        if self.wide is None and 0 <= h <= _M64:
+            slots, keys, mask = self.slots, self.keys, self.mask
+            i = ((h * _GOLD) & _M64) >> self.shift
+            k = slots[i]
+            while k >= 0:
+                if keys[k] == h:
+                    return k
+                i = (i + 1) & mask
+                k = slots[i]
+            return -1
+        return self._find_general(h)
+
+    def _find_general(self, h: int) -> int:
+        if not _LOW <= h < _HIGH:
+            return self.other.get(h, -1)
+        lo, hw = h & _M64, (h >> 64) & _M64
+        wide = self.wide
+        if wide is None:
+            if hw:
+                return -1  # no stored hash has high bits yet
+            wide_check = False
+        else:
+            wide_check = True
+        slots, keys, mask = self.slots, self.keys, self.mask
+        i = (((lo ^ hw) * _GOLD) & _M64) >> self.shift
+        k = slots[i]
+        while k >= 0:
+            if keys[k] == lo and (not wide_check or wide[k] == hw):  # type: ignore[index]
+                return k
+            i = (i + 1) & mask
+            k = slots[i]
+        return -1
+
+    def _home(self, k: int) -> int:
+        hw = self.wide[k] if self.wide is not None else 0
+        return (((self.keys[k] ^ hw) * _GOLD) & _M64) >> self.shift
+
+    def add(self, h: int) -> int:
+        """A new id for `h`, which must not be present (find(h) == -1)."""
+        inside = _LOW <= h < _HIGH
+        lo, hw = (h & _M64, (h >> 64) & _M64) if inside else (0, 0)
+        if hw and self.wide is None:
+            self.wide = array("Q", bytes(8 * len(self.keys)))
+        keys, wide = self.keys, self.wide
+        if self.free:
+            k = self.free.pop()
+            keys[k] = lo
+            if wide is not None:
+                wide[k] = hw
+        else:
+            k = len(keys)
+            keys.append(lo)
+            if wide is not None:
+                wide.append(hw)
+        self.count += 1
+        if not inside:
+            self.other[h] = k
+            return k
+        slots, mask = self.slots, self.mask
+        i = (((lo ^ hw) * _GOLD) & _M64) >> self.shift
+        while slots[i] >= 0:
+            i = (i + 1) & mask
+        slots[i] = k
+        if 2 * self.count > len(slots):
+            self.grow()
+        return k
+
+    def grow(self) -> None:
+        old = self.slots
+        bits = (len(old) << 1).bit_length() - 1
+        self.slots = slots = array("i", [-1]) * (1 << bits)
+        self.mask = mask = (1 << bits) - 1
+        self.shift = shift = 64 - bits
+        keys, wide = self.keys, self.wide
+        for k in old:
+            if k < 0:
+                continue
+            key = keys[k] if wide is None else keys[k] ^ wide[k]
+            i = ((key * _GOLD) & _M64) >> shift
+            while slots[i] >= 0:
+                i = (i + 1) & mask
+            slots[i] = k
+
+    def remove(self, h: int) -> int:
+        """Forget `h`; its id (now free, reused by a later add) or -1 when it was absent."""
+        k = self.find(h)
+        if k < 0:
+            return -1
+        self.count -= 1
+        self.free.append(k)
+        if not _LOW <= h < _HIGH:
+            del self.other[h]
+            return k
+        slots, mask = self.slots, self.mask
+        i = self._home(k)
+        while slots[i] != k:
+            i = (i + 1) & mask
+        # Backward shift: pull each later entry of the run into the hole unless its home
+        # lies cyclically in (hole, its slot], so every entry stays reachable from its home.
+        slots[i] = -1
+        j = i
+        while True:
+            j = (j + 1) & mask
+            other = slots[j]
+            if other < 0:
+                return k
+            home = self._home(other)
+            if (home <= i or home > j) if i < j else (home <= i and home > j):
+                slots[i] = other
+                slots[j] = -1
+                i = j
+
+    def iter_hashes(self, ids: Iterable[int]) -> Iterator[int]:
+        """The hashes of live ids, in the order given."""
+        keys, wide = self.keys, self.wide
+        rev = {k: h for h, k in self.other.items()}
+        for k in ids:
+            if rev and k in rev:
+                yield rev[k]
+                continue
+            lo = keys[k]
+            hw = wide[k] if wide is not None else 0
+            yield lo - (1 << 64) if hw == _M64 else (hw << 64) | lo
+
+    def hashes(self, ids: Iterable[int]) -> list[int]:
+        return list(self.iter_hashes(ids))
+
+    def ids(self) -> list[int]:
+        """Every live id (table order, then the `other` ones)."""
+        return [k for k in self.slots if k >= 0] + list(self.other.values())
+
+    def copy(self) -> BlockIndex:
+        """An independent copy (C-level array copies)."""
+        new = BlockIndex.__new__(BlockIndex)
+        new.keys = self.keys[:]
+        new.wide = self.wide[:] if self.wide is not None else None
+        new.other = dict(self.other)
+        new.slots = self.slots[:]
+        new.mask, new.shift, new.count = self.mask, self.shift, self.count
+        new.free = self.free[:]
+        return new
+
+    def nbytes(self) -> int:
+        """Bytes of its arrays (allocated length, without over-allocation)."""
+        wide = len(self.wide) * 8 if self.wide is not None else 0
+        return len(self.keys) * 8 + wide + len(self.slots) * 4 + len(self.free) * 4
+
+
+class ResidentBlocks:
+    """The CPU tier's blocks: hash → loaded since stored, ~1 B per id beside the index
+    (a dict of bools costs ~100 B a block)."""
+
+    __slots__ = ("_index", "_state")
+
+    _ABSENT, _STORED, _LOADED = 0, 1, 2
+
+    def __init__(self) -> None:
+        self._index = BlockIndex()
+        self._state = bytearray()  # id → 0 free, 1 stored (not loaded since), 2 loaded
+
+    def __len__(self) -> int:
+        return self._index.count
+
+    def __contains__(self, h: int) -> bool:
+        return self._index.find(h) >= 0
+
+    def store(self, h: int) -> None:
+        """Stored (again): not loaded since."""
+        k = self._index.find(h)
+        if k < 0:
+            k = self._index.add(h)
+            if k == len(self._state):
+                self._state.append(self._STORED)
+                return
+        self._state[k] = self._STORED
+
+    def load(self, h: int) -> bool:
+        """Mark `h` loaded back; False when it is not resident."""
+        k = self._index.find(h)
+        if k < 0:
+            return False
+        self._state[k] = self._LOADED
+        return True
+
+    def pop(self, h: int) -> bool | None:
+        """Remove `h`: whether it was loaded since stored, None when it was not resident."""
+        k = self._index.remove(h)
+        if k < 0:
+            return None
+        loaded = self._state[k] == self._LOADED
+        self._state[k] = self._ABSENT
+        return loaded
+
+    def never_loaded(self) -> int:
+        return self._state.count(self._STORED)
+
+    def items(self) -> list[tuple[int, bool]]:
+        ids = self._index.ids()
+        state = self._state
+        return list(
+            zip(self._index.hashes(ids), (state[k] == self._LOADED for k in ids), strict=True)
+        )
+
+    def clear(self) -> None:
+        self._index = BlockIndex()
+        self._state = bytearray()
+
+    def copy(self) -> ResidentBlocks:
+        new = ResidentBlocks.__new__(ResidentBlocks)
+        new._index = self._index.copy()
+        new._state = self._state[:]
+        return new
+
+    def nbytes(self) -> int:
+        return self._index.nbytes() + len(self._state)
