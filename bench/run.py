@@ -425,35 +425,76 @@ def bench_events(blocks_total: int) -> dict[str, object]:
             runs.append(time.perf_counter() - start)
         rows[f"{label} gpu_missed_blocks_per_s"] = missed / statistics.median(runs)
 
-    def memory(rate: float, budget: int | None) -> tuple[float, int]:
-        gc.collect()
-        before = rss_mb()[0]
-        state = TargetEvents(rate, budget)
-        eng = state.engine(0)
-        eng.block_size = 16
-        rng_docs = 2_000_000  # ~32M distinct blocks possible: the exact mode keeps growing
-        rng = __import__("random").Random(11)
-        gpu: deque[tuple[int, ...]] = deque()  # a 16k-block GPU cache, evicting as vLLM does
-        done = 0
-        while done < blocks_total:
-            doc = rng.randrange(rng_docs)
-            hashes = tuple(
-                (doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1) for j in range(64)
-            )
-            eng._gpu_stored(hashes, None)
-            gpu.append(hashes)
-            if len(gpu) > 256:
-                for h in gpu.popleft():
-                    eng.gpu_parent.pop(h, None)  # what a GPU BlockRemoved does
-            done += 64
-        gc.collect()
-        return rss_mb()[0] - before, eng.tracker.tracked
-
-    for label, rate, budget in (("sampled budget 100k", 1.0, 100_000), ("exact", 1.0, None)):
-        grown, tracked = memory(rate, budget)
-        rows[f"{label} rss_growth_mb"] = grown
-        rows[f"{label} tracked_blocks"] = tracked
+    # Memory, each in a fresh process (RSS growth not hidden by memory freed earlier here):
+    # the default budget (1M blocks per engine, `kvoffload serve`), a small budget, and exact
+    # mode at 1M and at `blocks_total` blocks; bytes per tracked block from RSS and, on a
+    # shorter run (tracing every allocation is slow), from tracemalloc.
+    runs = [
+        ("budget 100k", blocks_total, 100_000, False),
+        ("budget 1M (serve default)", blocks_total, 1_000_000, False),
+        ("exact 1M", 1_000_000, None, False),
+        ("exact", blocks_total, None, False),
+        ("exact traced", 200_000 if blocks_total <= 1_000_000 else 1_000_000, None, True),
+    ]
+    for label, total, budget, traced in runs:
+        if label == "exact" and total == 1_000_000:
+            continue  # the same as "exact 1M"
+        code = (
+            f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import run; "
+            f"print(json.dumps(run.events_memory({total}, {budget}, {traced})))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+        for key, value in json.loads(out.splitlines()[-1]).items():
+            rows[f"{label} {key}"] = value
     return rows
+
+
+def events_memory(blocks_total: int, budget: int | None, traced: bool) -> dict[str, float]:
+    """One engine's event state after `blocks_total` GPU-missed blocks of a synthetic stream
+    (64-block documents drawn from 2M, so ~32M distinct blocks possible: exact mode keeps
+    growing; a 16k-block GPU cache evicting as vLLM does): RSS growth (or traced bytes) per
+    tracked block."""
+    import random
+    import tracemalloc
+
+    from kvoffload.kvevents.state import TargetEvents
+
+    gc.collect()
+    if traced:
+        tracemalloc.start()
+    before = rss_mb()[0]
+    state = TargetEvents(1.0, budget)
+    eng = state.engine(0)
+    eng.block_size = 16
+    rng = random.Random(11)
+    gpu: deque[tuple[int, ...]] = deque()
+    done = 0
+    start = time.process_time()
+    while done < blocks_total:
+        doc = rng.randrange(2_000_000)
+        hashes = tuple((doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1) for j in range(64))
+        eng._gpu_stored(hashes, None)
+        gpu.append(hashes)
+        if len(gpu) > 256:
+            for h in gpu.popleft():
+                eng.gpu_parent.pop(h, None)  # what a GPU BlockRemoved does
+        done += 64
+    cpu = time.process_time() - start
+    del gpu
+    gc.collect()
+    tracked = eng.tracker.tracked
+    if traced:
+        size = tracemalloc.get_traced_memory()[0]
+        return {"tracked_blocks": tracked, "traced_bytes_per_block": size / tracked}
+    grown = rss_mb()[0] - before
+    return {
+        "tracked_blocks": tracked,
+        "rss_growth_mb": grown,
+        "rss_bytes_per_block": grown * 2**20 / tracked,
+        "blocks_per_cpu_s": blocks_total / cpu,
+    }
 
 
 def machine() -> dict[str, object]:
