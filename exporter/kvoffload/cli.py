@@ -291,7 +291,8 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     type=click.IntRange(1000),
     default=1_000_000,
     show_default=True,
-    help="At most this many blocks tracked per engine (lowers the rate as needed).",
+    help="At most this many blocks tracked per engine (lowers the rate as needed); "
+    "~55 B each: the default holds ~55 MB per DP rank.",
 )
 @click.option(
     "--state-dir",
