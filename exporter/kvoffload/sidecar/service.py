@@ -372,6 +372,11 @@ class Sidecar:
                     self.event_baselines[group] = latest
 
     # -- analysis -----------------------------------------------------------------------------
+    def reanalyse(self) -> None:
+        """Analyse every group of the window anew: for a window built elsewhere and put in
+        place (groups are otherwise analysed as their scrapes land)."""
+        self._analyse(set(self.window.groups()))
+
     def _analyse(self, groups: set[GroupKey]) -> None:
         """(Re-)analyse these groups (what analyze_groups does for each, the replicas'
         comparison aside): each reads only its own part of the window and its target's events."""
