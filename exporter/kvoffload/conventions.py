@@ -113,7 +113,9 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
         _handler = _StderrHandler()
         _handler.setFormatter(LogfmtFormatter())
         root.addHandler(_handler)
-        logrepeat.install()
+        # On our handler only: another one on the root (a host program's, a test runner's
+        # capture) must see every record.
+        logrepeat.install(handlers=[_handler])
     if level is not None:
         root.setLevel("WARNING" if level == "warn" else level.upper())
     if fmt is not None:

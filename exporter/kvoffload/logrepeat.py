@@ -37,9 +37,12 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def install(interval_seconds: float = 60.0) -> RepeatFilter:
-    """Rate-limit repeats on every handler of the root logger (where basicConfig writes)."""
+def install(
+    interval_seconds: float = 60.0, handlers: list[logging.Handler] | None = None
+) -> RepeatFilter:
+    """Rate-limit repeats on `handlers` (default: every handler of the root logger, where
+    basicConfig writes)."""
     flt = RepeatFilter(interval_seconds)
-    for handler in logging.getLogger().handlers:
+    for handler in logging.getLogger().handlers if handlers is None else handlers:
         handler.addFilter(flt)
     return flt
