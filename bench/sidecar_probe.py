@@ -16,6 +16,7 @@ import gc
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -216,12 +217,10 @@ async def probe(args: argparse.Namespace) -> dict[str, object]:
     scrapes = sum(t.scrapes for t in sidecar.targets) - scrapes0
     cur, peak = rss_mb()
     failed = sum(1 for t in sidecar.targets if not t.up)
-    tracked = len(gc.get_objects())  # what a full collection of the cyclic collector walks
-    if args.profile:
-        from collections import Counter
-
-        kinds = Counter(type(o).__name__ for o in gc.get_objects()).most_common(25)
-        print(json.dumps(kinds), file=sys.stderr)
+    tracked = gc.get_objects()  # what a full collection of the cyclic collector walks
+    kinds = Counter(type(o).__name__ for o in tracked).most_common(12)
+    tracked_count = len(tracked)
+    del tracked
     groups = len(sidecar.groups())
     watch.cancel()
     await runner.cleanup()
@@ -241,7 +240,8 @@ async def probe(args: argparse.Namespace) -> dict[str, object]:
         "failed_targets": failed,
         "rss_mb": cur,
         "peak_rss_mb": peak,
-        "gc_tracked_objects": tracked,
+        "gc_tracked_objects": tracked_count,
+        "gc_tracked_kinds": kinds,
         **monitor.summary(),
         **pauses.summary(),
         **({"breakdown": breakdown.summary(wall)} if args.breakdown else {}),

@@ -10,8 +10,10 @@ the same figures as one without it.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Final, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
 from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
@@ -22,8 +24,11 @@ OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 GroupKey = tuple[str, str]
 
 
-@dataclass
-class _SeriesState:
+class _SeriesState(NamedTuple):
+    """A counter series' state. `update` keeps it as a plain tuple in this order (a tuple of
+    numbers is nothing the cyclic garbage collector walks: a sidecar holds 20 per target);
+    `extend` reads it through this class."""
+
     raw: float
     created: float | None
     adjusted: float
@@ -33,6 +38,10 @@ class _SeriesState:
     first_raw: float = 0.0
     first_created: float | None = None
     first_seen: int = 0
+
+
+_State = tuple[float, float | None, float, int, float, float | None, int]
+_ADJUSTED: Final = 2
 
 
 @dataclass
@@ -46,6 +55,66 @@ class Point:
     # Running sums over scrape intervals (kvoffload.analysis.intervals): a window's share is a
     # subtraction, like the counters'.
     fit: tuple[float, ...] = (0.0,) * FIT_SIZE
+
+
+# A point behind the latest, packed: its numbers as bytes of doubles (t, the counters, the gauge
+# sums, the gauge counts, the fit) and the key orders they follow, shared between points. A
+# live window keeps every scrape of its span (21 per group at 15 s over 300 s): as Points with
+# dicts they took ~2.7 kB each (58 MB for 1,000 targets) and were objects the cyclic collector
+# walks; packed, ~0.5 kB in a tuple of bytes and strings, which it stops looking at.
+_Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], int]
+_Packed = tuple[bytes, _Layout]
+_LAYOUTS: dict[_Layout, _Layout] = {}
+_DOUBLES: dict[int, struct.Struct] = {}
+
+
+def _doubles(n: int) -> struct.Struct:
+    packer = _DOUBLES.get(n)
+    if packer is None:
+        packer = _DOUBLES[n] = struct.Struct(f"{n}d")
+    return packer
+
+
+def _pack(point: Point) -> Point | _Packed:
+    numbers = [
+        point.t,
+        *point.counters.values(),
+        *point.gauge_sums.values(),
+        *point.gauge_n.values(),
+        *point.fit,
+    ]
+    if not all(type(x) is float for x in numbers):
+        return point  # kept as it is: unpacked, an int would come back a float
+    layout = (tuple(point.counters), tuple(point.gauge_sums), tuple(point.gauge_n), len(point.fit))
+    return (_doubles(len(numbers)).pack(*numbers), _LAYOUTS.setdefault(layout, layout))
+
+
+def _unpack(point: Point | _Packed) -> Point:
+    if isinstance(point, Point):
+        return point
+    data, (counters, sums, n, fit) = point
+    numbers = _doubles(len(data) // 8).unpack(data)
+    i = 1 + len(counters)
+    j = i + len(sums)
+    k = j + len(n)
+    return Point(
+        numbers[0],
+        dict(zip(counters, numbers[1:i], strict=True)),
+        dict(zip(sums, numbers[i:j], strict=True)),
+        dict(zip(n, numbers[j:k], strict=True)),
+        tuple(numbers[k : k + fit]),
+    )
+
+
+def _latest(points: deque[Point | _Packed]) -> Point:
+    """The latest point of a group: never packed."""
+    last = points[-1]
+    assert isinstance(last, Point)
+    return last
+
+
+def _time(point: Point | _Packed) -> float:
+    return point.t if isinstance(point, Point) else struct.unpack_from("d", point[0])[0]
 
 
 @dataclass
@@ -104,8 +173,9 @@ class Window:
         self.origin_zero = origin_zero
         self.max_points = max_points
         # group → (counter key, engine) → state: a scrape touches only its own groups.
-        self._series: dict[GroupKey, dict[tuple[str, str], _SeriesState]] = {}
-        self._points: dict[GroupKey, deque[Point]] = {}
+        self._series: dict[GroupKey, dict[tuple[str, str], _State]] = {}
+        # Each group's scrapes in the window, the latest a Point, those behind it packed.
+        self._points: dict[GroupKey, deque[Point | _Packed]] = {}
         self._first: dict[GroupKey, Point] = {}
         self._static: dict[GroupKey, GroupStatic] = {}
         self._gauge_running: dict[GroupKey, tuple[dict[str, float], dict[str, float]]] = {}
@@ -157,25 +227,26 @@ class Window:
                 created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
                 if state is None:
-                    series[(key, engine)] = _SeriesState(
-                        raw, created, raw, scrape_no, raw, created, scrape_no
-                    )
+                    series[(key, engine)] = (raw, created, raw, scrape_no, raw, created, scrape_no)
                     increase = raw
                 else:
+                    # state: (raw, created, adjusted, seen_at, first_raw, first_created,
+                    # first_seen), as _SeriesState names them
                     restarted = (
-                        raw < state.raw
-                        or (
-                            created is not None
-                            and state.created is not None
-                            and created != state.created
-                        )
-                        or state.seen_at != scrape_no - 1
+                        raw < state[0]
+                        or (created is not None and state[1] is not None and created != state[1])
+                        or state[3] != scrape_no - 1
                     )
-                    increase = raw if restarted else raw - state.raw
-                    state.adjusted += increase
-                    state.raw = raw
-                    state.created = created
-                    state.seen_at = scrape_no
+                    increase = raw if restarted else raw - state[0]
+                    series[(key, engine)] = (
+                        raw,
+                        created,
+                        state[2] + increase,
+                        scrape_no,
+                        state[4],
+                        state[5],
+                        state[6],
+                    )
                 running[key] = running.get(key, 0.0) + increase
                 if created is not None and (earliest_created is None or created < earliest_created):
                     earliest_created = created
@@ -207,7 +278,7 @@ class Window:
                     counts[k] = counts.get(k, 0.0) + 1
             self._gauge_running[g] = (sums, counts)
             points = self._points.get(g)
-            previous = points[-1] if points else None
+            previous = _latest(points) if points else None
             fit = (
                 add_interval(previous.fit, previous.counters, totals)
                 if previous
@@ -229,8 +300,10 @@ class Window:
                     self._first[g] = point
             points.append(point)
             self._trim(points, ex.timestamp)
+            if len(points) > 1:
+                points[-2] = _pack(_unpack(points[-2]))
 
-    def _trim(self, points: deque[Point], now: float) -> None:
+    def _trim(self, points: deque[Point | _Packed], now: float) -> None:
         if self.window_seconds is None:
             # Whole-history mode: the first point is kept apart; only the latest matters.
             while len(points) > 1:
@@ -238,7 +311,7 @@ class Window:
             return
         boundary = now - self.window_seconds
         # Keep one point at or before the boundary so the window is fully covered.
-        while len(points) > 2 and points[1].t <= boundary:
+        while len(points) > 2 and _time(points[1]) <= boundary:
             points.popleft()
         while len(points) > self.max_points:
             points.popleft()
@@ -261,9 +334,10 @@ class Window:
         mine = self._series.setdefault(g, {})
         theirs = later._series.get(g, {})
 
-        def carried(state: _SeriesState, other: _SeriesState) -> float:
+        def carried(mine_state: _State, their_state: _State) -> float:
             """What `other`'s adjusted total lacks: this window's up to the seam, plus the
             increase across it (all of `other`'s first value after a restart)."""
+            state, other = _SeriesState._make(mine_state), _SeriesState._make(their_state)
             restarted = (
                 other.first_raw < state.raw
                 or (
@@ -282,10 +356,12 @@ class Window:
         for (key, engine), state in mine.items():
             other = theirs.get((key, engine))
             # A series not seen again keeps its last contribution.
-            extra = state.adjusted if other is None else carried(state, other)
+            extra = state[_ADJUSTED] if other is None else carried(state, other)
             offset[key] = offset.get(key, 0.0) + extra
-        for series_key, other in theirs.items():
-            known = mine.get(series_key)
+        for series_key, their_state in theirs.items():
+            other = _SeriesState._make(their_state)
+            known_state = mine.get(series_key)
+            known = None if known_state is None else _SeriesState._make(known_state)
             if known is None:
                 extra, first = 0.0, (other.first_raw, other.first_created, other.first_seen + base)
             else:
@@ -303,12 +379,12 @@ class Window:
                 out[key] = out.get(key, 0.0) + extra
             return out
 
-        their_last = later._points[g][-1]
+        their_last = _latest(later._points[g])
         their_first = later._first[g]
         counters = shifted(their_last.counters)
         points = self._points.get(g)
         if points:
-            my_last = points[-1]
+            my_last = _latest(points)
             # The interval across the seam, then the later window's own intervals.
             fit = add_interval(my_last.fit, my_last.counters, shifted(their_first.counters))
             fit = tuple(a + b for a, b in zip(fit, their_last.fit, strict=True))
@@ -350,15 +426,15 @@ class Window:
     def latest(self, group: GroupKey) -> dict[str, float] | None:
         """Adjusted counter totals at the latest scrape (restart-proof, for baselines)."""
         points = self._points.get(group)
-        return dict(points[-1].counters) if points else None
+        return dict(_latest(points).counters) if points else None
 
     def delta(self, group: GroupKey) -> Delta | None:
         """Increases over the window (or the whole history); None with fewer than two points."""
         points = self._points.get(group)
         if not points:
             return None
-        last = points[-1]
-        first = self._first[group] if self.window_seconds is None else points[0]
+        last = _latest(points)
+        first = self._first[group] if self.window_seconds is None else _unpack(points[0])
         if first is last:
             return None
         inc = {

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -164,33 +165,46 @@ def render(registry: Collector, openmetrics: bool) -> bytes:
 
 def render_metrics(service: Service, openmetrics: bool) -> bytes:
     """The /metrics body of `service` (a snapshot, when called off the event loop)."""
-    with no_collection():
+    with rendering():
         return render(build_registry(service), openmetrics)
 
 
-_pause_lock = threading.Lock()
-_pausing = 0  # renders under way that asked for no collection
-_paused = False  # whether they turned the collector off (it was on)
+_lock = threading.Lock()
+_writers = 0  # bodies being written off the loop now
+_collecting = False  # whether the collector was on when the first of them began
+_interval = 0.005  # the switch interval then
+# While a body is written in a thread, the thread holding the GIL gives it up when the event
+# loop has waited this long for it (Python's default: 5 ms). The loop takes and gives back the
+# GIL around every socket call, so at 5 ms each scrape landing meanwhile waited tens of ms and
+# the loop fell 100-200 ms behind (measured on a quiet 16-core machine); at 0.5 ms, ~20 ms.
+SWITCH_INTERVAL = 0.0005
 
 
 @contextlib.contextmanager
-def no_collection() -> Iterator[None]:
-    """No automatic collection of the cyclic garbage collector meanwhile. A body for a
-    thousand targets is ~50,000 samples, all alive until it is written; collections while they
-    are would move them to the oldest generation, set off a full collection (which walks all
-    of them and holds every thread, the event loop's too), and leave them for the next one.
-    Written and dropped, they go by reference counting: they hold no cycles."""
-    global _pausing, _paused
-    with _pause_lock:
-        if _pausing == 0 and gc.isenabled():
+def rendering() -> Iterator[None]:
+    """While a body (/metrics, the status JSON) is written in a worker thread:
+
+    - no automatic collection of the cyclic garbage collector. A body for a thousand targets
+      is ~50,000 samples, all alive until it is written; collections meanwhile would move them
+      to the oldest generation, set off a full collection (which walks all of them and holds
+      every thread, the event loop's too) and leave them for the next one. Written and
+      dropped, they go by reference counting: they hold no cycles.
+    - a short switch interval (SWITCH_INTERVAL), so the event loop waits less for the GIL.
+    """
+    global _writers, _collecting, _interval
+    with _lock:
+        if _writers == 0:
+            _collecting = gc.isenabled()
+            _interval = sys.getswitchinterval()
             gc.disable()
-            _paused = True
-        _pausing += 1
+            sys.setswitchinterval(min(_interval, SWITCH_INTERVAL))
+        _writers += 1
     try:
         yield
     finally:
-        with _pause_lock:
-            _pausing -= 1
-            if _pausing == 0 and _paused:
-                gc.enable()
-                _paused = False
+        with _lock:
+            _writers -= 1
+            if _writers == 0:
+                sys.setswitchinterval(_interval)
+                if _collecting:
+                    gc.enable()

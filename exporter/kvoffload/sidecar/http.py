@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.exposition import (
     CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE,
 )
 
-from kvoffload.sidecar.exposition import no_collection, render_metrics
+from kvoffload.sidecar.exposition import render_metrics, rendering
 from kvoffload.sidecar.history import add_history
 from kvoffload.sidecar.service import Service
 
@@ -79,7 +79,7 @@ def make_app(
 
 
 def _status_json(view: Service) -> str:
-    with no_collection():  # as for /metrics (sidecar.exposition): many dicts, no cycles
+    with rendering():  # as for /metrics (sidecar.exposition): many dicts, no cycles
         return _dumps(view.status())
 
 
