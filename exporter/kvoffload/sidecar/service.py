@@ -34,6 +34,7 @@ from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 
 log = logging.getLogger("kvoffload")
 _T = TypeVar("_T")
+VLLM_KEEP_ALIVE_SECONDS = 5.0
 
 
 def target_name(url: str) -> str:
@@ -196,8 +197,12 @@ class Sidecar:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
+        # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): scraping
+        # less often, each scrape opens a new one anyway, and the pool would only hold the dead
+        # ones (with 1,000 targets, ~2,000 sockets and ~10,000 objects for the collector).
+        keep_alive = self.config.interval_seconds <= VLLM_KEEP_ALIVE_SECONDS
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, force_close=False)
+            connector=aiohttp.TCPConnector(limit=64, force_close=not keep_alive)
         )
         for i, target in enumerate(self.targets):
             # Spread first scrapes over the interval so many targets do not scrape in lockstep.
