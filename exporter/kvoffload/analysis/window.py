@@ -128,13 +128,21 @@ class GroupStatic:
     # (counter key, engine, raw value) of the latest scrape: kept as the scrape gave them and
     # summed only when asked (the analysis asks once; a long recording has many scrapes).
     latest: list[tuple[str, str, float]] = field(default_factory=list)
+    # (the `latest` it was summed from, the sums): the analysis asks for them once per formula
+    _lifetime: tuple[list[tuple[str, str, float]], dict[str, float]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def lifetime(self) -> dict[str, float]:
-        """Raw counter sums of the latest scrape: totals since the engines (re)started."""
+        """Raw counter sums of the latest scrape: totals since the engines (re)started (not
+        to be changed: the next caller gets the same dict until the next scrape)."""
+        if self._lifetime is not None and self._lifetime[0] is self.latest:
+            return self._lifetime[1]
         sums: dict[str, float] = {}
         for key, _engine, raw in self.latest:
             sums[key] = sums.get(key, 0.0) + raw
+        self._lifetime = (self.latest, sums)
         return sums
 
     @property

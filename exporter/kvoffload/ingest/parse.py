@@ -241,12 +241,24 @@ def _lineno(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
+# TYPE lines read before → (family, type): a target's come back every scrape (~100 of them).
+_TYPE_LINES: dict[str, tuple[str, str]] = {}
+_TYPE_LINES_MAX = 10_000
+
+
 def _type_line(line: str, lineno: Callable[[], int]) -> tuple[str, str]:
     """`# TYPE name type` → (normalised family name, type); lineno is computed on error only."""
+    known = _TYPE_LINES.get(line)
+    if known is not None:
+        return known
     parts = line.split()
     if len(parts) != 4:
         raise ParseError(f"line {lineno()}: malformed TYPE line: {line[:80]!r}")
-    return family_name(canonical_name(parts[2]), parts[3]), parts[3]
+    known = family_name(canonical_name(parts[2]), parts[3]), parts[3]
+    if len(_TYPE_LINES) >= _TYPE_LINES_MAX:
+        _TYPE_LINES.clear()
+    _TYPE_LINES[line] = known
+    return known
 
 
 def _skip_same_name(text: str, pos: int, line: str) -> int:

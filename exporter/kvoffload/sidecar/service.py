@@ -156,6 +156,7 @@ class Sidecar:
         self.window = Window(config.window_seconds)
         self.started = time.time()
         by_url = {t.url: t.name for t in self.targets}
+        self._by_name = {t.name: t for t in self.targets}
         self.events: dict[str, TargetEvents] = {}
         self.subscribers: list[Subscriber] = []
         # Counter totals per group when its events started: the curve's denominator runs
@@ -385,7 +386,7 @@ class Sidecar:
     def _analyse(self, groups: set[GroupKey]) -> None:
         """(Re-)analyse these groups (what analyze_groups does for each, the replicas'
         comparison aside): each reads only its own part of the window and its target's events."""
-        by_name = {t.name: t for t in self.targets} if groups else {}
+        by_name = self._by_name
         for group in sorted(groups):
             entry = analyze_group(
                 self.window,
