@@ -180,49 +180,89 @@ def _takes_tail(path: Path, window: float) -> int:
     return sum(1 for _ in journal_extracts(str(path), window))
 
 
-@pytest.mark.parametrize("name", ["restart", "legacy-0.23", "two-models", "dp2"])
-def test_windows_of_two_parts_extend_into_the_whole(
-    sim_recordings: dict[str, Path], name: str
-) -> None:
-    """A recording read in two parts (one process each) and the parts' windows joined
-    (Window.extend) analyse as one pass does — seams anywhere, the restart's included (the
-    restart scenario restarts at 900 s: scrape 60)."""
-    from kvoffload.analysis.window import Window
-
-    extracts = list(journal_extracts(str(sim_recordings[name])))
-    whole = Window(None)
-    for ex in extracts:
-        whole.update(ex)
-    expected = _rounded(analyze_window(whole))
-    for seam in (1, 2, 59, 60, 61, 62, 100, 120):
-        first, later = Window(None), Window(None)
-        for ex in extracts[:seam]:
-            first.update(ex)
-        for ex in extracts[seam:]:
-            later.update(ex)
-        first.extend(later)
-        assert _rounded(analyze_window(first)) == expected, f"seam at scrape {seam}"
-
-
-@pytest.mark.parametrize("name", ["restart", "dp2"])
+@pytest.mark.parametrize("name", ["restart", "dp2", "two-models"])
 @pytest.mark.parametrize("parts", [2, 3, 7])
 def test_a_recording_read_in_parallel_parts_gives_the_same(
-    sim_recordings: dict[str, Path], name: str, parts: int
+    sim_recordings: dict[str, Path], name: str, parts: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Large recordings are cut at scrape boundaries (journal_parts) and read one part per
-    process; the joined window analyses as one pass does."""
-    from kvoffload.analysis.analyze import _window_in_parts
+    """Large recordings are cut at scrape boundaries (journal_parts), read one part per
+    process and given back in order: the same scrapes as one pass, so the same JSON, bit for
+    bit (the window runs once, over them)."""
+    from kvoffload.analysis import analyze
     from kvoffload.ingest.fastjournal import journal_parts
+    from kvoffload.ingest.journalparts import BATCH, extracts_in_parts
 
     path = sim_recordings[name]
     spans = journal_parts(str(path), parts)
     assert len(spans) == parts and spans[0][0] == 0
     assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     assert sum(_takes_span(path, span) for span in spans) == 121
-    win, count, lifetime = _window_in_parts(str(path), spans)
-    assert count == 121 and not lifetime
+    one_pass = list(journal_extracts(str(path)))
+    in_parts = list(extracts_in_parts(str(path), spans))
+    assert in_parts == one_pass
+    assert [list(ex.counters) for ex in in_parts] == [list(ex.counters) for ex in one_pass]
+    assert BATCH < 121  # batches cross the seams too
+    monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
     whole, _n, _l = window_from_recording(str(path), jobs=1)
-    assert _rounded(analyze_window(win)) == _rounded(analyze_window(whole))
+    win, count, lifetime = window_from_recording(str(path), jobs=parts)
+    assert count == 121 and not lifetime
+    assert json.dumps(analyze_window(win), sort_keys=True) == json.dumps(
+        analyze_window(whole), sort_keys=True
+    )
+
+
+def test_parts_that_go_back_in_time_are_declined(
+    sim_recordings: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two scrape-ordered halves in the wrong order: each part reads, but one pass would
+    decline the file (time goes back); read in parts it is declined too, and read as the
+    general reader reads it."""
+    from kvoffload.analysis import analyze
+    from kvoffload.ingest.fastjournal import journal_parts
+    from kvoffload.ingest.journalparts import extracts_in_parts
+
+    text = sim_recordings["restart"].read_text().removesuffix("# EOF\n")
+    spans = journal_parts(str(sim_recordings["restart"]), 2)
+    raw = text.encode()
+    swapped = tmp_path / "swapped.om"
+    swapped.write_bytes(raw[spans[1][0] :] + raw[: spans[1][0]] + b"# EOF\n")
+    parts = journal_parts(str(swapped), 2)
+    assert len(parts) == 2
+    with pytest.raises(Declined):
+        list(extracts_in_parts(str(swapped), parts))
+    monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
+    with pytest.raises(Declined):
+        list(journal_extracts(str(swapped)))
+    assert _fast(swapped) == _general(swapped)
+
+
+def test_a_worker_that_dies_leaves_a_one_pass_read(
+    sim_recordings: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reading process killed midway (out of memory, a signal) is noticed, said in one
+    line, and the file read again in one pass: the same JSON."""
+    import os
+
+    from kvoffload.analysis import analyze
+    from kvoffload.ingest import journalparts
+
+    path = sim_recordings["dp2"]
+    expected = _fast(path)
+
+    def dying(path: str, span: tuple[int, int], **kwargs: object) -> object:
+        if span[0] > 0:
+            os._exit(3)  # the forked worker of the second part
+        return journal_extracts(path, span=span, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(journalparts, "journal_extracts", dying)
+    monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
+    with caplog.at_level("WARNING", logger="kvoffload"):
+        win, count, lifetime = window_from_recording(str(path), jobs=2)
+    assert count == 121
+    assert json.dumps(analyze_window(win, lifetime=lifetime), sort_keys=True) == expected
+    assert "stopped early (exit code 3); reading it in one pass" in caplog.text
 
 
 def _takes_span(path: Path, span: tuple[int, int]) -> int:

@@ -626,9 +626,9 @@ def record(
     "--jobs",
     type=click.IntRange(1),
     default=None,
-    help="Worker processes: with --prometheus (default: one per core); for a recording "
-    "written scrape by scrape (default 1: more read it in parts and join them, the same "
-    "figures up to float rounding).",
+    help="Worker processes: with --prometheus, and for reading a large recording written "
+    "scrape by scrape in parts (default: one per core, up to 4; the figures are those of one "
+    "process).",
 )
 @click.option(
     "--top",
@@ -706,7 +706,7 @@ def analyze(
             # for a long read.
             with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
                 win, scrapes, lifetime = window_from_recording(
-                    file, window, jobs or 1, report=reading.reached
+                    file, window, jobs, report=reading.reached
                 )
                 reading.items = scrapes
         else:

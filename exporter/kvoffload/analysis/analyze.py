@@ -6,13 +6,10 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, wait
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kvoffload.analysis import ttft
 from kvoffload.analysis.advisor import (
@@ -37,6 +34,7 @@ from kvoffload.ingest.fastjournal import (
     scrape_ordered,
 )
 from kvoffload.ingest.faststrict import strict_extracts
+from kvoffload.ingest.journalparts import PartsFailed, extracts_in_parts
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
@@ -398,8 +396,9 @@ def window_from_recording(
 ) -> tuple[Window, int, bool]:
     """window_from_expositions of a recording file. Scrape-ordered recordings go through the
     fast journal reader (ingest.fastjournal) — with a window, only the scrapes the window
-    keeps; without, a large file in `jobs` parts if asked (default: one), one process each,
-    their windows joined (Window.extend: the same figures up to float rounding) —, strict
+    keeps; without, a large file in `jobs` parts (default: one per core, up to 4), read by
+    one process each and given back in order to the one window here (ingest.journalparts:
+    the same figures as one pass, exactly) —, strict
     ones through the column reader (ingest.faststrict), and anything they decline through
     the general reader. `report`: told how many bytes of the file the fast readers got
     through, now and then."""
@@ -408,10 +407,13 @@ def window_from_recording(
             return window_from_extracts(strict_extracts(path, report), window_seconds)
         if window_seconds is None:
             size = os.path.getsize(path)
-            jobs = jobs or 1
+            jobs = jobs or min(os.cpu_count() or 1, MAX_DEFAULT_JOBS)
             parts = journal_parts(path, jobs) if size >= PARALLEL_BYTES and jobs > 1 else []
             if len(parts) > 1:
-                return _window_in_parts(path, parts, report)
+                try:
+                    return window_from_extracts(extracts_in_parts(path, parts, report))
+                except PartsFailed as exc:
+                    log.warning("%s: %s; reading it in one pass", path, exc)
         return window_from_extracts(
             journal_extracts(path, window_seconds, report=report), window_seconds
         )
@@ -424,57 +426,9 @@ def window_from_recording(
 
 # Below this a recording is read in one process (forking costs more than it saves).
 PARALLEL_BYTES = 64 * 2**20
-
-
-# The offset each worker reached (shared memory: the workers are forked processes).
-_REACHED: Any = None
-
-
-def _window_part(path: str, span: tuple[int, int], slot: int) -> tuple[Window, int, int]:
-    window = Window(None)
-    count = skipped = 0
-    reached = _REACHED
-
-    def report(pos: int) -> None:
-        if reached is not None:
-            reached[slot] = pos - span[0]
-
-    for ex in journal_extracts(path, span=span, report=report):
-        if not _believable(ex.timestamp):
-            skipped += 1
-            continue
-        window.update(ex)
-        count += 1
-    return window, count, skipped
-
-
-def _window_in_parts(
-    path: str, parts: list[tuple[int, int]], report: Callable[[int], None] | None = None
-) -> tuple[Window, int, bool]:
-    global _REACHED
-    # fork: the workers start at once (the CLI is one thread doing this; a progress thread,
-    # if any, only reads).
-    context = multiprocessing.get_context("fork")
-    _REACHED = context.Array("q", len(parts), lock=False)
-    try:
-        with ProcessPoolExecutor(len(parts), mp_context=context) as pool:
-            futures = [pool.submit(_window_part, path, span, i) for i, span in enumerate(parts)]
-            while wait(futures, timeout=0.25).not_done:
-                if report is not None:
-                    report(sum(_REACHED))
-            results = [f.result() for f in futures]
-    finally:
-        _REACHED = None
-    window, count, skipped = results[0]
-    for later, n, bad in results[1:]:
-        window.extend(later)
-        count += n
-        skipped += bad
-    if count < 2:
-        raise Declined("too few scrapes to read in parts")
-    if skipped:
-        log.warning("%s", _skipped_note(skipped).strip(" ();"))
-    return window, count, False
+# Reading processes by default: one per core, up to this (the window, in this process, takes
+# the scrapes of at most ~4 readers at once).
+MAX_DEFAULT_JOBS = 4
 
 
 def window_from_extracts(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import mmap
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -43,6 +44,9 @@ class Declined(Exception):
 class _Family:
     wanted: tuple[bytes, ...]  # "name{" and "name " of the sample names the catalog reads
     unwanted: tuple[bytes, ...]  # the same of the family's other names (histogram buckets)
+    # Finds the wanted lines (after a newline) in one pass, in file order: the literal part
+    # the names share is searched for, and only those lines are tried.
+    pattern: re.Pattern[bytes]
 
 
 def _family(raw: bytes, mtype: bytes) -> _Family:
@@ -53,9 +57,15 @@ def _family(raw: bytes, mtype: bytes) -> _Family:
     if mtype == b"gauge" or mtype not in _SUFFIXES:
         names = [base]
     wanted = [n for n in names if canonical_name(n.decode()) in _INDEX]
+    shared = wanted[0] if wanted else b""
+    for n in wanted:
+        while not n.startswith(shared):
+            shared = shared[:-1]
+    rests = b"|".join(re.escape(n[len(shared) :]) for n in wanted)
     return _Family(
         tuple(n + end for n in wanted for end in (b"{", b" ")),
         tuple(n + end for n in names if n not in wanted for end in (b"{", b" ")),
+        re.compile(b"\n(" + re.escape(shared) + b"(?:" + rests + b")[{ ][^\n]*)"),
     )
 
 
@@ -76,20 +86,74 @@ def _wanted_lines(block: bytes, spec: _Family) -> list[bytes]:
                 raise Declined("a line of another family")
         return lines
     probe = b"\n" + block
-    hits: list[tuple[int, bytes]] = []
-    find = probe.find
-    for prefix in spec.wanted:
-        needle = b"\n" + prefix
-        at = find(needle)
-        while at != -1:
-            eol = find(b"\n", at + 1)
-            hits.append((at, probe[at + 1 : eol]))
-            at = find(needle, eol)
-    others = sum(probe.count(b"\n" + prefix) for prefix in spec.unwanted)
-    if len(hits) + others != block.count(b"\n"):
-        raise Declined("a line of another family")
-    hits.sort()
-    return [line for _at, line in hits]
+    hits = spec.pattern.findall(probe)
+    line_count = block.count(b"\n")
+    # The other lines must all be the family's other names: counted, those with labels
+    # first (a histogram's buckets have them; the rest are counted only when short).
+    others = len(hits)
+    for needles in (spec.unwanted[0::2], spec.unwanted[1::2]):
+        others += sum(probe.count(b"\n" + prefix) for prefix in needles)
+        if others == line_count:
+            return hits
+    raise Declined("a line of another family")
+
+
+def _wanted_text(block: bytes, spec: _Family) -> bytes:
+    """The lines of a family block the catalog reads, each ending in a newline: the block
+    itself when it has no other names (its lines are checked where they are read)."""
+    if not spec.unwanted:
+        return block
+    lines = _wanted_lines(block, spec)
+    return b"\n".join(lines) + b"\n" if lines else b""
+
+
+def _columns(text: bytes) -> tuple[list[bytes], list[bytes], bytes] | None:
+    """Lines of `name{labels} value timestamp` with one timestamp, taken apart in bulk:
+    (heads, values, the timestamp); None when a line has other than two blanks (a label
+    value with a blank: read line by line) or the timestamps differ."""
+    lines = text.count(b"\n")
+    parts = text.replace(b"\n", b" ").split(b" ")
+    if not lines or len(parts) != 3 * lines + 1:
+        return None
+    stop = 3 * lines
+    heads, values, stamps = parts[0:stop:3], parts[1:stop:3], parts[2:stop:3]
+    # As many blanks as two a line is not yet two on every line: put the lines back together.
+    if b"\n".join(map(b" ".join, zip(heads, values, stamps, strict=True))) != text[:-1]:
+        return None
+    if stamps.count(stamps[0]) != lines:
+        return None
+    return heads, values, stamps[0]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a family block's lines go, learnt from its heads: the next scrape's block has the
+    same heads in the same order (vLLM renders its series in a fixed order), so its values go
+    straight to their places — one comparison of the heads instead of work per line."""
+
+    heads: list[bytes]
+    runs: list[tuple[_Instance, list[int], int]]  # (instance, member indices, first line)
+
+    @staticmethod
+    def learn(
+        heads: list[bytes],
+        spec: _Family,
+        series: dict[bytes, tuple[_Instance, int]],
+        instances: dict[str, _Instance],
+    ) -> _Layout:
+        runs: list[tuple[_Instance, list[int], int]] = []
+        for at, head in enumerate(heads):
+            if not (head + b" ").startswith(spec.wanted):
+                raise Declined("a line of another family")
+            known = series.get(head)
+            if known is None:
+                known = series[head] = _member(head, instances)
+            inst, index = known
+            if runs and runs[-1][0] is inst:
+                runs[-1][1].append(index)
+            else:
+                runs.append((inst, [index], at))
+        return _Layout(heads, runs)
 
 
 def _member(head: bytes, instances: dict[str, _Instance]) -> tuple[_Instance, int]:
@@ -339,6 +403,7 @@ def _read(
         raise Declined("no '# EOF' at the end")
     families: dict[tuple[bytes, bytes], _Family] = {}
     series: dict[bytes, tuple[_Instance, int]] = {}
+    layouts: dict[bytes, _Layout] = {}  # family (raw name) → its last block's layout
     instances: dict[str, _Instance] = {}
     declared: set[str] = set()  # TYPE lines since the last sample, as iter_openmetrics does
     scrape_families: set[str] = set()
@@ -374,9 +439,24 @@ def _read(
         if not spec.wanted:
             continue  # the block is skipped by the next search for '#'
         block_end = _next_comment(mm, pos, end_of_data, window)
-        block = mm[pos:block_end]
+        text = _wanted_text(mm[pos:block_end], spec)
         pos = block_end
-        for line in _wanted_lines(block, spec):
+        columns = _columns(text)
+        bulk: tuple[_Layout, list[bytes]] | None = None
+        if columns is None:
+            lines = text.split(b"\n")[:-1]
+        else:
+            heads, bulk_values, bulk_stamp = columns
+            layout = layouts.get(raw)
+            if layout is None or layout.heads != heads:
+                layout = layouts[raw] = _Layout.learn(heads, spec, series, instances)
+            bulk = layout, bulk_values
+            lines = []  # the block is read below, after the scrape it starts (if any)
+            if bulk_stamp != last_ts:
+                lines = [text[: text.index(b"\n")]]  # its first line: the same steps as ever
+        for line in lines:
+            if not spec.unwanted and not line.startswith(spec.wanted):
+                raise Declined("a line of another family")
             try:
                 head, value, stamp = line.rsplit(b" ", 2)
             except ValueError:
@@ -412,6 +492,20 @@ def _read(
                 row[index] = float(value)
             except ValueError:
                 raise Declined("value") from None
+        if bulk is not None:
+            if declared:
+                scrape_families |= declared
+                declared = set()
+            try:
+                floats = list(map(float, bulk[1]))
+            except ValueError:
+                raise Declined("value") from None
+            for inst, indices, at in bulk[0].runs:
+                found = rows.get(inst)
+                if found is None:
+                    found = rows[inst] = {}
+                found.update(zip(indices, floats[at : at + len(indices)], strict=True))
+            row_of = None
     if current_t is None:
         raise Declined("no samples")
     scrape_families |= declared
