@@ -1,0 +1,300 @@
+"""The HTTP server of every command that listens (serve, sim): aiohttp's request handling
+behind an accept loop of our own, so that clients nobody authenticated cannot take it down.
+
+- Out of file descriptors (idle connections held open past the open-file limit): asyncio's
+  accept loop logs each failed accept, with a traceback, and under Linux retries without end
+  (~7,000 a second at a 256 limit: a core spent, /healthz unanswered while the connections
+  stay, 1.9M log lines in 24 s before kvoffload's logs were rate-limited). Here a failed
+  accept pauses accepting (50 ms, doubling to 1 s while it keeps failing) and closes the idle
+  connections, as nginx does when its connections run out: the ones with no request in
+  progress, accepted more than `IDLE_AGE` ago (a scraper's keep-alive connection
+  reconnects at its next scrape). One warning line, its repeats counted (logrepeat).
+- Idle connections are closed after `KEEPALIVE_SECONDS` anyway (from the accept, or from the
+  last response): longer than Prometheus' scrape interval, so its connections are reused.
+- A rejected request (oversized, a bad method, malformed, TLS sent to plain HTTP): one line,
+  its status and reason, where aiohttp logs a traceback at error level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import resource
+import socket
+import ssl
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_runner import GracefulExit
+
+from kvoffload import logrepeat
+
+log = logging.getLogger("kvoffload.http")
+
+# Failed accepts that mean "out of a resource", where retrying at once cannot succeed.
+_OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+PAUSE_MIN, PAUSE_MAX = 0.05, 1.0
+# An idle connection younger than this is spared when connections are shed: a client that
+# just connected (a probe) has its request on the way.
+IDLE_AGE = 1.0
+KEEPALIVE_SECONDS = 75.0  # aiohttp's default for run_app; Prometheus scrapes every 15-60 s
+TLS_HANDSHAKE_SECONDS = 10.0
+
+
+class _OneLine(logging.Filter):
+    """aiohttp's "Error handling request" for a request it could not parse → one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = " ".join(str(exc.message).split())[:160]
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg = "rejected a request from %s: %d %s"
+            record.args = (remote, exc.code, reason)
+            record.exc_info = None
+            record.exc_text = None
+            if record.levelno > logging.WARNING:  # aiohttp says error; a client's mistake
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+log.addFilter(_OneLine())
+# On the logger itself, so a storm is held back whoever configured the handlers.
+log.addFilter(logrepeat.RepeatFilter(60.0))
+
+
+def _file_limit() -> str:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+
+class Listener(asyncio.AbstractServer):
+    """Accepts connections on a listening socket for an aiohttp `web.Server`, backing off
+    and shedding idle connections when accepting fails for want of a resource."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        server: web.Server,
+        ssl_context: ssl.SSLContext | None = None,
+        backlog: int = 128,
+    ) -> None:
+        self.sock = sock
+        self.server = server
+        self.ssl_context = ssl_context
+        self.backlog = backlog
+        self.pause = PAUSE_MIN
+        self.paused_times = 0  # accepts that failed for want of a resource
+        self.shed = 0  # idle connections closed to make room
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading = False
+        self._closed = False
+        self._resume_handle: asyncio.TimerHandle | None = None
+        self._born: dict[Any, float] = {}  # handler → when its connection was accepted
+        self._pending: dict[asyncio.Task[None], float] = {}  # connections being set up
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.sock.setblocking(False)
+        self.sock.listen(self.backlog)
+        self._read(True)
+
+    def _read(self, on: bool) -> None:
+        assert self._loop is not None
+        if on and not self._reading and not self._closed:
+            self._loop.add_reader(self.sock.fileno(), self._accept)
+            self._reading = True
+        elif not on and self._reading:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+
+    def _accept(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        for _ in range(self.backlog):
+            try:
+                conn, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                self._back_off(exc)
+                return
+            self.pause = PAUSE_MIN
+            conn.setblocking(False)
+            task = loop.create_task(self._connect(conn))
+            self._pending[task] = time.monotonic()
+            task.add_done_callback(self._connected)
+        if len(self._born) > 2 * len(self.server.connections) + 256:
+            self._forget_closed()
+
+    async def _connect(self, conn: socket.socket) -> None:
+        assert self._loop is not None
+        try:
+            _transport, handler = await self._loop.connect_accepted_socket(
+                self.server,
+                conn,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS if self.ssl_context else None,
+            )
+        except Exception as exc:  # a failed handshake: the client's business
+            log.debug("connection not set up: %s", exc)
+            conn.close()
+            return
+        self._born[handler] = time.monotonic()
+
+    def _connected(self, task: asyncio.Task[None]) -> None:
+        self._pending.pop(task, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: nothing left to report
+
+    def _back_off(self, exc: OSError) -> None:
+        self._read(False)
+        shed = self.shed_idle() if exc.errno in _OUT_OF else 0
+        self.paused_times += 1
+        log.warning(
+            "cannot accept connections: %s (open-file limit %s): accepting paused for up "
+            "to %g s, idle connections closed",
+            exc.strerror or exc,
+            _file_limit(),
+            PAUSE_MAX,
+        )
+        log.debug("accept paused %.2f s, %d idle connections closed", self.pause, shed)
+        assert self._loop is not None
+        self._resume_handle = self._loop.call_later(self.pause, self._resume)
+        self.pause = min(self.pause * 2, PAUSE_MAX)
+
+    def _resume(self) -> None:
+        self._resume_handle = None
+        self._read(True)
+
+    def _forget_closed(self) -> None:
+        alive = set(self.server.connections)
+        self._born = {h: t for h, t in self._born.items() if h in alive}
+
+    def shed_idle(self) -> int:
+        """Close the connections with no request in progress accepted over IDLE_AGE ago, and
+        the TLS handshakes going on as long; returns how many."""
+        self._forget_closed()
+        cutoff = time.monotonic() - IDLE_AGE
+        closed = 0
+        for handler, born in list(self._born.items()):
+            waiter = getattr(handler, "_waiter", None)  # aiohttp's own idle test
+            if born <= cutoff and waiter is not None and not waiter.done():
+                handler.force_close()
+                del self._born[handler]
+                closed += 1
+        for task, started in list(self._pending.items()):
+            if started <= cutoff:
+                task.cancel()
+                closed += 1
+        self.shed += closed
+        return closed
+
+    # asyncio.AbstractServer, as aiohttp's sites use it
+    def close(self) -> None:
+        self._closed = True
+        if self._loop is not None:
+            self._read(False)
+        if self._resume_handle is not None:
+            self._resume_handle.cancel()
+        for task in self._pending:
+            task.cancel()
+        self.sock.close()
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def is_serving(self) -> bool:
+        return not self._closed
+
+    async def start_serving(self) -> None:
+        return None  # serving since start()
+
+    async def serve_forever(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(3600)
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
+
+
+class ListenerSite(web.BaseSite):
+    """An aiohttp site on an already bound socket, accepting through a `Listener`."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        sock: socket.socket,
+        ssl_context: ssl.SSLContext | None = None,
+        backlog: int = 128,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._sock = sock
+        self.listener: Listener | None = None
+
+    @property
+    def name(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self.listener = Listener(self._sock, server, self._ssl_context, self._backlog)
+        self.listener.start()
+        self._server = self.listener
+
+
+def runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The app's runner as every listening command makes it: no access log, one-line
+    rejections, KEEPALIVE_SECONDS."""
+    kwargs.setdefault("access_log", None)
+    kwargs.setdefault("keepalive_timeout", KEEPALIVE_SECONDS)
+    return web.AppRunner(app, logger=log, **kwargs)
+
+
+def serve_forever(
+    app: web.Application, sock: socket.socket, ssl_context: ssl.SSLContext | None
+) -> None:
+    """Serve `app` on the bound `sock` until SIGTERM or Ctrl-C, then shut it down (the app's
+    cleanup runs): aiohttp's run_app, with the Listener in place of asyncio's server."""
+
+    async def main() -> None:
+        app_runner = runner(app, handle_signals=True)
+        await app_runner.setup()
+        try:
+            await ListenerSite(app_runner, sock, ssl_context).start()
+            await asyncio.Event().wait()
+        finally:
+            await app_runner.cleanup()
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(main())
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(task)
+    except (GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(task)
+        finally:
+            rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in rest:
+                t.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
