@@ -185,6 +185,9 @@ _SCRAPE_ONLY = (
     "window",
     "scrape_timeout",
     "max_payload",
+    "sample_limit",
+    "group_limit",
+    "label_value_length_limit",
     "kv_events",
     "kv_events_replay",
     "kv_events_dp",
@@ -258,6 +261,33 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     help="Largest /metrics body accepted.",
 )
 @click.option(
+    "--scrape.sample-limit",
+    "sample_limit",
+    type=click.IntRange(0),
+    default=20_000,
+    show_default=True,
+    help="Most vLLM samples the sidecar reads from one scrape (Prometheus' sample_limit; "
+    "8 engines × 3 models read ~1,400); over it the scrape fails. 0: no limit.",
+)
+@click.option(
+    "--scrape.group-limit",
+    "group_limit",
+    type=click.IntRange(0),
+    default=64,
+    show_default=True,
+    help="Most model_name × engine pairs in one scrape of a target; over it the scrape "
+    "fails. 0: no limit.",
+)
+@click.option(
+    "--scrape.label-value-length-limit",
+    "label_value_length_limit",
+    type=click.IntRange(0),
+    default=4096,
+    show_default=True,
+    help="Longest label value (bytes) of a sample read (Prometheus' "
+    "label_value_length_limit); over it the scrape fails. 0: no limit.",
+)
+@click.option(
     "--kv-events",
     "kv_events",
     multiple=True,
@@ -317,6 +347,9 @@ def serve(
     window: float,
     scrape_timeout: float,
     max_payload: float,
+    sample_limit: int,
+    group_limit: int,
+    label_value_length_limit: int,
     kv_events: tuple[str, ...],
     kv_events_replay: tuple[str, ...],
     kv_events_dp: int,
@@ -342,7 +375,7 @@ def serve(
     """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
     (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
     from kvoffload.sidecar.fleet import FleetConfig, FleetService
-    from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
+    from kvoffload.sidecar.service import KVEventsSource, ScrapeLimits, Sidecar, SidecarConfig
 
     if bool(targets) == (prometheus_url is not None):
         raise InputError("give --target URL (repeatable) or --prometheus URL, one of them")
@@ -419,6 +452,7 @@ def serve(
             kv_events_sample_budget,
             state_dir,
             state_interval,
+            ScrapeLimits(sample_limit, group_limit, label_value_length_limit),
         )
     )
     _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", web)

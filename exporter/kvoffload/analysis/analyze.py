@@ -185,6 +185,7 @@ def _group_entry(
         engines=len(static.engines),
         requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None,
     )
+    rec.warnings.extend(window.anomalies(group))
     return GroupAnalysis(
         instance,
         model,

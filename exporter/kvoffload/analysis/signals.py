@@ -488,5 +488,9 @@ def compute_figures(ctx: Context) -> dict[str, float | None]:
             value = None
         if value is not None and not math.isfinite(value):  # NaN/Inf are never published
             value = None
+        if value is not None and fig.unit == "ratio" and value > 1.0:
+            # A share above 1 is counters that cannot be believed (a part grew faster than its
+            # whole): absent, not published; float rounding is let through as 1.
+            value = 1.0 if value <= 1.0 + 1e-9 else None
         out[fig.key] = value
     return out

@@ -6,6 +6,14 @@ is the increase since the restart (Prometheus' `increase()` semantics, without i
 extrapolation). Group totals are sums of adjusted totals, stored once per scrape, so the
 increase of a group over any window is a subtraction — a window spanning a vLLM restart gives
 the same figures as one without it.
+
+A counter cannot be believed everywhere: one that went down while its engine did not restart
+(its `_created` unchanged, or its sibling counters still growing) is taken as a reset all the
+same — as `increase()` would — and counted (`resets`, reason "decrease"), and a NaN or infinite
+value is not a value (the series is there, unknown). Either way the counter's increase over a
+window holding that scrape is not known: it is left out of `Delta.inc`, so every figure that
+reads it is absent (never a hit ratio of 533) until the scrape leaves the window, and
+`anomalies` says why.
 """
 
 from __future__ import annotations
@@ -190,6 +198,13 @@ class Window:
         # group → counter key → Σ adjusted totals of its series (the latest point's counters)
         self._totals: dict[GroupKey, dict[str, float]] = {}
         self._scrapes: dict[str, int] = {}
+        # instance → reason ("restart", "decrease") → counter series seen to reset
+        self.resets: dict[str, dict[str, int]] = {}
+        # group → counter key → (time of the latest scrape it could not be believed at, why)
+        self._suspect: dict[GroupKey, dict[str, tuple[float, str]]] = {}
+        # group → series first seen unknown: their first value is not an increase to trust
+        self._unknown_new: dict[GroupKey, set[tuple[str, str]]] = {}
+        self._groups_of: dict[str, set[GroupKey]] = {}  # instance → its groups
 
     # -- ingest ---------------------------------------------------------------------------
     def update(self, ex: Extract) -> None:
@@ -198,11 +213,19 @@ class Window:
         would otherwise cost the square)."""
         # group → [(counter key, engine, raw)] and the per-instance facts, in one pass.
         by_group: dict[GroupKey, list[tuple[str, str, float]]] = {}
+        unknown: dict[GroupKey, list[tuple[str, str]]] = {}
         for (key, instance, model, engine), raw in ex.counters.items():
+            if raw - raw != 0.0:  # NaN or infinite (a reader that let it through)
+                unknown.setdefault((instance, model), []).append((key, engine))
+                by_group.setdefault((instance, model), [])
+                continue
             entries = by_group.get((instance, model))
             if entries is None:
                 entries = by_group[(instance, model)] = []
             entries.append((key, engine, raw))
+        for key, instance, model, engine in ex.unknown:
+            unknown.setdefault((instance, model), []).append((key, engine))
+            by_group.setdefault((instance, model), [])
         instances = set(ex.offload_families) | {g[0] for g in by_group}
         for instance in instances:
             self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
@@ -231,20 +254,35 @@ class Window:
             running = self._totals.get(g)
             if running is None:
                 running = self._totals[g] = {}
+                self._groups_of.setdefault(instance, set()).add(g)
+            decreased: list[tuple[str, str, bool | None]] | None = None
+            grew: set[str] | None = None
+            unknown_new = self._unknown_new.get(g)
             for key, engine, raw in entries:
                 created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
                 if state is None:
                     series[(key, engine)] = (raw, created, raw, scrape_no, raw, created, scrape_no)
                     increase = raw
+                    if unknown_new and (key, engine) in unknown_new:
+                        unknown_new.discard((key, engine))
+                        self._suspect.setdefault(g, {})[key] = (ex.timestamp, "unknown")
                 else:
                     # state: (raw, created, adjusted, seen_at, first_raw, first_created,
                     # first_seen), as _SeriesState names them
-                    restarted = (
-                        raw < state[0]
-                        or (created is not None and state[1] is not None and created != state[1])
-                        or state[3] != scrape_no - 1
-                    )
+                    moved = created is not None and state[1] is not None and created != state[1]
+                    restarted = raw < state[0] or moved or state[3] != scrape_no - 1
+                    if raw < state[0] or moved:
+                        if decreased is None:
+                            decreased = []
+                        # restarted for sure (moved), surely not (the same `_created`), or
+                        # unknown: judged by the engine's other counters
+                        known = created is not None and state[1] is not None
+                        decreased.append((key, engine, moved if known else None))
+                    elif raw > state[0]:
+                        if grew is None:
+                            grew = set()
+                        grew.add(engine)
                     increase = raw if restarted else raw - state[0]
                     series[(key, engine)] = (
                         raw,
@@ -258,6 +296,15 @@ class Window:
                 running[key] = running.get(key, 0.0) + increase
                 if created is not None and (earliest_created is None or created < earliest_created):
                     earliest_created = created
+            if decreased is not None:
+                self._note_decreases(g, decreased, grew or set(), ex.timestamp)
+            if g in unknown:
+                self._note_unknown(g, unknown[g], series, scrape_no, ex.timestamp)
+            if self.window_seconds is not None and len(series) > len(entries):
+                # A series missing from the scrape counts from zero when it comes back (a
+                # restart), state or none: a sliding window need not keep it.
+                for gone in [sk for sk, st in series.items() if st[3] != scrape_no]:
+                    del series[gone]
             totals: dict[str, float] = dict(running) if entries else {}
 
             static = self._static.get(g)
@@ -310,6 +357,101 @@ class Window:
             self._trim(points, ex.timestamp)
             if len(points) > 1:
                 points[-2] = _pack(_unpack(points[-2]))
+
+    def _note_decreases(
+        self,
+        g: GroupKey,
+        decreased: list[tuple[str, str, bool | None]],
+        grew: set[str],
+        t: float,
+    ) -> None:
+        """Count the counters of a scrape that reset (went down, or their `_created` moved):
+        a restart when the series' `_created` moved or, without `_created`, nothing of its
+        engine grew (a restarted process starts every counter over); else a decrease a counter
+        must not make — its figures are not to be believed while the scrape is in the
+        window."""
+        counts = self.resets.setdefault(g[0], {})
+        for key, engine, moved in decreased:
+            restart = moved if moved is not None else engine not in grew
+            reason = "restart" if restart else "decrease"
+            counts[reason] = counts.get(reason, 0) + 1
+            if reason == "decrease":
+                self._suspect.setdefault(g, {})[key] = (t, "decrease")
+
+    def _note_unknown(
+        self,
+        g: GroupKey,
+        keys: list[tuple[str, str]],
+        series: dict[tuple[str, str], _State],
+        scrape_no: int,
+        t: float,
+    ) -> None:
+        """Counter series there but NaN or infinite: kept as they were (seen, so their next
+        value continues from the last one believed), their figures absent meanwhile."""
+        suspect = self._suspect.setdefault(g, {})
+        for key, engine in keys:
+            suspect[key] = (t, "unknown")
+            state = series.get((key, engine))
+            if state is None:
+                self._unknown_new.setdefault(g, set()).add((key, engine))
+            else:
+                raw, created, adjusted, _seen, first_raw, first_created, first_seen = state
+                series[(key, engine)] = (
+                    raw,
+                    created,
+                    adjusted,
+                    scrape_no,
+                    first_raw,
+                    first_created,
+                    first_seen,
+                )
+
+    def forget(self, instance: str, now: float) -> list[GroupKey]:
+        """Drop the groups of `instance` whose latest scrape is over a window before `now`
+        (models gone from the target): they leave the window, and the caller's views. A
+        whole-history window forgets nothing."""
+        if self.window_seconds is None:
+            return []
+        groups = self._groups_of.get(instance)
+        if not groups:
+            return []
+        boundary = now - self.window_seconds
+        gone = [g for g in groups if g not in self._points or _latest(self._points[g]).t < boundary]
+        for g in gone:
+            groups.discard(g)
+            for table in (
+                self._series,
+                self._points,
+                self._first,
+                self._static,
+                self._gauge_running,
+                self._totals,
+                self._suspect,
+                self._unknown_new,
+            ):
+                table.pop(g, None)
+        return gone
+
+    def anomalies(self, group: GroupKey) -> list[str]:
+        """Why counters of the group are left out of its window's increases (one line each)."""
+        suspect = self._suspect.get(group)
+        points = self._points.get(group)
+        if not suspect or not points:
+            return []
+        since = self._first[group].t if self.window_seconds is None else _time(points[0])
+        out = []
+        for key, (t, why) in sorted(suspect.items()):
+            if t > since:
+                what = (
+                    "went down without a restart (taken as a reset)"
+                    if why == "decrease"
+                    else "was NaN or infinite"
+                )
+                out.append(
+                    f"counter {key} {what} within the window: the figures that read it are "
+                    "absent until that scrape leaves the window"
+                )
+        return out
 
     def _trim(self, points: deque[Point | _Packed], now: float) -> None:
         if self.window_seconds is None:
@@ -449,6 +591,11 @@ class Window:
             key: max(last.counters.get(key, 0.0) - first.counters.get(key, 0.0), 0.0)
             for key in last.counters
         }
+        suspect = self._suspect.get(group)
+        if suspect:
+            for key, (t, _why) in suspect.items():
+                if t > first.t:  # the scrape it could not be believed at is in the window
+                    inc.pop(key, None)
         gauge_avg = {}
         for k, v in last.gauge_sums.items():
             n = last.gauge_n.get(k, 0.0) - first.gauge_n.get(k, 0.0)

@@ -162,6 +162,9 @@ class Extract:
     models: dict[str, set[str]] = field(default_factory=dict)
     # instance → "flat" | "legacy" | None per direction, for the report.
     offload_naming: dict[str, str] = field(default_factory=dict)
+    # Counter series whose value was NaN or infinite: there but unknown this scrape (the
+    # window makes the figures that read them absent, not a restart when they come back).
+    unknown: set[tuple[str, str, str, str]] = field(default_factory=set)
 
 
 def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extract:
@@ -197,13 +200,17 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
                 ):
                     out.offload_config[(instance, model, engine)] = labels
                 continue
-            if not math.isfinite(value):
-                continue  # NaN/Inf would poison every sum it enters: absent this scrape
             # Offload transfers (the kinds with a direction): the flat series when its family
             # is there, else the legacy one, never both.
             if direction is not None and use_flat[direction] != kind.endswith("flat"):
                 continue
             skey = (key, instance, model, engine)
+            if not math.isfinite(value):
+                # NaN/Inf would poison every sum it enters: absent this scrape, a counter
+                # noted as unknown
+                if kind != "gauge" and not kind.startswith("created_"):
+                    out.unknown.add(skey)
+                continue
             if kind.startswith("created_"):
                 out.created[skey] = value
             elif kind == "gauge":

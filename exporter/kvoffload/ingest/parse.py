@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TextIO
+from typing import Any, TextIO
 
 from kvoffload.errors import InputError
 
@@ -31,6 +31,33 @@ _ESCAPE_RE = re.compile(r'\\[\\"n]')
 
 class ParseError(InputError):
     """The payload is not valid Prometheus text exposition."""
+
+
+class LimitError(ParseError):
+    """The payload is valid but over a limit of the scrape (`Limits`); `limit` names which."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one scrape may hold, like Prometheus' `sample_limit` and
+    `label_value_length_limit` (0: no limit), checked while parsing so a payload over one is
+    abandoned where it goes over: `samples`, the samples kept; `label_value_bytes`, the
+    longest label value of a kept sample, in UTF-8 bytes."""
+
+    samples: int = 0
+    label_value_bytes: int = 0
+
+
+def _too_long(labels: dict[str, str], limit: int) -> str | None:
+    """The first label whose value is over `limit` bytes."""
+    for name, value in labels.items():
+        if len(value) > limit // 4 and len(value.encode()) > limit:
+            return name
+    return None
 
 
 @dataclass
@@ -68,19 +95,48 @@ _LABEL_CACHE: dict[str, dict[str, str]] = {}
 _LABEL_CACHE_MAX = 100_000
 
 
+class _CacheBytes:
+    """What a cache holds, in bytes (estimated: the key, the values sliced from it, the
+    entry): caches are bounded in bytes, not entries, so new 1 MB label values scrape after
+    scrape cannot grow them without bound. One key over `_CACHE_KEY_MAX` is never cached (a
+    line that long is no series that repeats by the thousand); a cache over its budget starts
+    over."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+
+    def admit(self, cache: dict[str, Any], key: str) -> bool:
+        """Whether to cache `key`: room made (the cache emptied) when over the budget."""
+        size = len(key)
+        if size > _CACHE_KEY_MAX:
+            return False
+        cost = 2 * size + _CACHE_ENTRY_BYTES
+        if self.used + cost > self.budget or len(cache) >= _LABEL_CACHE_MAX:
+            cache.clear()
+            self.used = 0
+        self.used += cost
+        return True
+
+
+_CACHE_KEY_MAX = 64 * 2**10
+_CACHE_ENTRY_BYTES = 256  # the dict slot, the key and value objects, a small label dict
+_LABEL_BYTES = _CacheBytes(32 * 2**20)
+
+
 # The same series come back in every scrape: `name{labels}` → (canonical name, labels), or
 # _UNWANTED, per filter, so a line costs a dict lookup and its numbers.
 _UNWANTED: tuple[str, dict[str, str]] = ("", {})
 _HEAD_CACHES: dict[Callable[[str], bool] | None, dict[str, tuple[str, dict[str, str]]]] = {}
+_HEAD_BYTES: dict[Callable[[str], bool] | None, _CacheBytes] = {}
 
 
 def _parse_labels(text: str, lineno: int) -> dict[str, str]:
     labels = _LABEL_CACHE.get(text)
     if labels is None:
         labels = _parse_labels_uncached(text, lineno)
-        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
-            _LABEL_CACHE.clear()  # unbounded label churn: start over rather than grow
-        _LABEL_CACHE[text] = labels
+        if _LABEL_BYTES.admit(_LABEL_CACHE, text):
+            _LABEL_CACHE[text] = labels
     return labels
 
 
@@ -135,6 +191,8 @@ def _parse_sample_line(
         if cache is None:
             if len(_HEAD_CACHES) >= 8:  # a caller passing a new filter each time: start over
                 _HEAD_CACHES.clear()
+                _HEAD_BYTES.clear()
+            _HEAD_BYTES[wanted] = _CacheBytes(32 * 2**20)  # first: another thread may look
             cache = _HEAD_CACHES[wanted] = {}
         known = cache.get(head)
         if known is None:
@@ -143,9 +201,9 @@ def _parse_sample_line(
                 known = _UNWANTED
             else:
                 known = name, _parse_labels(line[brace + 1 : close], lineno)
-            if len(cache) >= _LABEL_CACHE_MAX:
-                cache.clear()
-            cache[head] = known
+            budget = _HEAD_BYTES.get(wanted)
+            if budget is not None and budget.admit(cache, head):
+                cache[head] = known
         if known is _UNWANTED:
             return None
         name, labels = known
@@ -187,8 +245,10 @@ def parse_text(
     body: bytes | str,
     wanted: Callable[[str], bool] | None = None,
     wanted_families: frozenset[str] | set[str] | None = None,
+    limits: Limits | None = None,
 ) -> Exposition:
     """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all).
+    Over one of `limits`: `LimitError`, as soon as the sample over it is read.
 
     With `wanted_families`, a family whose TYPE line names none of them is skipped whole: the
     scan jumps to the next comment line without looking at its samples (most of a vLLM
@@ -202,6 +262,8 @@ def parse_text(
     pos = 0
     size = len(text)
     find = text.find
+    max_samples = limits.samples if limits is not None else 0
+    max_value = limits.label_value_bytes if limits is not None else 0
     while pos < size:
         end = find("\n", pos)
         if end == -1:
@@ -234,6 +296,19 @@ def parse_text(
         if sample[3] is not None:
             sample = (sample[0], sample[1], sample[2], sample[3] / 1000.0)
         samples.append(sample)
+        if max_samples and len(samples) > max_samples:
+            raise LimitError(
+                "samples",
+                f"more than {max_samples:,} samples (--scrape.sample-limit): "
+                f"abandoned at line {_lineno(text, pos - 1)}",
+            )
+        # Only a line longer than the limit can hold a value over it: one comparison a line.
+        if max_value and len(line) > max_value and (label := _too_long(sample[1], max_value)):
+            raise LimitError(
+                "label_value_length",
+                f"line {_lineno(text, pos - 1)}: label {label} longer than {max_value:,} "
+                "bytes (--scrape.label-value-length-limit)",
+            )
     return expo
 
 
@@ -257,7 +332,8 @@ def _type_line(line: str, lineno: Callable[[], int]) -> tuple[str, str]:
     known = family_name(canonical_name(parts[2]), parts[3]), parts[3]
     if len(_TYPE_LINES) >= _TYPE_LINES_MAX:
         _TYPE_LINES.clear()
-    _TYPE_LINES[line] = known
+    if len(line) <= 1024:  # a longer TYPE line is no family name that repeats
+        _TYPE_LINES[line] = known
     return known
 
 

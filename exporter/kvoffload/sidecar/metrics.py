@@ -46,9 +46,24 @@ TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
     "kvoffload_samples_rejected": (
         "counter",
         ["target", "reason"],
-        "Samples of the target dropped because a number could not be believed "
-        "(reason=timestamp: NaN, infinite or over a year from the scrape; reason=value: NaN or "
-        "infinite).",
+        "Samples of the target not believed (reason=timestamp: NaN, infinite or over a year "
+        "from the scrape, dropped; reason=value: NaN or infinite, read as unknown: the figures "
+        "that read it are absent while that scrape is in the window).",
+    ),
+    "kvoffload_scrape_limit_exceeded": (
+        "counter",
+        ["target", "limit"],
+        "Scrapes of the target failed for going over a limit (limit=samples: "
+        "--scrape.sample-limit; groups: --scrape.group-limit; label_value_length: "
+        "--scrape.label-value-length-limit). Also counted in kvoffload_scrape_failures_total.",
+    ),
+    "kvoffload_counter_resets": (
+        "counter",
+        ["target", "reason"],
+        "Counter series of the target seen to reset, each taken from zero as increase() does "
+        "(reason=restart: its _created moved, or its engine's counters went down together; "
+        "reason=decrease: it went down while its engine did not restart, and the figures that "
+        "read it are absent while that scrape is in the window).",
     ),
     "kvoffload_scrape_payload_bytes": (
         "gauge",
@@ -239,6 +254,8 @@ class SidecarCollector(Collector):
         payload = _gauge("kvoffload_scrape_payload_bytes")
         last_ok = _gauge("kvoffload_last_success_timestamp_seconds")
         rejected = _counter("kvoffload_samples_rejected")
+        over_limit = _counter("kvoffload_scrape_limit_exceeded")
+        resets = _counter("kvoffload_counter_resets")
         for t in sc.targets:
             up.add_metric([t.name], 1.0 if t.up else 0.0)
             failures.add_metric([t.name], t.failures)
@@ -249,7 +266,11 @@ class SidecarCollector(Collector):
                 last_ok.add_metric([t.name], t.last_success_timestamp)
             for reason, count in sorted(t.rejected.items()):
                 rejected.add_metric([t.name, reason], count)
-        yield from (up, duration, failures, payload, last_ok, rejected)
+            for limit, count in sorted(t.limit_exceeded.items()):
+                over_limit.add_metric([t.name, limit], count)
+            for reason, count in sorted(t.counter_resets.items()):
+                resets.add_metric([t.name, reason], count)
+        yield from (up, duration, failures, payload, last_ok, rejected, over_limit, resets)
 
         groups = sc.groups()
         offloading = _gauge("kvoffload_offloading_enabled")

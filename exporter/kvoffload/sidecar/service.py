@@ -25,8 +25,9 @@ from kvoffload.analysis.analyze import Settings, add_fleet_evidence, analyze_gro
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.window import GroupKey, Window
 from kvoffload.errors import InputError
-from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
-from kvoffload.ingest.scrape import scrape
+from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
+from kvoffload.ingest.parse import Limits
+from kvoffload.ingest.scrape import OFF_LOOP_BYTES, Scrape, ScrapeLimitError, off_loop, scrape
 from kvoffload.kvevents import persist
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
@@ -60,6 +61,10 @@ class TargetState:
     payload_bytes: int = 0
     # Samples dropped for unbelievable numbers (ingest.scrape.read_numbers), by reason.
     rejected: dict[str, int] = field(default_factory=dict)
+    # Scrapes failed for going over a limit (ScrapeLimits), by limit.
+    limit_exceeded: dict[str, int] = field(default_factory=dict)
+    # Counter series seen to go down (analysis.window.Window.resets), by reason.
+    counter_resets: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -73,6 +78,8 @@ class TargetState:
             "failures": self.failures,
             "payload_bytes": self.payload_bytes,
             "samples_rejected": dict(self.rejected),
+            "limit_exceeded": dict(self.limit_exceeded),
+            "counter_resets": dict(self.counter_resets),
         }
 
 
@@ -129,6 +136,23 @@ class KVEventsSource:
     topic: str = ""
 
 
+@dataclass(frozen=True)
+class ScrapeLimits:
+    """What one scrape of one target may hold (Prometheus' `sample_limit`,
+    `label_value_length_limit`, and the groups the analysis makes of it); 0: no limit. Over
+    one, that scrape fails (the target down with the error, counted by limit) and the other
+    targets are untouched. The defaults pass a real vLLM with room to spare (8 engines × 3
+    models: 1,376 samples kept, 24 groups, label values of 24 bytes) and keep one scrape at
+    the limits within tens of milliseconds of the event loop (docs/reliability.md)."""
+
+    samples: int = 20_000
+    groups: int = 64  # model_name × engine
+    label_value_bytes: int = 4096
+
+    def parse(self) -> Limits:
+        return Limits(self.samples, self.label_value_bytes)
+
+
 @dataclass
 class SidecarConfig:
     targets: list[str]
@@ -142,6 +166,7 @@ class SidecarConfig:
     kv_events_sample_budget: int | None = None
     state_dir: str | None = None  # where the KV-event state survives restarts
     state_interval_seconds: float = 10.0
+    limits: ScrapeLimits = field(default_factory=ScrapeLimits)
 
 
 class Sidecar:
@@ -154,6 +179,7 @@ class Sidecar:
         if len(set(names)) != len(names):
             raise InputError(f"two targets share an instance name: {', '.join(names)}")
         self.window = Window(config.window_seconds)
+        self._parse_limits = config.limits.parse()
         self.started = time.time()
         by_url = {t.url: t.name for t in self.targets}
         self._by_name = {t.name: t for t in self.targets}
@@ -329,18 +355,18 @@ class Sidecar:
                 self.config.max_payload_bytes,
                 wanted,
                 WANTED_FAMILIES,
+                limits=self._parse_limits,
             )
-            expo = result.exposition
             for reason, count in result.rejected.items():
                 target.rejected[reason] = target.rejected.get(reason, 0) + count
-            ex = extract(expo, result.timestamp, target.name)
-            if not ex.counters and not ex.gauges:
-                raise InputError(
-                    f"{target.url}: no vLLM metrics in the payload "
-                    "(is this vLLM's /metrics? is --disable-log-stats set?)"
-                )
+            if result.payload_bytes > OFF_LOOP_BYTES:  # parsed in a thread: read there too
+                ex = await off_loop(self._extract, target, result)
+            else:
+                ex = self._extract(target, result)
             self.window.update(ex)
         except InputError as exc:
+            if isinstance(exc, ScrapeLimitError):
+                target.limit_exceeded[exc.limit] = target.limit_exceeded.get(exc.limit, 0) + 1
             target.up = False
             target.failures += 1
             target.last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -358,14 +384,55 @@ class Sidecar:
         target.last_duration_seconds = time.monotonic() - started
         target.last_success_timestamp = result.fetched_at
         target.payload_bytes = result.payload_bytes
+        resets = self.window.resets.get(target.name)
+        if resets:
+            target.counter_resets = dict(resets)
+        self._forget(self.window.forget(target.name, ex.timestamp))
         self._note_event_baselines(target.name)
         self._generation += 1
         touched = {(i, m) for _k, i, m, _e in ex.counters} | {(i, m) for _k, i, m, _e in ex.gauges}
+        touched |= {(i, m) for _k, i, m, _e in ex.unknown}
         self._unanalysed |= touched
         try:
             self._analyse(touched)
         except Exception:  # left for groups(), where it fails as it always did
             log.exception("analysing %s", target.name)
+
+    def _extract(self, target: TargetState, result: Scrape) -> Extract:
+        """The scrape in the catalog's terms, checked: vLLM's, within the group limit."""
+        ex = extract(result.exposition, result.timestamp, target.name)
+        if not ex.counters and not ex.gauges and not ex.unknown:
+            raise InputError(
+                f"{target.url}: no vLLM metrics in the payload "
+                "(is this vLLM's /metrics? is --disable-log-stats set?)"
+            )
+        self._check_groups(target, ex)
+        return ex
+
+    def _check_groups(self, target: TargetState, ex: Extract) -> None:
+        """Fail the scrape when it holds more model_name × engine groups than allowed."""
+        limit = self.config.limits.groups
+        if not limit:
+            return
+        groups = {(m, e) for _k, _i, m, e in ex.counters}
+        if len(groups) <= limit:  # (the common case: the counters name every group)
+            groups.update((m, e) for _k, _i, m, e in ex.gauges)
+            groups.update((m, e) for _k, _i, m, e in ex.unknown)
+        if len(groups) > limit:
+            raise ScrapeLimitError(
+                "groups",
+                f"{target.url}: more than {limit:,} model_name × engine groups "
+                "(--scrape.group-limit)",
+            )
+
+    def _forget(self, groups: list[GroupKey]) -> None:
+        """Groups the window forgot (not seen for a window): out of every view."""
+        for group in groups:
+            if self._analyses.pop(group, None) is not None:
+                self._analyses_changed = True
+            self._unanalysed.discard(group)
+            self._events_seen.pop(group, None)
+            self.event_baselines.pop(group, None)
 
     def _note_event_baselines(self, name: str) -> None:
         state = self.events.get(name)
@@ -490,6 +557,8 @@ def _shallow_copy(obj: _T) -> _T:
 def _target_copy(target: TargetState) -> TargetState:
     out = _shallow_copy(target)
     out.rejected = dict(target.rejected)
+    out.limit_exceeded = dict(target.limit_exceeded)
+    out.counter_resets = dict(target.counter_resets)
     return out
 
 
