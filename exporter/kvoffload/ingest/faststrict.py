@@ -17,6 +17,7 @@ series whose points go back in time, two instances scraped at the same instant.
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 from array import array
@@ -33,7 +34,7 @@ from kvoffload.ingest.fastjournal import (
     _next_comment,
     _next_type_line,
     _Pages,
-    _wanted_lines,
+    _wanted_text,
 )
 from kvoffload.ingest.parse import canonical_name, family_name
 
@@ -65,6 +66,21 @@ class _Column:
         elif v != self.first or v != v:  # (NaN equals nothing)
             self.varying = array("d", [self.first]) * (len(self.times) - 1)
             self.varying.append(v)
+
+    def extend(self, times: list[float], values: list[float]) -> None:
+        """append() of each point in turn, in bulk."""
+        before = len(self.times)
+        self.times.extend(times)
+        if self.varying is not None:
+            self.varying.extend(values)
+            return
+        if self.first is None:
+            self.first = values[0]
+        # count() finds `first` by identity too: a NaN `first` counts only where it is itself
+        # (values[0]), as append() sees NaN differ from everything.
+        if values.count(self.first) != len(values):
+            self.varying = array("d", [self.first]) * before
+            self.varying.extend(values)
 
     def values(self) -> array[float] | _Repeated:
         if self.varying is not None:
@@ -129,31 +145,9 @@ def _read_columns(
         block_start = pos
         block_end_at: list[int] = []
         family_users = users[name]
-        last_head = b""
-        column = _Column()
-        last_t = 0.0
-        for sample in _lines_of(mm, block_start, end_of_data, spec, pages, block_end_at):
-            try:
-                head, value, stamp = sample.rsplit(b" ", 2)
-                t, v = float(stamp), float(value)
-            except ValueError:
-                raise Declined("a sample without value and timestamp") from None
-            if head != last_head:
-                known = series.get(head)
-                if known is None:
-                    known = series[head] = _member(head, instances)
-                    column = columns[known] = _Column()
-                else:
-                    column = columns[known]  # the same series again, later in the block
-                    if column.times and t <= column.times[-1]:
-                        raise Declined("a series' points out of time order")
-                if family_users is not None:
-                    family_users.add(known[0].shapes.instance)
-                last_head, last_t = head, -1.0 if not column.times else column.times[-1]
-            if t <= last_t:
-                raise Declined("a series' points out of time order")
-            column.append(t, v)
-            last_t = t
+        reader = _SeriesReader(spec, series, instances, columns, family_users)
+        for text in _texts_of(mm, block_start, end_of_data, spec, pages, block_end_at):
+            reader.read(text)
         pos = block_end_at[0]
     if len(instances) > 1:
         # Which instances an unread relevant family has series of (a histogram not read).
@@ -183,11 +177,15 @@ def _pieces(
             if mm[pos] == 35:  # '#': the block ends here
                 stopped.append(pos)
                 return
-            at = mm.find(b"\n#", pos, limit)
+            # A '#' starting a line: searched for as '#' (rare; a search for "\n#" stops
+            # at every newline first), then its line start checked.
+            at = mm.find(b"#", pos, limit)
+            while at != -1 and mm[at - 1] != 10:
+                at = mm.find(b"#", at + 1, limit)
             if at != -1:
                 pages.advance(pos)
-                yield mm[pos : at + 1]
-                stopped.append(at + 1)
+                yield mm[pos:at]
+                stopped.append(at)
                 return
         cut = limit
         if limit < end:
@@ -202,7 +200,7 @@ def _pieces(
         stopped.append(end)
 
 
-def _lines_of(
+def _texts_of(
     mm: mmap.mmap,
     start: int,
     end: int,
@@ -211,9 +209,171 @@ def _lines_of(
     stopped: list[int],
 ) -> Iterator[bytes]:
     """The wanted lines of the family block at `start` (it ends at the next '#' line, whose
-    offset goes to `stopped`), read a piece at a time."""
+    offset goes to `stopped`), a piece at a time, each line ending in a newline."""
     for piece in _pieces(mm, start, end, pages, stopped):
-        yield from _wanted_lines(piece, spec)
+        yield _wanted_text(piece, spec)
+
+
+class _SeriesReader:
+    """A family block's wanted lines into the series' columns. The layout keeps a series'
+    points together, so a piece is taken apart in bulk (one split) and read a run of one
+    series at a time: one check of its name, its times and values converted together."""
+
+    def __init__(
+        self,
+        spec: _Family,
+        series: dict[bytes, tuple[_Instance, int]],
+        instances: dict[str, _Instance],
+        columns: dict[tuple[_Instance, int], _Column],
+        family_users: set[str] | None,
+    ) -> None:
+        self.spec = spec
+        self.series = series
+        self.instances = instances
+        self.columns = columns
+        self.family_users = family_users
+        self.last_head = b""
+        self.column = _Column()
+        self.last_t = 0.0
+        self.last_stamps: list[bytes] = []
+        self.last_times: list[float] = []
+        self.last_ordered = False
+
+    def read(self, text: bytes) -> None:
+        split = _split_lines(text)
+        if split is None:  # a label value with a blank: line by line
+            for line in text.split(b"\n")[:-1]:
+                self._line(line)
+            return
+        heads, values, stamps = split
+        at, n = 0, len(heads)
+        while at < n:
+            # A metric point's samples are together (a counter's _total and _created, a
+            # histogram's _count and _sum): the heads repeat with that period while one
+            # label set lasts.
+            cycle, repeats = _run_at(heads, at)
+            stop = at + len(cycle) * repeats
+            for phase, head in enumerate(cycle):
+                run = slice(at + phase, stop, len(cycle))
+                try:
+                    times, ordered = self._times(stamps[run])
+                    points = _floats(values[run])
+                except ValueError:
+                    raise Declined("a sample without value and timestamp") from None
+                if ordered:
+                    self._run(head, times, points)
+                else:  # compared one by one, as ever (a NaN time, a time going back)
+                    for t, v in zip(times, points, strict=True):
+                        self._point(head, t, v)
+            at = stop
+
+    def _times(self, stamps: list[bytes]) -> tuple[list[float], bool]:
+        """A run's times, and whether they are finite and strictly increasing. Series scraped
+        together have the same timestamps: the last run's are used again when equal."""
+        if stamps == self.last_stamps:
+            return self.last_times, self.last_ordered
+        times = list(map(float, stamps))
+        ordered = (
+            math.isfinite(math.fsum(times))
+            and times == sorted(times)
+            and len(set(times)) == len(times)
+        )
+        self.last_stamps, self.last_times, self.last_ordered = stamps, times, ordered
+        return times, ordered
+
+    def _line(self, line: bytes) -> None:
+        try:
+            head, value, stamp = line.rsplit(b" ", 2)
+            t, v = float(stamp), float(value)
+        except ValueError:
+            raise Declined("a sample without value and timestamp") from None
+        self._point(head, t, v)
+
+    def _point(self, head: bytes, t: float, v: float) -> None:
+        if head != self.last_head:
+            self._start(head, t)
+        if t <= self.last_t:
+            raise Declined("a series' points out of time order")
+        self.column.append(t, v)
+        self.last_t = t
+
+    def _run(self, head: bytes, times: list[float], points: list[float]) -> None:
+        if head != self.last_head:
+            self._start(head, times[0])
+        if times[0] <= self.last_t:  # (strictly increasing after it: see _times)
+            raise Declined("a series' points out of time order")
+        self.column.extend(times, points)
+        self.last_t = times[-1]
+
+    def _start(self, head: bytes, t: float) -> None:
+        """A series' run begins: the first time it is seen, or again later in the block."""
+        if not (head + b" ").startswith(self.spec.wanted):
+            raise Declined("a line of another family")
+        known = self.series.get(head)
+        if known is None:
+            known = self.series[head] = _member(head, self.instances)
+            column = self.columns[known] = _Column()
+        else:
+            column = self.columns[known]  # the same series again, later in the block
+            if column.times and t <= column.times[-1]:
+                raise Declined("a series' points out of time order")
+        if self.family_users is not None:
+            self.family_users.add(known[0].shapes.instance)
+        self.column = column
+        self.last_head, self.last_t = head, -1.0 if not column.times else column.times[-1]
+
+
+def _floats(values: list[bytes]) -> list[float]:
+    """float() of each; a run of one repeated value (a counter's `_created`: half of what is
+    read) is converted once."""
+    first = values[0]
+    if values.count(first) == len(values):
+        value = float(first)
+        if value == value:  # (NaN: each its own, as one by one; see _Column.extend)
+            return [value] * len(values)
+    return list(map(float, values))
+
+
+# The longest metric point followed in bulk: a histogram's _count, _sum and _created (its
+# buckets are not read), with room to spare.
+_MAX_CYCLE = 8
+
+
+def _run_at(heads: list[bytes], at: int) -> tuple[list[bytes], int]:
+    """The heads of the metric point at `at` (distinct, repeating with their period) and
+    how many times the point repeats from there: ([head], 1) when no period is found."""
+    try:
+        period = heads.index(heads[at], at + 1, at + 1 + _MAX_CYCLE) - at
+    except ValueError:
+        return heads[at : at + 1], 1
+    cycle = heads[at : at + period]
+    if len(set(cycle)) != period:
+        return heads[at : at + 1], 1
+    # The most whole repeats from `at`: doubling, then halving the step.
+    room = (len(heads) - at) // period
+    good, step = 1, 1
+    while good + step <= room and heads[at : at + period * (good + step)] == cycle * (good + step):
+        good += step
+        step *= 2
+    while step > 1:
+        step //= 2
+        if good + step <= room and heads[at : at + period * (good + step)] == cycle * (good + step):
+            good += step
+    return cycle, good
+
+
+def _split_lines(text: bytes) -> tuple[list[bytes], list[bytes], list[bytes]] | None:
+    """Lines of `name{labels} value timestamp` taken apart in bulk: (heads, values,
+    timestamps); None when a line has other than two blanks."""
+    parts = text.replace(b"\n", b" ").split(b" ")
+    if len(parts) % 3 != 1 or len(parts) == 1:
+        return None
+    stop = len(parts) - 1
+    heads, values, stamps = parts[0:stop:3], parts[1:stop:3], parts[2:stop:3]
+    # As many blanks as two a line is not yet two on every line: put the lines back together.
+    if b"\n".join(map(b" ".join, zip(heads, values, stamps, strict=True))) != text[:-1]:
+        return None
+    return heads, values, stamps
 
 
 def _scrapes(
