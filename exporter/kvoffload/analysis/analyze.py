@@ -408,7 +408,7 @@ def window_from_recording(
             return window_from_extracts(strict_extracts(path, report), window_seconds)
         if window_seconds is None:
             size = os.path.getsize(path)
-            jobs = jobs or min(os.cpu_count() or 1, MAX_DEFAULT_JOBS)
+            jobs = jobs or min(usable_cores(), MAX_DEFAULT_JOBS)
             parts = journal_parts(path, jobs) if size >= PARALLEL_BYTES and jobs > 1 else []
             if len(parts) > 1:
                 try:
@@ -423,6 +423,14 @@ def window_from_recording(
     except OSError:
         pass  # the general reader says what is wrong with the file
     return window_from_expositions(read_recording(path, wanted, WANTED_FAMILIES), window_seconds)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or taskset's CPU set, not the
+    machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 # Below this a recording is read in one process (forking costs more than it saves).

@@ -11,7 +11,6 @@ groups are in, so the result is what one process would give.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from kvoffload.analysis.analyze import (
     Settings,
     add_fleet_evidence,
     analyze_groups,
+    usable_cores,
     window_from_extracts,
 )
 from kvoffload.analysis.fleetsummary import FleetSummary, need_order, summarize
@@ -90,7 +90,7 @@ def analyze_from_prometheus(
     one per core; 1: in this process)."""
     batches = reader.batches()
     total = ReadStats(instances=reader.stats.instances, questions=reader.stats.questions)
-    jobs = min(jobs or os.cpu_count() or 1, len(batches))
+    jobs = min(jobs or usable_cores(), len(batches))
     results: list[_BatchResult] = []
 
     def merge(result: _BatchResult, instances: int) -> None:

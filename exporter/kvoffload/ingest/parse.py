@@ -22,9 +22,13 @@ log = logging.getLogger("kvoffload")
 # A sample: (name, labels, value, timestamp in seconds or None).
 Sample = tuple[str, dict[str, str], float, float | None]
 
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*)?')
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
+# A sample line's name: up to the first blank, tab or brace (the text format's separators).
+_NAME_TOKEN = re.compile(r"[^ \t{]+")
+# `#`, blanks or tabs, `TYPE`, a blank or tab: a TYPE line however it is spaced.
+_TYPE_COMMENT = re.compile(r"#[ \t]+TYPE[ \t]")
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
 
@@ -158,7 +162,7 @@ def _parse_labels_uncached(text: str, lineno: int) -> dict[str, str]:
 def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
     labels: dict[str, str] = {}
     pos = 0
-    end = len(text)
+    end = len(text.rstrip())  # `{ }`: blanks alone are no label
     while pos < end:
         m = _LABEL_RE.match(text, pos)
         if m is None or m.end() == pos:
@@ -179,7 +183,7 @@ def _parse_sample_line(
     line: str, lineno: int, wanted: Callable[[str], bool] | None
 ) -> Sample | None:
     if line[0] not in _NAME_START:
-        raise ParseError(f"line {lineno}: not a metric line: {line[:60]!r}")
+        return _parse_sample_spaced(line, lineno, wanted)  # leading blanks, or no sample
     brace = line.find("{")
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space):
@@ -196,7 +200,10 @@ def _parse_sample_line(
             cache = _HEAD_CACHES[wanted] = {}
         known = cache.get(head)
         if known is None:
-            name = canonical_name(line[:brace])
+            raw = line[:brace]
+            if "\t" in raw:  # `name\t{` (`name {` goes the spaced way: a blank comes first)
+                raw = _name_token(raw.rstrip(" \t"), line, lineno)
+            name = canonical_name(raw)
             if wanted is not None and not wanted(name):
                 known = _UNWANTED
             else:
@@ -209,9 +216,12 @@ def _parse_sample_line(
         name, labels = known
         rest = line[close + 1 :].split()
     else:
-        if space == -1:
-            raise ParseError(f"line {lineno}: sample without a value: {line[:80]!r}")
-        name = canonical_name(line[:space])
+        if space == -1 or brace != -1:  # tabs only, or a blank before the labels
+            return _parse_sample_spaced(line, lineno, wanted)
+        raw = line[:space]
+        if "\t" in raw:  # `name\tvalue timestamp`
+            return _parse_sample_spaced(line, lineno, wanted)
+        name = canonical_name(raw)
         if wanted is not None and not wanted(name):
             return None
         labels = {}
@@ -226,6 +236,50 @@ def _parse_sample_line(
     else:
         raise ParseError(f"line {lineno}: expected 'value [timestamp]': {line[:80]!r}")
     return name, labels, _parse_float(rest[0], lineno), _parse_float(rest[1], lineno)
+
+
+def _parse_sample_spaced(
+    line: str, lineno: int, wanted: Callable[[str], bool] | None
+) -> Sample | None:
+    """A sample line in its general form, off the fast path: the text format lets blanks and
+    tabs, any number, separate the tokens and lead or trail the line (Prometheus reads
+    `name\t{l="v"}  1\t1700000000000` as `name{l="v"} 1 1700000000000`)."""
+    text = line.strip(" \t")
+    if not text or (text[0] == "#" and line[0] in " \t"):
+        return None  # an indented blank or comment line: the caller reads it from its first token
+    if text[0] not in _NAME_START:
+        raise ParseError(f"line {lineno}: not a metric line: {line[:60]!r}")
+    m = _NAME_TOKEN.match(text)
+    assert m is not None  # text[0] is a name character
+    name = canonical_name(m.group())
+    rest = text[m.end() :].lstrip(" \t")
+    if rest[:1] == "{":
+        close = rest.rfind("}")
+        if close == -1:
+            raise ParseError(f"line {lineno}: unterminated label set: {line[:80]!r}")
+        if wanted is not None and not wanted(name):
+            return None
+        labels = _parse_labels(rest[1:close], lineno)
+        tokens = rest[close + 1 :].split()
+    else:
+        if wanted is not None and not wanted(name):
+            return None
+        labels = {}
+        tokens = rest.split()
+    if len(tokens) == 1:
+        return name, labels, _parse_float(tokens[0], lineno), None
+    if len(tokens) == 2:
+        return name, labels, _parse_float(tokens[0], lineno), _parse_float(tokens[1], lineno)
+    if not tokens:
+        raise ParseError(f"line {lineno}: sample without a value: {line[:80]!r}")
+    raise ParseError(f"line {lineno}: expected 'value [timestamp]': {line[:80]!r}")
+
+
+def _name_token(name: str, line: str, lineno: int) -> str:
+    """`name`, the text before a line's label set, if it is one token."""
+    if not name or "\t" in name or " " in name:
+        raise ParseError(f"line {lineno}: not a metric name before the labels: {line[:80]!r}")
+    return name
 
 
 def _decode(body: bytes | str) -> str:
@@ -250,10 +304,14 @@ def parse_text(
     """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all).
     Over one of `limits`: `LimitError`, as soon as the sample over it is read.
 
-    With `wanted_families`, a family whose TYPE line names none of them is skipped whole: the
-    scan jumps to the next comment line without looking at its samples (most of a vLLM
-    payload is histogram buckets nobody asked for). Timestamps (milliseconds in 0.0.4) are
-    converted to seconds.
+    With `wanted_families` (every name `wanted` keeps, and the name less any of
+    FAMILY_SUFFIXES: catalog.WANTED_FAMILIES), the samples that follow the TYPE line of a family
+    none of them names are skipped with one search, not looked at (most of a vLLM payload is
+    histogram buckets nobody asked for): the samples kept are those a full parse keeps, a
+    wanted sample that comes without its own TYPE line after such a family included.
+    Tokens may be separated by any number of blanks and tabs, which may also lead or trail a
+    line, as Prometheus reads the format. Timestamps (milliseconds in 0.0.4) are converted to
+    seconds.
     """
     text = _decode(body)
     expo = Exposition()
@@ -262,6 +320,8 @@ def parse_text(
     pos = 0
     size = len(text)
     find = text.find
+    compiles = [_SKIP_COMPILES]  # new family skips this parse may compile
+    plans = _skip_plans(wanted_families) if wanted_families is not None else {}
     max_samples = limits.samples if limits is not None else 0
     max_value = limits.label_value_bytes if limits is not None else 0
     while pos < size:
@@ -275,11 +335,15 @@ def parse_text(
             pos = end + 1
             continue
         if line[0] == "#":
-            if line.startswith("# TYPE "):
-                fam, mtype = _type_line(line, partial(_lineno, text, pos))
+            if line.startswith("# TYPE ") or (
+                not line.startswith("# HELP ") and _TYPE_COMMENT.match(line) is not None
+            ):
+                fam, mtype = _TYPE_LINES.get(line) or _type_line(line, partial(_lineno, text, pos))
                 families[fam] = mtype
                 if wanted_families is not None and fam not in wanted_families:
-                    pos = _next_comment(text, end)  # skip the family's samples
+                    search = plans.get(line) or _skip_plan(line, plans, wanted_families, compiles)
+                    found = search(text, end)  # past the family's samples
+                    pos = found.end() if found is not None else size
                     continue
             pos = end + 1
             continue
@@ -291,6 +355,9 @@ def parse_text(
             ) from None
         pos = end + 1
         if sample is None:
+            if line[0] in " \t":  # indented: read it again from its first token (a comment?)
+                pos = pos - 1 - len(line.lstrip(" \t")) - (text[end - 1 : end] == "\r")
+                continue
             pos = _skip_same_name(text, pos, line)
             continue
         if sample[3] is not None:
@@ -335,6 +402,71 @@ def _type_line(line: str, lineno: Callable[[], int]) -> tuple[str, str]:
     if len(line) <= 1024:  # a longer TYPE line is no family name that repeats
         _TYPE_LINES[line] = known
     return known
+
+
+# Family skips: per set of wanted families, TYPE line → the search that finds the first line
+# after the family's samples (a match ending where reading goes on).
+_Search = Callable[[str, int], "re.Match[str] | None"]
+_SKIP_PLANS: dict[frozenset[str], dict[str, _Search]] = {}
+_SKIP_PLANS_MAX = 4096  # TYPE lines planned, per set of wanted families
+_SKIP_COMPILES = 64  # new plans per parse (~80 us each): new TYPE lines by the thousand
+_EVERY_LINE = re.compile("\n").search  # no plan: read on at the next line, as a full parse
+# The suffixes a wanted name's family is found under (catalog._families_of strips the same).
+FAMILY_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created")
+
+
+def _skip_plans(wanted_families: frozenset[str] | set[str]) -> dict[str, _Search]:
+    """The family skips planned for `wanted_families` (one lookup a parse)."""
+    key = wanted_families if isinstance(wanted_families, frozenset) else frozenset(wanted_families)
+    plans = _SKIP_PLANS.get(key)
+    if plans is None:
+        if len(_SKIP_PLANS) >= 8:  # a caller passing new families each time: start over
+            _SKIP_PLANS.clear()
+        plans = _SKIP_PLANS[key] = {}
+    return plans
+
+
+def _skip_plan(
+    line: str,
+    plans: dict[str, _Search],
+    wanted_families: frozenset[str] | set[str],
+    compiles: list[int],
+) -> _Search:
+    """How to skip the samples of a family nobody asked for, after its TYPE `line`: the
+    search for the first line that is not provably one of them (`_EVERY_LINE`, look at each
+    line, when `compiles`, the plans this parse may still make, is spent or the line is
+    too long).
+
+    One search jumps the run of lines that follow the TYPE line and are provably its samples
+    (most of a vLLM payload is histogram buckets), instead of a look at each line. Provably:
+    a line whose name is the family's name plus one of FAMILY_SUFFIXES (or nothing) belongs
+    to no wanted family, as `wanted_families` holds every wanted name's family (the name
+    itself and the name less any of those suffixes; catalog.WANTED_FAMILIES does). When no
+    wanted family even begins with the family's name, any line beginning with it is skipped
+    (a cheaper search). The first other line (the next family's HELP, a sample of another
+    family that came without its TYPE line, a blank line) is read as usual, so the samples
+    kept are the very ones a full parse keeps; a sample spelled differently (`vllm_x` after
+    `# TYPE vllm:x`) is read too.
+    """
+    if compiles[0] <= 0 or len(line) > 1024:
+        return _EVERY_LINE
+    compiles[0] -= 1
+    parts = line.split()
+    if len(parts) != 4:
+        return _EVERY_LINE
+    raw, mtype = parts[2], parts[3]
+    base = raw[:-6] if mtype == "counter" and raw.endswith("_total") else raw
+    family = canonical_name(base)
+    if not any(name.startswith(family) for name in wanted_families):
+        # Every name beginning with `base` begins with `family` once canonical: none is wanted.
+        search = re.compile("\n(?!" + re.escape(base) + ")").search
+    else:
+        suffixes = "|".join(suffix[1:] for suffix in FAMILY_SUFFIXES)
+        search = re.compile("\n(?!" + re.escape(base) + f"(?:_(?:{suffixes}))?[ \\t{{])").search
+    if len(plans) >= _SKIP_PLANS_MAX:
+        plans.clear()
+    plans[line] = search
+    return search
 
 
 def _skip_same_name(text: str, pos: int, line: str) -> int:
