@@ -10,6 +10,7 @@ the system temp dir) and kept for the next run; they are large (1.7 GB for 6 h, 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -36,17 +37,8 @@ def recording(hours: float, strict: bool) -> Path:
     base.mkdir(exist_ok=True)
     journal = base / f"large-{hours:g}h.journal.om"
     if not journal.exists():
-        # Each body as `record` writes it, once, at a stand-in time that is then replaced by
-        # each scrape's (what RecordingWriter writes depends only on the body and the time):
-        # a day's file is written in seconds instead of minutes of formatting.
-        stand_in = repr(1.0e9 + 0.5)
-        templates = []
-        for body in bodies("large", 40):
-            text = io.StringIO()
-            RecordingWriter(text, instance="vllm:8000").write_exposition(
-                parse_text(body), float(stand_in)
-            )
-            templates.append(text.getvalue().encode())
+        # The bodies rendered once, their times replaced: a day's file in seconds.
+        stand_in, templates = _templates()
         tmp = journal.with_suffix(".tmp")
         with open(tmp, "wb") as fh:
             for i in range(int(hours * 3600 / INTERVAL)):
@@ -61,6 +53,21 @@ def recording(hours: float, strict: bool) -> Path:
     if not out.exists():
         finalize_journal(str(journal), str(out))
     return out
+
+
+@functools.cache
+def _templates() -> tuple[str, list[bytes]]:
+    """Each body as `record` writes it, at a stand-in time (its repr is replaced by each
+    scrape's: what RecordingWriter writes depends only on the body and the time)."""
+    stand_in = repr(1.0e9 + 0.5)
+    templates = []
+    for body in bodies("large", 40):
+        text = io.StringIO()
+        RecordingWriter(text, instance="vllm:8000").write_exposition(
+            parse_text(body), float(stand_in)
+        )
+        templates.append(text.getvalue().encode())
+    return stand_in, templates
 
 
 def _tree_peak_rss_mb(proc: subprocess.Popen[bytes]) -> float:

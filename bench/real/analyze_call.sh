@@ -1,0 +1,35 @@
+#!/bin/bash
+# device call (carry .bundle2 = site.part2 + kvexp/ + kvold/, after call1.sh parked part 1):
+# `kvoffload analyze` of the benchmark's 24 h and 6 h journals (and 6 h strict when time is
+# left), timed on a quiet machine pinned to 2 CPUs like the project's machine (issue #16 item
+# 1): this snapshot (kvexp) against an older one (kvold: the "before"). Results in $OUT.
+# usage (repo root on the device): bash bench/real/analyze_call.sh [BUDGET_S=560]
+T0=$(date +%s); BUDGET=${1:-560}; DEADLINE=$((T0 + BUDGET))
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+P1=/tmp/b1/site.part1; [ -f $P1 ] || { echo "COLD MACHINE: part1 missing"; exit 3; }
+[ -f .bundle2/site.part2 ] && [ -d .bundle2/kvexp/kvoffload ] && [ -d .bundle2/kvold/kvoffload ] || { echo "carry .bundle2 with kvexp and kvold"; exit 3; }
+SITE=/tmp/site; rm -rf $SITE; mkdir -p $SITE
+# Only what kvoffload needs beyond the image (pyzmq, msgspec) is kept from the vLLM bundle.
+cat $P1 .bundle2/site.part2 | xz -d -T0 | tar -x -C $SITE --wildcards './zmq*' './pyzmq*' './msgspec*' || { echo UNPACK_FAIL; exit 4; }
+echo "unpacked in $(( $(date +%s) - T0 ))s"; lscpu | grep -E 'Model name|^CPU\(s\)'; python3 -V
+NEW=$SITE:$PWD/.bundle2/kvexp; OLD=$SITE:$PWD/.bundle2/kvold
+echo "new $(cat .bundle2/kvexp/COMMIT) old $(cat .bundle2/kvold/COMMIT)"
+export KVO_BENCH_TMP=/tmp/kvb; mkdir -p $KVO_BENCH_TMP
+(cd bench && PYTHONPATH=$NEW:. python3 -c '
+import time; from analyze_bench import recording
+for h in (24, 6):
+    t = time.time(); p = recording(h, False); print(p, round(time.time() - t, 1), "s", flush=True)') || exit 4
+D=$KVO_BENCH_TMP/kvoffload-bench; J24=$D/large-24h.journal.om; J6=$D/large-6h.journal.om
+ls -la $D; echo "files in $(( $(date +%s) - T0 ))s"
+taskset -c 2,3 python3 bench/real/analyze_runs.py $OUT/analyze-journal.json $((DEADLINE - 150)) \
+  "new24=$NEW|$J24||5" "new24-jobs1=$NEW|$J24|--jobs 1|3" "old24=$OLD|$J24||3" \
+  "new6=$NEW|$J6||5" "old6=$OLD|$J6||3" "new24-window5m=$NEW|$J24|--window 5m|3"
+echo "journal runs done at $(( $(date +%s) - T0 ))s"
+if [ $(date +%s) -lt $((DEADLINE - 140)) ]; then
+  (cd bench && timeout $((DEADLINE - $(date +%s) - 100)) env PYTHONPATH=$NEW:. python3 -c '
+import time; from analyze_bench import recording
+t = time.time(); p = recording(6, True); print(p, round(time.time() - t, 1), "s", flush=True)') && \
+  taskset -c 2,3 python3 bench/real/analyze_runs.py $OUT/analyze-strict.json $((DEADLINE - 20)) \
+    "new6strict=$NEW|$D/large-6h.strict.om||5" "old6strict=$OLD|$D/large-6h.strict.om||3"
+fi
+echo "done in $(( $(date +%s) - T0 ))s"
