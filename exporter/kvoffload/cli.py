@@ -520,12 +520,15 @@ def _run(service: Service, doing: str, web: WebFlags) -> None:
 )
 @click.option(
     "--finalize",
+    "--repair",
     "finalize",
     type=click.Path(dir_okay=False),
     default=None,
-    metavar="JOURNAL",
-    help="Scrape nothing: turn the journal of a killed recording (OUT.partial) into "
-    "the OpenMetrics file OUT (or --output).",
+    metavar="FILE",
+    help="Scrape nothing: turn the journal of a killed recording (OUT.partial, cut at any "
+    "byte) into the OpenMetrics file OUT (or --output), then remove it; a recording cut "
+    "short (a copy, a full disk) is rewritten in place (or into --output). The last, "
+    "possibly partial scrape is dropped; promtool reads the result.",
 )
 def record(
     targets: tuple[str, ...],
@@ -547,13 +550,18 @@ def record(
 
     if finalize is not None:
         if targets:
-            raise InputError("--finalize scrapes nothing: give no --target")
+            raise InputError("--finalize/--repair scrapes nothing: give no --target")
+        journal = finalize.endswith(JOURNAL_SUFFIX)
         if output is None:
-            if not finalize.endswith(JOURNAL_SUFFIX):
-                raise InputError(f"--finalize {finalize}: name the result with --output")
-            output = finalize[: -len(JOURNAL_SUFFIX)]
+            output = finalize[: -len(JOURNAL_SUFFIX)] if journal else finalize
         scrapes = finalize_journal(finalize, output)
-        os.unlink(finalize)
+        if not journal or os.path.abspath(output) == os.path.abspath(finalize):
+            click.echo(f"wrote {scrapes} timestamps to {output}", err=True)
+            return
+        try:
+            os.unlink(finalize)
+        except OSError as exc:
+            raise InputError(f"wrote {output}; cannot remove {finalize}: {exc.strerror}") from None
         click.echo(f"wrote {scrapes} scrapes to {output}; removed {finalize}", err=True)
         return
     if not targets or output is None:
@@ -562,8 +570,13 @@ def record(
     recording = Recording(output, job=job)
     events_fh = events_writer = None
     if kv_events:
-        events_fh, events_writer = open_writer(events_output or output + ".kvev")
+        try:
+            events_fh, events_writer = open_writer(events_output or output + ".kvev")
+        except InputError:
+            recording.discard()  # nothing recorded: no journal left to block the next run
+            raise
     failures = 0
+    events_failed: OSError | None = None
     # On a terminal: scrapes written and failed as it goes (the final line is below).
     progress = Progress(every=0.5)
     failed = [0]
@@ -609,7 +622,10 @@ def record(
     finally:
         progress.clear()
         if events_fh is not None:
-            events_fh.close()
+            try:
+                events_fh.close()
+            except OSError as exc:  # disk full: the events written whole stay readable
+                events_failed = exc
         try:
             recording.close()
         except KeyboardInterrupt:
@@ -622,6 +638,11 @@ def record(
             )
             sys.exit(130)
     click.echo(f"wrote {recording.scrapes} scrapes to {output} ({failures} failed)", err=True)
+    if events_failed is not None:
+        raise InputError(
+            f"{events_output or output + '.kvev'}: {events_failed.strerror}: the KV events "
+            "written before it stay"
+        )
     if events_writer is not None:
         click.echo(
             f"wrote {events_writer.messages} KV-event messages to "

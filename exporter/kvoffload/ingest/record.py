@@ -42,10 +42,14 @@ async def record_targets(
                 for url, name in targets:
                     try:
                         result = await scrape(session, url, scrape_timeout, check=False)
-                        writer.write_exposition(result.exposition, result.timestamp, name)
                     except InputError as exc:
                         failures += 1
                         warn(str(exc))
+                        continue
+                    try:
+                        # A write that fails (disk full) raises InputError: it ends the
+                        # recording, unlike a failed scrape.
+                        writer.write_exposition(result.exposition, result.timestamp, name)
                     except ValueError:
                         # The wall clock stepped back (NTP): a recording's timestamps must not.
                         failures += 1

@@ -15,6 +15,8 @@ scrape streams; the others are sorted by timestamp on disk.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import logging
 import math
 import os
@@ -31,7 +33,6 @@ from kvoffload.ingest.parse import (
     iter_openmetrics,
     parse_text,
     read_chunks,
-    timestamps_ordered,
 )
 
 log = logging.getLogger("kvoffload")
@@ -40,6 +41,24 @@ log = logging.getLogger("kvoffload")
 # (a comment every OpenMetrics reader of ours skips), so `analyze` knows what it was given.
 JOURNAL_SUFFIX = ".partial"
 JOURNAL_MARK = "# kvoffload recording journal"
+
+
+def _cut_char(exc: UnicodeError) -> tuple[str, int]:
+    """A file cut inside a multi-byte character (a killed writer, a copy cut short) ends in
+    an incomplete UTF-8 sequence: dropped, it is only the end of the last line, which has no
+    newline and is dropped as cut anyway. Any other invalid byte stays an error."""
+    if (
+        isinstance(exc, UnicodeDecodeError)
+        and exc.reason == "unexpected end of data"
+        and exc.end == len(exc.object)
+    ):
+        return "", exc.end
+    raise exc
+
+
+# The `errors` of every text open of a recording: strict UTF-8 but for the cut last character.
+CUT_TOLERANT = "kvoffload-cut-end"
+codecs.register_error(CUT_TOLERANT, _cut_char)
 
 
 def _escape(value: str) -> str:
@@ -177,6 +196,14 @@ class Recording:
     def __init__(self, path: str, instance: str = "", job: str = "vllm") -> None:
         self.path = path
         self.journal = path + JOURNAL_SUFFIX
+        self.failed: OSError | None = None  # the write that stopped the recording
+        if os.path.exists(path) and not os.path.isfile(path):
+            # A device (/dev/full), a directory, a pipe: the result is renamed over `path`
+            # (as root, over a device node), so it is refused before any scrape.
+            raise InputError(
+                f"{path}: not a regular file (the recording is written beside it and renamed "
+                "over it): give a file name"
+            )
         try:
             self._fh = open(self.journal, "x", encoding="utf-8")  # noqa: SIM115
         except FileExistsError:
@@ -187,13 +214,17 @@ class Recording:
             ) from None
         except OSError as exc:
             raise InputError(f"{self.journal}: {exc.strerror}") from None
-        self.writer = RecordingWriter(
-            self._fh,
-            instance,
-            job,
-            header=f"{JOURNAL_MARK} of {os.path.basename(path)}: scrape by scrape, rewritten "
-            "into OpenMetrics when `record` ends",
-        )
+        try:
+            self.writer = RecordingWriter(
+                self._fh,
+                instance,
+                job,
+                header=f"{JOURNAL_MARK} of {os.path.basename(path)}: scrape by scrape, "
+                "rewritten into OpenMetrics when `record` ends",
+            )
+        except OSError as exc:
+            self._stop(exc)
+            raise InputError(f"{self.journal}: {exc.strerror}") from None
 
     @property
     def scrapes(self) -> int:
@@ -202,19 +233,60 @@ class Recording:
     def write_exposition(
         self, expo: Exposition, timestamp: float, instance: str | None = None
     ) -> None:
-        self.writer.write_exposition(expo, timestamp, instance)
+        """Append a scrape to the journal. A write that fails (disk full, a file size limit)
+        stops the recording: InputError, one line; the scrapes written whole stay in the
+        journal (`record --finalize` turns it into the file once there is room)."""
+        if self.failed is not None:
+            raise InputError(self._stopped())
+        try:
+            self.writer.write_exposition(expo, timestamp, instance)
+        except OSError as exc:
+            self._stop(exc)
+            raise InputError(self._stopped()) from None
+
+    def _stop(self, exc: OSError) -> None:
+        self.failed = exc
+        with contextlib.suppress(OSError):
+            self._fh.close()  # what is still buffered fails again; the descriptor is closed
+
+    def _stopped(self) -> str:
+        assert self.failed is not None
+        return (
+            f"{self.journal}: {self.failed.strerror or self.failed}: recording stopped after "
+            f"{self.scrapes} scrapes, which stay in {self.journal} (`kvoffload record "
+            f"--finalize {self.journal}` writes {self.path} once there is room)"
+        )
+
+    def discard(self) -> None:
+        """Remove the journal of a recording that wrote no scrape (it failed to start)."""
+        with contextlib.suppress(OSError):
+            self._fh.close()
+        if self.scrapes == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.journal)
 
     def close(self) -> int:
         """Finish the journal, rewrite it into `path`, remove it; returns the scrapes written.
-        If the rewrite fails or is interrupted, the journal stays (complete, with '# EOF')."""
+        If the rewrite fails or is interrupted, the journal stays (complete, with '# EOF').
+        After a failed write the journal is left as it is (cut short) and nothing raised here:
+        the failure was."""
+        if self.failed is not None:
+            return self.scrapes
         if not self._fh.closed:
-            self.writer.close()
-            self._fh.close()
+            try:
+                self.writer.close()
+                self._fh.close()
+            except OSError as exc:
+                self._stop(exc)
+                raise InputError(self._stopped()) from None
         try:
             scrapes = finalize_journal(self.journal, self.path)
         except InputError as exc:
             raise InputError(f"{exc}; the recording stays in {self.journal}") from None
-        os.unlink(self.journal)
+        try:
+            os.unlink(self.journal)
+        except OSError as exc:
+            log.warning("%s written; %s not removed: %s", self.path, self.journal, exc.strerror)
         return scrapes
 
 
@@ -232,12 +304,14 @@ def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
     family once, contiguous, under one TYPE line; each series' points contiguous and in time
     order; `# EOF`. Memory stays bounded (an on-disk sort; temporary files in `tmp_dir`,
     default: next to `out`, where the room for the result is). `out` appears whole or not at
-    all (written aside, then renamed). A journal without '# EOF' (its recorder was killed)
-    loses its last, possibly partial scrape. Returns the number of scrapes written."""
+    all (written aside, then renamed). A journal without '# EOF' (its recorder was killed,
+    cut at any byte) loses its last, possibly partial scrape; a strict file cut short (`record
+    --repair`), its last, possibly partial point. Returns the number of timestamps written
+    (a journal's scrapes)."""
     from kvoffload.ingest.extsort import sorted_lines
 
     try:
-        fh = open(journal, encoding="utf-8")  # noqa: SIM115
+        fh = open(journal, encoding="utf-8", errors=CUT_TOLERANT)  # noqa: SIM115
     except FileNotFoundError:
         raise InputError(f"{journal}: no such file") from None
     except OSError as exc:
@@ -276,7 +350,13 @@ class _JournalScan:
 
     def __init__(self, families: list[tuple[str, str]]) -> None:
         self.families = families  # (name, type) by index, in order of first appearance
-        self.scrapes = 0
+        # The timestamps written: a journal's scrapes (one run of lines each), a strict
+        # file's points (one run per series and time)
+        self.times: set[str] = set()
+
+    @property
+    def scrapes(self) -> int:
+        return len(self.times)
 
     def keyed(self, fh: TextIO, path: str) -> Iterator[str]:
         from kvoffload.ingest.extsort import float_key
@@ -328,11 +408,11 @@ class _JournalScan:
                     ts = float(rest[1])
                 except ValueError:
                     raise ParseError(f"{path}: line {lineno}: bad timestamp") from None
-                last_ts, ts_key = rest[1], float_key(ts)
                 if held:
-                    self.scrapes += 1
+                    self.times.add(ts_key)
                     yield from held
                     held = []
+                last_ts, ts_key = rest[1], float_key(ts)
             if fam == -1:  # a sample before any TYPE line: its own untyped family
                 fam = self._family(fam_index, head.partition("{")[0], "unknown")
                 drop = None
@@ -347,7 +427,7 @@ class _JournalScan:
             seq += 1
         if held:
             if eof:
-                self.scrapes += 1
+                self.times.add(ts_key)
                 yield from held
             else:
                 log.warning(
@@ -365,31 +445,46 @@ class _JournalScan:
         return fam
 
 
-# How much of a recording is read to tell its layout: a family-contiguous file goes back in time
-# at its second series.
-_LAYOUT_PROBE = 16 * 2**20
-_TYPE_RE = re.compile(r"^# TYPE (\S+)", re.MULTILINE)
+# How much the general reader reads at a time (characters).
+CHUNK = 4 * 2**20
+# A sample line's last number (its timestamp, when it has two after the labels).
+_LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
 
 
 def read_recording(
     path: str,
     wanted: Callable[[str], bool] | None = None,
     wanted_families: frozenset[str] | None = None,
+    chunk_size: int = CHUNK,
 ) -> Iterator[Exposition]:
-    """Stream a recording's scrapes; a plain 0.0.4 snapshot (one /metrics body) also works."""
+    """Stream a recording's scrapes; a plain 0.0.4 snapshot (one /metrics body) also works.
+    `chunk_size`: characters read at a time (what is accepted does not depend on it)."""
     try:
-        yield from _read_recording(path, wanted, wanted_families)
+        yield from _read_recording(path, wanted, wanted_families, chunk_size)
     except ParseError as exc:
-        raise ParseError(f"{path}: {exc}") from None
+        hint = "" if "truncated" in str(exc) or not _cut_short(path) else " (cut short: no '# EOF')"
+        raise ParseError(f"{path}: {exc}{hint}") from None
+
+
+def _cut_short(path: str) -> bool:
+    """Whether the file does not end in '# EOF' (its writer was killed, or it was cut)."""
+    try:
+        with open(path, "rb") as raw:
+            size = raw.seek(0, os.SEEK_END)
+            raw.seek(max(0, size - 8))
+            return raw.read().rstrip(b"\r\n").rsplit(b"\n", 1)[-1] != b"# EOF"
+    except OSError:
+        return False
 
 
 def _read_recording(
     path: str,
     wanted: Callable[[str], bool] | None,
     wanted_families: frozenset[str] | None,
+    chunk_size: int,
 ) -> Iterator[Exposition]:
     try:
-        fh = open(path, encoding="utf-8", errors="strict")  # noqa: SIM115
+        fh = open(path, encoding="utf-8", errors=CUT_TOLERANT)  # noqa: SIM115
     except FileNotFoundError:
         if os.path.exists(path + JOURNAL_SUFFIX):
             raise InputError(
@@ -413,12 +508,12 @@ def _read_recording(
         if _looks_like_openmetrics(head):
             try:
                 journal = head.startswith(JOURNAL_MARK)
-                ordered = _scrape_ordered(fh)
+                ordered = _scrape_ordered(fh, chunk_size)
                 fh.seek(0)
                 if journal and ordered:
                     _note_journal(path)
                 yield from iter_openmetrics(
-                    read_chunks(fh),
+                    whole_runs(fh, chunk_size),
                     wanted,
                     wanted_families,
                     unordered=not ordered,
@@ -435,29 +530,100 @@ def _read_recording(
             yield parse_text(text, wanted, wanted_families)
 
 
-def _scrape_ordered(fh: TextIO) -> bool:
+def _scrape_ordered(fh: TextIO, chunk_size: int = CHUNK) -> bool:
     """Whether the file reads scrape by scrape (it streams) or must be sorted by timestamp.
 
     Scrape-ordered files (the journal, recordings of earlier versions) declare each family
-    again in every scrape, and the strict layout goes back in time at its second series, so
-    the head nearly always tells; a head that does neither is followed to the end."""
-    probe = fh.read(_LAYOUT_PROBE)
-    last = timestamps_ordered(probe, -math.inf, last_line_whole=False)
-    if last is None:
-        return False
-    if len(probe) < _LAYOUT_PROBE:
-        return True
-    types = _TYPE_RE.findall(probe)
-    if len(set(types)) < len(types):
-        return True
-    fh.seek(0)
+    again in every scrape; the strict layout declares each once and goes back in time at its
+    second series. Whichever comes first in the file decides (a file with neither is scrape
+    ordered), so the answer depends on the bytes only, never on how much is read at a time
+    or on a head of fixed size: a file read as a journal (streamed) that later goes back in
+    time is refused there, wherever that is. Journals and strict files decide within their
+    first scrape or series. A last line without its newline (a file cut short) is not looked
+    at: its timestamp may be cut."""
+    declared: set[str] = set()
     last = -math.inf
-    for chunk in read_chunks(fh):
-        found = timestamps_ordered(chunk, last)
-        if found is None:
-            return False
-        last = found
+    for chunk in read_chunks(fh, chunk_size):
+        lines = chunk.split("\n")
+        lines.pop()  # "" after the last newline, or a line cut short
+        for line in lines:
+            if not line:
+                continue
+            if line[0] == "#":
+                if line.startswith("# TYPE "):
+                    name = line[7:].split(" ", 1)[0]
+                    if name in declared:
+                        return True
+                    declared.add(name)
+                continue
+            m = _LAST_NUMBER.search(line)
+            if m is None or line.rsplit("}", 1)[-1].count(" ") < 2:
+                continue
+            try:
+                ts = float(m.group(1))
+            except ValueError:
+                continue
+            if ts < last:
+                return False
+            last = ts
     return True
+
+
+def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 16 * CHUNK) -> Iterator[str]:
+    """`read_chunks` for the recording parser: blocks of about `size` characters, each ending
+    before a comment line or between two lines of different sample names. The parser jumps
+    over a run of lines of a name it does not read without looking at them, within a block;
+    cut inside such a run, the rest of it would be parsed in the next block, so that one
+    malformed line there would be an error or not depending on where the blocks fall. Only a
+    run longer than `most` characters is cut inside (at a line end)."""
+    carry = ""
+    while True:
+        block = fh.read(size)
+        if not block:
+            if carry:
+                yield carry
+            return
+        text = carry + block
+        # Places judged before were no boundary, but for the start of carry's last line,
+        # whose line (needed to judge it) may only now be whole.
+        cut = _run_boundary(text, carry.rfind("\n") + 1)
+        if cut is None and len(text) >= most:
+            cut = text.rfind("\n") + 1 or None
+        if cut is None:
+            carry = text
+            continue
+        carry = text[cut:]
+        yield text[:cut]
+
+
+def _run_boundary(text: str, lowest: int) -> int | None:
+    """The last start of a line in `text`, at `lowest` or after, where a block may end: the
+    line there is whole and is a comment, or is not a line of the previous one's name."""
+    end = text.rfind("\n")  # the newline of the last whole line
+    while end > 0:
+        start = text.rfind("\n", 0, end) + 1  # of that line
+        if start < max(lowest, 1):
+            return None
+        if text[start] == "#":
+            return start
+        name = _sample_name(text, text.rfind("\n", 0, start - 1) + 1, start - 1)
+        if name is None or not (
+            text.startswith(name + "{", start) or text.startswith(name + " ", start)
+        ):
+            return start
+        end = start - 1
+    return None
+
+
+def _sample_name(text: str, start: int, end: int) -> str | None:
+    """The name of the sample line text[start:end] as the parser's skip sees it (up to `{`
+    or a blank), None for a line it would not skip after."""
+    brace = text.find("{", start, end)
+    space = text.find(" ", start, end)
+    cut = brace if brace != -1 and (space == -1 or brace < space) else space
+    if cut <= start:
+        return None
+    return text[start:cut]
 
 
 def _note_journal(path: str) -> None:
