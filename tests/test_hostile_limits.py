@@ -203,6 +203,21 @@ def test_a_restart_is_told_from_a_decrease():
     assert w.resets == {"a:1": {"restart": 2}}
 
 
+def test_a_series_first_seen_nan_is_not_trusted_when_it_turns_up():
+    # Engine 1's hits are NaN from their first scrape; its first number (its whole total so
+    # far, 5,000) cannot be told from an increase: absent while in the window, not 25x queries.
+    w = Window(300)
+    nan = float("nan")
+    for t, hits1 in ((0, None), (15, nan), (30, 5000.0)):
+        ex = _ex(t, {"ext_hits": 100 + t, "ext_queries": 200 + 2 * t})
+        if hits1 is not None:
+            ex.counters[("ext_hits", "a:1", "m", "1")] = hits1
+        w.update(ex)
+    assert "ext_hits" not in w.delta(("a:1", "m")).inc  # type: ignore[union-attr]
+    assert any("ext_hits was NaN" in a for a in w.anomalies(("a:1", "m")))
+    assert w.static(("a:1", "m")).engines == {"0", "1"}
+
+
 # -- 2: per-target limits -----------------------------------------------------------------------
 def real_large_body() -> bytes:
     """A real-shaped vLLM 0.33 body of 8 engines × 3 models (bench/payloads.py's "large")."""

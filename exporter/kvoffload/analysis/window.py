@@ -202,7 +202,9 @@ class Window:
         self.resets: dict[str, dict[str, int]] = {}
         # group → counter key → (time of the latest scrape it could not be believed at, why)
         self._suspect: dict[GroupKey, dict[str, tuple[float, str]]] = {}
-        # group → series first seen unknown: their first value is not an increase to trust
+        # group → series first seen unknown in its latest scrape: their first value in the
+        # next is not an increase to trust (kept for one scrape: a target sending new NaN
+        # series every scrape does not grow it)
         self._unknown_new: dict[GroupKey, set[tuple[str, str]]] = {}
         self._groups_of: dict[str, set[GroupKey]] = {}  # instance → its groups
 
@@ -257,7 +259,7 @@ class Window:
                 self._groups_of.setdefault(instance, set()).add(g)
             decreased: list[tuple[str, str, bool | None]] | None = None
             grew: set[str] | None = None
-            unknown_new = self._unknown_new.get(g)
+            unknown_new = self._unknown_new.pop(g, None)
             for key, engine, raw in entries:
                 created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
@@ -265,7 +267,6 @@ class Window:
                     series[(key, engine)] = (raw, created, raw, scrape_no, raw, created, scrape_no)
                     increase = raw
                     if unknown_new and (key, engine) in unknown_new:
-                        unknown_new.discard((key, engine))
                         self._suspect.setdefault(g, {})[key] = (ex.timestamp, "unknown")
                 else:
                     # state: (raw, created, adjusted, seen_at, first_raw, first_created,
