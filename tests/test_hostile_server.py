@@ -12,6 +12,7 @@ import contextlib
 import os
 import resource
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port
+from helpers import certificates, free_port
 
 LIMIT = 256  # RLIMIT_NOFILE of the server
 IDLE = 400  # idle connections opened: past the limit
@@ -32,19 +33,33 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _health(port: int, timeout: float = 1.0) -> bytes | None:
+def _health(port: int, timeout: float = 1.0, ca: Path | None = None) -> bytes | None:
+    scheme = "https" if ca else "http"
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as r:
+        with urllib.request.urlopen(
+            f"{scheme}://127.0.0.1:{port}/healthz", timeout=timeout, context=context
+        ) as r:
             return r.read()
     except OSError:
         return None
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """`kvoffload serve` limited to LIMIT open files (its target: nothing listens there)."""
+@pytest.fixture(params=["http", "https"])
+def server(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int, Path, Path | None]]:
+    """`kvoffload serve` limited to LIMIT open files (its target: nothing listens there), over
+    plain HTTP or TLS; yields (process, port, its log, the CA to trust or None)."""
     port = free_port()
     log = tmp_path / "serve.log"
+    ca = None
+    args = []
+    if request.param == "https":
+        ca, cert, key = certificates(tmp_path)
+        config = tmp_path / "web.yml"
+        config.write_text(f"tls_server_config: {{cert_file: {cert}, key_file: {key}}}\n")
+        args = ["--web.config.file", str(config)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -56,6 +71,7 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]
                 "http://127.0.0.1:9/metrics",
                 "--web.listen-address",
                 f"127.0.0.1:{port}",
+                *args,
             ],
             stdout=out,
             stderr=out,
@@ -63,10 +79,10 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]
         )
     try:
         deadline = time.monotonic() + 30
-        while _health(port) != b"ok\n":
+        while _health(port, ca=ca) != b"ok\n":
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        yield proc, port, log
+        yield proc, port, log, ca
     finally:
         proc.terminate()
         proc.wait(20)
@@ -77,7 +93,8 @@ def _lines(log: Path) -> list[str]:
 
 
 def test_idle_connections_past_the_file_limit(server):
-    proc, port, log = server
+    """Idle: connected, nothing sent (over TLS: no ClientHello, the handshake pending)."""
+    proc, port, log, ca = server
     fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
     cpu = _cpu_seconds(proc.pid)
     held: list[socket.socket] = []
@@ -94,7 +111,7 @@ def test_idle_connections_past_the_file_limit(server):
         # While they are all held open, /healthz answers (the idle ones older than a second
         # are closed whenever accepting runs out of descriptors)...
         started = time.monotonic()
-        while _health(port) != b"ok\n":
+        while _health(port, ca=ca) != b"ok\n":
             assert time.monotonic() - started < 5, "/healthz dead while idle connections held"
             time.sleep(0.1)
         recovery = time.monotonic() - started
@@ -103,7 +120,7 @@ def test_idle_connections_past_the_file_limit(server):
         assert proc.poll() is None
         assert len(os.listdir(f"/proc/{proc.pid}/fd")) <= LIMIT
     # ...and once they are gone, as before.
-    assert _health(port, timeout=5) == b"ok\n"
+    assert _health(port, timeout=5, ca=ca) == b"ok\n"
     lines = _lines(log)
     assert len(lines) < 200, lines[-5:]
     assert not any("Traceback" in line for line in lines)
@@ -133,8 +150,9 @@ BAD_REQUESTS = {
 }
 
 
+@pytest.mark.parametrize("server", ["http"], indirect=True)
 def test_a_rejected_request_logs_one_line(server):
-    _proc, port, log = server
+    _proc, port, log, _ca = server
     for what, data in BAD_REQUESTS.items():
         before = len(_lines(log))
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
