@@ -30,7 +30,7 @@ from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import ScrapeLimits, Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 
-from helpers import running
+from helpers import free_port, running
 
 OFFLOAD = """# TYPE vllm:kv_offload_total_bytes counter
 vllm:kv_offload_total_bytes_total{{engine="0",model_name="m",transfer_type="GPU_to_CPU"}} {stored}
@@ -319,6 +319,77 @@ def test_a_target_over_a_limit_fails_alone_and_a_real_vllm_passes_the_defaults()
     assert "more than 20,000 samples" in samples["last_error"]
     assert "more than 64 model_name × engine groups" in groups["last_error"]
     assert "label model_name longer than 4,096 bytes" in label["last_error"]
+
+
+async def _serve_with_flags(*flags: str) -> dict[str, Any]:
+    body = fan_out(one_engine_body(), 3).encode()  # 3 groups, 192 samples
+
+    async def serve(_r: web.Request) -> web.Response:
+        return web.Response(body=body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve)
+    async with running(app) as port:
+        sport = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "kvoffload", "serve", "--interval", "0.2"),
+            *(f"--target=http://127.0.0.1:{port}/metrics", *flags),
+            *("--web.listen-address", f"127.0.0.1:{sport}"),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            async with aiohttp.ClientSession() as s:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        async with s.get(f"http://127.0.0.1:{sport}/api/v1/status") as r:
+                            target = (await r.json())["targets"][0]
+                        if target["scrapes"] >= 2:
+                            return target
+                    except aiohttp.ClientError:
+                        pass
+                    assert time.monotonic() < deadline, "serve did not scrape"
+                    await asyncio.sleep(0.1)
+        finally:
+            proc.terminate()
+            await proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("flag", "error"),
+    [
+        ("--scrape.sample-limit=100", "more than 100 samples"),
+        ("--scrape.group-limit=2", "more than 2 model_name × engine groups"),
+        ("--scrape.label-value-length-limit=10", "longer than 10 bytes"),
+        ("--scrape.group-limit=0", None),
+    ],
+)
+def test_the_limits_are_serve_flags(flag, error):
+    target = asyncio.run(_serve_with_flags(flag))
+    if error is None:
+        assert target["up"], target["last_error"]
+    else:
+        assert not target["up"] and error in target["last_error"]
+
+
+def test_the_limits_are_refused_without_targets_to_scrape():
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvoffload",
+            "serve",
+            "--prometheus",
+            "http://127.0.0.1:1",
+            "--scrape.sample-limit",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stderr.startswith("kvoffload: error: --scrape.sample-limit:")
 
 
 def test_the_sample_limit_abandons_a_huge_payload_early():
