@@ -247,3 +247,43 @@ def test_whitespace_the_format_allows_is_read_as_prometheus_reads_it():
     assert expo.families == {"g": "counter", "h": "gauge"}
     kept = parse_text(body, lambda name: name in ("c", "e"), {"c", "e"})
     assert [s[0] for s in kept.samples] == ["c", "e"]
+
+
+@st.composite
+def recordings(draw: st.DrawFn) -> str:
+    """A recording (OpenMetrics, scrape by scrape) whose scrapes mix families the sidecar reads,
+    families it skips, and samples with no TYPE line of their own after a skipped family."""
+    families = draw(st.lists(st.sampled_from(KNOWN), min_size=1, max_size=5, unique=True))
+    lines = []
+    for scrape in range(draw(st.integers(1, 3))):
+        ts = f"{1_700_000_000 + 15 * scrape}.5"
+        for family in families:
+            mtype = draw(st.sampled_from(["counter", "gauge", "histogram"]))
+            lines.append(f"# TYPE {family} {mtype}")
+            own = [family + s for s in SUFFIXES[mtype] if s] or [family]
+            for _ in range(draw(st.integers(0, 3))):
+                name = draw(st.sampled_from([*own, *own, "vllm:prefix_cache_hits_total"]))
+                labels = draw(st.sampled_from(["", '{engine="0"}', '{le="+Inf",engine="1"}']))
+                lines.append(f"{name}{labels} {draw(st.integers(0, 99))} {ts}")
+        lines += ["# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc 0.5 {ts}"]
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+@SETTINGS
+@given(recordings(), st.integers(8, 400), st.booleans())
+def test_filtered_recording_keeps_what_the_full_reading_keeps(text, chunk_size, unordered):
+    # Whatever the chunk boundaries (inside a skipped family's samples too), in both layouts.
+    import io
+
+    from kvoffload.ingest.parse import iter_openmetrics, read_chunks
+
+    def read(wanted_fn, families):
+        chunks = read_chunks(io.StringIO(text), chunk_size)
+        return [
+            ([s for s in e.samples if wanted(s[0])], e.timestamp)
+            for e in iter_openmetrics(chunks, wanted_fn, families, unordered)
+        ]
+
+    full = read(None, None)
+    filtered = read(wanted, WANTED_FAMILIES)
+    assert [f for f in filtered if f[0]] == [f for f in full if f[0]]

@@ -484,10 +484,19 @@ def _skip_same_name(text: str, pos: int, line: str) -> int:
     return pos
 
 
-def _next_comment(text: str, start: int) -> int:
-    """Where the next comment line begins (the next family), or the end of the text."""
-    nxt = text.find("\n#", start)
-    return nxt + 1 if nxt != -1 else len(text)
+def _skip_in(search: _Search, text: str, start: int) -> tuple[int, _Search | None]:
+    """A chunk of a recording, from the TYPE line of a skipped family ending at `start`: where
+    reading goes on, and `search` again if the family's samples may go on in the next chunk."""
+    found = search(text, start)
+    return (len(text), search) if found is None else (found.end(), None)
+
+
+def _skip_on(search: _Search, text: str) -> tuple[int, _Search | None]:
+    """The next chunk, in a family skipped in the last (chunks end at a line's end): its
+    samples read on at the chunk's first line that is not one of them."""
+    if (first := search("\n" + text[:1100], 0)) is not None and first.start() == 0:
+        return 0, None  # (a TYPE line over 1,024 characters has no search of its own)
+    return _skip_in(search, text, 0)
 
 
 def iter_openmetrics(
@@ -597,8 +606,9 @@ def _keyed_samples(
         nul = find("\x00")
         if nul != -1:
             raise ParseError(f"line {state._lineno(text, nul)}: not text: NUL byte")
-        if state.skip and text[:1] != "#":
-            pos = _next_comment(text, 0)
+        compiles, plans = [_SKIP_COMPILES], state.plans
+        if state.skip is not None:  # in a family skipped in the last chunk
+            pos, state.skip = _skip_on(state.skip, text)
             _note_users(users, family, text, 0, pos)
         while pos < size:
             end = find("\n", pos)
@@ -616,16 +626,24 @@ def _keyed_samples(
                 raise ParseError(f"line {state._lineno(text, pos)}: content after '# EOF'")
             if line[0] == "#":
                 cut_line = False
-                state.skip = False
+                state.skip = None
                 if line == "# EOF":
                     state.saw_eof = True
                 elif line.startswith("# TYPE "):
-                    fam, mtype = _type_line(line, partial(state._lineno, text, pos))
+                    fam, mtype = _TYPE_LINES.get(line) or _type_line(
+                        line, partial(state._lineno, text, pos)
+                    )
                     state.all_families[fam] = mtype
                     family = fam
                     if state.families is not None and fam not in state.families:
-                        state.skip = True
-                        pos = _next_comment(text, end)
+                        search = plans.get(line) or _skip_plan(
+                            line, plans, state.families, compiles
+                        )
+                        found = search(text, end)  # past the family's samples
+                        if found is not None:
+                            pos = found.end()
+                        else:  # which may go on in the next chunk
+                            pos, state.skip = size, search
                         _note_users(users, family, text, end, pos)
                         continue
                 pos = end + 1
@@ -749,7 +767,10 @@ class _OMState:
         self.pending: dict[str, str] = {}
         self.saw_eof = False
         self.cut_line = False
-        self.skip = False
+        # In a skipped family: the search for the first line after its samples (which may go
+        # on in the next chunk), else None.
+        self.skip: _Search | None = None
+        self.plans = _skip_plans(wanted_families) if wanted_families is not None else {}
         self.lines_before = 0  # lines in the chunks already done
         self.complete = 0  # scrapes yielded (a later timestamp began: they are whole)
 
@@ -763,8 +784,9 @@ class _OMState:
         nul = text.find("\x00")
         if nul != -1:  # one scan of the chunk instead of one per line
             raise ParseError(f"line {self._lineno(text, nul)}: not text: NUL byte")
-        if self.skip and text[:1] != "#":
-            pos = _next_comment(text, 0)  # still inside a family skipped in the last chunk
+        compiles, plans = [_SKIP_COMPILES], self.plans
+        if self.skip is not None:  # in a family skipped in the last chunk
+            pos, self.skip = _skip_on(self.skip, text)
         wanted, parse_line, saw_eof = self.wanted, _parse_sample_line, self.saw_eof
         while pos < size:
             end = find("\n", pos)
@@ -784,16 +806,22 @@ class _OMState:
             if saw_eof:
                 raise ParseError(f"line {self._lineno(text, pos)}: content after '# EOF'")
             if line[0] == "#":
-                self.skip = False
+                self.skip = None
                 if line == "# EOF":
                     self.saw_eof = saw_eof = True
                 elif line.startswith("# TYPE "):
-                    fam, mtype = _type_line(line, partial(self._lineno, text, pos))
+                    fam, mtype = _TYPE_LINES.get(line) or _type_line(
+                        line, partial(self._lineno, text, pos)
+                    )
                     self.pending[fam] = mtype
                     self.all_families[fam] = mtype
                     if self.families is not None and fam not in self.families:
-                        self.skip = True
-                        pos = _next_comment(text, end)
+                        search = plans.get(line) or _skip_plan(line, plans, self.families, compiles)
+                        found = search(text, end)  # past the family's samples
+                        if found is not None:
+                            pos = found.end()
+                        else:  # which may go on in the next chunk
+                            pos, self.skip = size, search
                         continue
                 pos = end + 1
                 continue
