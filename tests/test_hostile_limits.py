@@ -137,6 +137,23 @@ def test_a_nan_counter_makes_its_figures_absent_not_zero():
     assert target["counter_resets"] == {}
 
 
+def _badly_stamped(n: int) -> str:
+    hits = "vllm:external_prefix_cache_hits_total"
+    return "\n".join(
+        f"{line} NaN" if line.startswith(hits) else line for line in offload_body(n).splitlines()
+    )
+
+
+def test_a_sample_stamped_with_an_unbelievable_time_is_unknown_not_a_restart():
+    out = asyncio.run(_flagged_counter_run(_badly_stamped))
+    during, after, target = out["during"], out["after"], out["target"]
+    assert target["samples_rejected"] == {"timestamp": 1}
+    assert during["figures"]["offload_hit_ratio"] is None
+    assert any("ext_hits was NaN" in w for w in during["recommendation"]["warnings"])
+    assert after["figures"]["offload_hit_ratio"] == pytest.approx(0.5)
+    assert target["counter_resets"] == {}
+
+
 def _recording(bad: str) -> str:
     rows = []
     for i in range(1, 6):

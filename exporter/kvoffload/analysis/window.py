@@ -446,7 +446,7 @@ class Window:
                 what = (
                     "went down without a restart (taken as a reset)"
                     if why == "decrease"
-                    else "was NaN or infinite"
+                    else "was NaN or infinite (or stamped with a time not to be believed)"
                 )
                 out.append(
                     f"counter {key} {what} within the window: the figures that read it are "

@@ -119,15 +119,16 @@ def plausible_timestamp(ts: float, fetched_at: float) -> bool:
 
 def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float, dict[str, int]]:
     """One pass over the samples: the scrape's time, and the samples whose numbers cannot be
-    believed, counted by reason (dropped when `drop`).
+    believed, counted by reason (made unknown when `drop`).
 
     The time honours sample timestamps when the target sets them (Prometheus does by default:
     a simulator on a virtual clock stamps its samples with virtual time), believing only
-    plausible ones. Dropped: a NaN, infinite or far-off timestamp — one bad sample must not
-    poison the figures (NaN windows, ratios, a JSON API that cannot answer) of any target.
-    A NaN or infinite value is counted but kept: `catalog.extract` notes such a counter as
-    there but unknown, so the window makes its figures absent instead of taking the series
-    for restarted when it comes back (its whole total again, as an increase)."""
+    plausible ones. One bad sample must not poison the figures (NaN windows, ratios, a JSON
+    API that cannot answer) of any target: a sample with a NaN, infinite or far-off timestamp
+    has its value made NaN and its stamp dropped, and one with a NaN or infinite value is
+    kept as it is. `catalog.extract` notes such a counter as there but unknown, so the window
+    makes its figures absent (a gauge is left out), instead of taking the series for
+    restarted when it comes back (its whole total again, as an increase)."""
     rejected: dict[str, int] = {}
     kept = []
     latest: float | None = None
@@ -135,6 +136,7 @@ def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float
         ts, value = sample[3], sample[2]
         if ts is not None and not plausible_timestamp(ts, fetched_at):
             rejected["timestamp"] = rejected.get("timestamp", 0) + 1
+            kept.append((sample[0], sample[1], math.nan, None))
             continue
         if not math.isfinite(value):
             rejected["value"] = rejected.get("value", 0) + 1

@@ -46,9 +46,9 @@ TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
     "kvoffload_samples_rejected": (
         "counter",
         ["target", "reason"],
-        "Samples of the target not believed (reason=timestamp: NaN, infinite or over a year "
-        "from the scrape, dropped; reason=value: NaN or infinite, read as unknown: the figures "
-        "that read it are absent while that scrape is in the window).",
+        "Samples of the target not believed, read as unknown: the figures that read them are "
+        "absent while that scrape is in the window (reason=timestamp: NaN, infinite or over a "
+        "year from the scrape; reason=value: NaN or infinite).",
     ),
     "kvoffload_scrape_limit_exceeded": (
         "counter",
