@@ -499,13 +499,13 @@ def _read_recording(
         raise InputError(f"{path}: {exc.strerror}") from None
     with fh:
         try:
-            head = fh.read(65536)
+            head = fh.read(_HEAD)
         except UnicodeDecodeError:
             raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
         if not head.strip():
             raise InputError(f"{path}: empty file")
         fh.seek(0)
-        if _looks_like_openmetrics(head):
+        if _looks_like_openmetrics(head, whole=len(head) < _HEAD):
             try:
                 journal = head.startswith(JOURNAL_MARK)
                 ordered = _scrape_ordered(fh, chunk_size)
@@ -527,6 +527,11 @@ def _read_recording(
                 text = fh.read()
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not a text file (invalid UTF-8)") from None
+            if not any(line.strip() and line[0] != "#" for line in text.splitlines()):
+                raise InputError(
+                    f"{path}: comment lines only, no sample (a recording cut before its "
+                    "first sample, or an empty /metrics body)"
+                )
             yield parse_text(text, wanted, wanted_families)
 
 
@@ -642,12 +647,24 @@ def _note_journal(path: str) -> None:
             )
 
 
-def _looks_like_openmetrics(head: str) -> bool:
-    for line in head.splitlines():
+# What is read of a file to tell a recording from a single /metrics body.
+_HEAD = 65536
+
+
+def _looks_like_openmetrics(head: str, whole: bool = False) -> bool:
+    """Whether the file is a recording (samples with timestamps) rather than one 0.0.4 body.
+    `whole`: `head` is all of the file; cut in its last line (no newline at its end) before
+    any whole sample line, it is a recording cut short, not an empty body."""
+    if head.startswith(JOURNAL_MARK):
+        return True
+    lines = head.splitlines()
+    if whole and not head.endswith("\n"):
+        lines.pop()  # cut: a sample line there may have lost its timestamp
+    for line in lines:
         if not line or line.startswith("#"):
             if line == "# EOF":
                 return True
             continue
         parts = line.rsplit("}", 1)[-1].split()
         return len(parts) == 2
-    return False
+    return whole and not head.endswith("\n")
