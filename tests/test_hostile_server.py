@@ -170,4 +170,18 @@ def test_a_rejected_request_logs_one_line(server):
         assert not any("Traceback" in line or "level=error" in line for line in new), new
         if new:
             assert "rejected a request from 127.0.0.1: 400 " in new[0], new
+    # The same rejection again and again (a flood from one client): held back, counted.
+    before = len(_lines(log))
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(
+                BAD_REQUESTS["an oversized header"].replace(
+                    b"a" * 100, os.urandom(50).hex().encode()
+                )
+            )
+            with contextlib.suppress(OSError):
+                while s.recv(65536):
+                    pass
+    time.sleep(0.5)
+    assert len(_lines(log)) - before <= 1, _lines(log)[before:]
     assert _health(port) == b"ok\n"

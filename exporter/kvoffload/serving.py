@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import re
 import resource
 import socket
 import ssl
@@ -45,13 +46,18 @@ KEEPALIVE_SECONDS = 75.0  # aiohttp's default for run_app; Prometheus scrapes ev
 TLS_HANDSHAKE_SECONDS = 10.0
 
 
+_QUOTED = re.compile(r":? (?:bytearray\()?b['\"]")
+
+
 class _OneLine(logging.Filter):
     """aiohttp's "Error handling request" for a request it could not parse → one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            reason = " ".join(str(exc.message).split())[:160]
+            # Without the bytes quoted from the request: the client's, they would make every
+            # line new to the repeat filter (a flood of oversized headers, a line each).
+            reason = _QUOTED.split(" ".join(str(exc.message).split()), maxsplit=1)[0][:160]
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
             record.msg = "rejected a request from %s: %d %s"
             record.args = (remote, exc.code, reason)
