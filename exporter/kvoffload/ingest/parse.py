@@ -355,8 +355,9 @@ def parse_text(
             ) from None
         pos = end + 1
         if sample is None:
-            if line[0] in " \t":  # indented: read it again from its first token (a comment?)
-                pos = pos - 1 - len(line.lstrip(" \t")) - (text[end - 1 : end] == "\r")
+            if line[0] in " \t" and (rest := line.lstrip(" \t"))[:1] in ("#", ""):
+                # An indented comment or blank line: read again from its first token.
+                pos = pos - 1 - len(rest) - (text[end - 1 : end] == "\r")
                 continue
             pos = _skip_same_name(text, pos, line)
             continue
