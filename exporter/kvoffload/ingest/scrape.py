@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from kvoffload.errors import InputError
-from kvoffload.ingest.parse import Exposition, LimitError, Limits, parse_text
+from kvoffload.ingest.parse import Exposition, LimitError, Limits, Sample, parse_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 USER_AGENT = "kvoffload"
@@ -130,7 +130,7 @@ def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float
     makes its figures absent (a gauge is left out), instead of taking the series for
     restarted when it comes back (its whole total again, as an increase)."""
     rejected: dict[str, int] = {}
-    kept = []
+    kept: list[Sample] = []
     latest: float | None = None
     for sample in expo.samples:
         ts, value = sample[3], sample[2]
