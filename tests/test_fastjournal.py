@@ -246,28 +246,29 @@ def test_a_worker_that_dies_leaves_a_one_pass_read(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A reading process killed midway (out of memory, a signal) is noticed, said in one
+    """A reading process that ends midway (killed, out of memory) is noticed, said in one
     line, and the file read again in one pass: the same JSON."""
-    import os
+    import sys
 
     from kvoffload.analysis import analyze
     from kvoffload.ingest import journalparts
 
     path = sim_recordings["dp2"]
     expected = _fast(path)
+    real = journalparts.worker_command
 
-    def dying(path: str, span: tuple[int, int], **kwargs: object) -> object:
-        if span[0] > 0:
-            os._exit(3)  # the forked worker of the second part
-        return journal_extracts(path, span=span, **kwargs)  # type: ignore[arg-type]
+    def dying(path: str, span: tuple[int, int], out: str) -> list[str]:
+        if span[0] > 0:  # the second part's worker dies at once
+            return [sys.executable, "-c", "import sys; sys.exit('killed: 9')"]
+        return real(path, span, out)
 
-    monkeypatch.setattr(journalparts, "journal_extracts", dying)
+    monkeypatch.setattr(journalparts, "worker_command", dying)
     monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
     with caplog.at_level("WARNING", logger="kvoffload"):
         win, count, lifetime = window_from_recording(str(path), jobs=2)
     assert count == 121
     assert json.dumps(analyze_window(win, lifetime=lifetime), sort_keys=True) == expected
-    assert "stopped early (exit code 3); reading it in one pass" in caplog.text
+    assert "stopped early (exit code 1): killed: 9; reading it in one pass" in caplog.text
 
 
 def _takes_span(path: Path, span: tuple[int, int]) -> int:

@@ -1,19 +1,18 @@
 #!/bin/bash
-# device call (carry .bundle2 = site.part2 + kvexp/ + kvold/, after call1.sh parked part 1):
+# device call (carry .bundle3 = deps.tar.xz + kvexp/ + kvold/; deps: pyzmq and msgspec for
+# Python 3.12 taken from the vLLM bundle, which the image lacks):
 # `kvoffload analyze` of the benchmark's 24 h and 6 h journals (and 6 h strict when time is
 # left), timed on a quiet machine pinned to 2 CPUs like the project's machine (issue #16 item
 # 1): this snapshot (kvexp) against an older one (kvold: the "before"). Results in $OUT.
 # usage (repo root on the device): bash bench/real/analyze_call.sh [BUDGET_S=560]
 T0=$(date +%s); BUDGET=${1:-560}; DEADLINE=$((T0 + BUDGET))
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-P1=/tmp/b1/site.part1; [ -f $P1 ] || { echo "COLD MACHINE: part1 missing"; exit 3; }
-[ -f .bundle2/site.part2 ] && [ -d .bundle2/kvexp/kvoffload ] && [ -d .bundle2/kvold/kvoffload ] || { echo "carry .bundle2 with kvexp and kvold"; exit 3; }
+[ -f .bundle3/deps.tar.xz ] && [ -d .bundle3/kvexp/kvoffload ] && [ -d .bundle3/kvold/kvoffload ] || { echo "carry .bundle3 with deps.tar.xz, kvexp and kvold"; exit 3; }
 SITE=/tmp/site; rm -rf $SITE; mkdir -p $SITE
-# Only what kvoffload needs beyond the image (pyzmq, msgspec) is kept from the vLLM bundle.
-cat $P1 .bundle2/site.part2 | xz -d -T0 | tar -x -C $SITE --wildcards './zmq*' './pyzmq*' './msgspec*' || { echo UNPACK_FAIL; exit 4; }
+tar -xJf .bundle3/deps.tar.xz -C $SITE || { echo UNPACK_FAIL; exit 4; }
 echo "unpacked in $(( $(date +%s) - T0 ))s"; lscpu | grep -E 'Model name|^CPU\(s\)'; python3 -V
-NEW=$SITE:$PWD/.bundle2/kvexp; OLD=$SITE:$PWD/.bundle2/kvold
-echo "new $(cat .bundle2/kvexp/COMMIT) old $(cat .bundle2/kvold/COMMIT)"
+NEW=$SITE:$PWD/.bundle3/kvexp; OLD=$SITE:$PWD/.bundle3/kvold
+echo "new $(cat .bundle3/kvexp/COMMIT) old $(cat .bundle3/kvold/COMMIT)"
 export KVO_BENCH_TMP=/tmp/kvb; mkdir -p $KVO_BENCH_TMP
 (cd bench && PYTHONPATH=$NEW:. python3 -c '
 import time; from analyze_bench import recording

@@ -111,9 +111,11 @@ def _columns(text: bytes) -> tuple[list[bytes], list[bytes], bytes] | None:
     """Lines of `name{labels} value timestamp` with one timestamp, taken apart in bulk:
     (heads, values, the timestamp); None when a line has other than two blanks (a label
     value with a blank: read line by line) or the timestamps differ."""
-    lines = text.count(b"\n")
+    # Two blanks and a newline a line: three parts a line, and one after the last newline
+    # (the check below makes sure of the lines; counting newlines first costs a pass).
     parts = text.replace(b"\n", b" ").split(b" ")
-    if not lines or len(parts) != 3 * lines + 1:
+    lines, extra = divmod(len(parts) - 1, 3)
+    if not lines or extra or not text.endswith(b"\n"):
         return None
     stop = 3 * lines
     heads, values, stamps = parts[0:stop:3], parts[1:stop:3], parts[2:stop:3]
@@ -194,6 +196,18 @@ def journal_extracts(
     range (one of `journal_parts`). `report`: told the byte offset reached now and then."""
     with _mapped(path) as mm:
         yield from _read(mm, tail_seconds, span, report)
+
+
+def journal_scrapes(
+    path: str,
+    span: tuple[int, int] | None = None,
+    report: Callable[[int], None] | None = None,
+) -> Iterator[Scrape]:
+    """journal_extracts' scrapes as read, before they become Extracts — (time, families
+    declared, each instance's values by series index; the instances' `members` name the
+    series): for a reader that makes the Extracts in another process (ingest.journalparts)."""
+    with _mapped(path) as mm:
+        yield from _read_rows(mm, None, span, report)
 
 
 def _sample_at(mm: mmap.mmap, pos: int, end: int) -> tuple[int, float] | None:
@@ -398,6 +412,21 @@ def _read(
     span: tuple[int, int] | None = None,
     report: Callable[[int], None] | None = None,
 ) -> Iterator[Extract]:
+    for t, declared, rows in _read_rows(mm, tail_seconds, span, report):
+        for inst, row in rows.items():
+            yield inst.shapes.extract(row, t, declared)
+
+
+# A scrape as read: its time, the families it declared, each instance's values by series.
+Scrape = tuple[float, frozenset[str], dict["_Instance", dict[int, float]]]
+
+
+def _read_rows(
+    mm: mmap.mmap,
+    tail_seconds: float | None = None,
+    span: tuple[int, int] | None = None,
+    report: Callable[[int], None] | None = None,
+) -> Iterator[Scrape]:
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
         raise Declined("no '# EOF' at the end")
@@ -420,11 +449,9 @@ def _read(
         if last is not None:
             pos = _scrape_start(mm, last[1] - tail_seconds, end_of_data)
 
-    def flush() -> Iterator[Extract]:
+    def flush() -> Iterator[Scrape]:
         assert current_t is not None
-        frozen = frozenset(scrape_families)
-        for inst, row in rows.items():
-            yield inst.shapes.extract(row, current_t, frozen)
+        yield current_t, frozenset(scrape_families), rows
 
     window = _Pages(mm, report, pos)
     while True:
