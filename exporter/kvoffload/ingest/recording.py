@@ -574,13 +574,15 @@ def _scrape_ordered(fh: TextIO, chunk_size: int = CHUNK) -> bool:
     return True
 
 
-def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 16 * CHUNK) -> Iterator[str]:
+def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 4 * CHUNK) -> Iterator[str]:
     """`read_chunks` for the recording parser: blocks of about `size` characters, each ending
-    before a comment line or between two lines of different sample names. The parser jumps
-    over a run of lines of a name it does not read without looking at them, within a block;
-    cut inside such a run, the rest of it would be parsed in the next block, so that one
-    malformed line there would be an error or not depending on where the blocks fall. Only a
-    run longer than `most` characters is cut inside (at a line end)."""
+    where the parser reads the same whichever block the next line is in. It jumps over a run
+    of lines of a sample name it does not read without looking at them, within a block; a
+    block that began inside such a run would have its first line parsed, so that a malformed
+    line there (an unterminated label set) would be an error or not depending on where the
+    blocks fall. A block therefore ends before a comment, a well-formed sample line, or a
+    line of another name than the one before it: in a file without malformed lines, at its
+    last whole line. Only `most` characters of malformed lines in one run are cut inside."""
     carry = ""
     while True:
         block = fh.read(size)
@@ -601,22 +603,25 @@ def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 16 * CHUNK) -> Iterato
         yield text[:cut]
 
 
+# A whole sample line the parser takes (or skips) the same at the start of a block as inside
+# one: a name, labels closed, a blank.
+_WELL_FORMED = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^\n]*\})?[ \t][^\n]*\n")
+
+
 def _run_boundary(text: str, lowest: int) -> int | None:
-    """The last start of a line in `text`, at `lowest` or after, where a block may end: the
-    line there is whole and is a comment, or is not a line of the previous one's name."""
-    end = text.rfind("\n")  # the newline of the last whole line
-    while end > 0:
-        start = text.rfind("\n", 0, end) + 1  # of that line
-        if start < max(lowest, 1):
-            return None
-        if text[start] == "#":
+    """The last start of a whole line in `text`, at `lowest` or after, where a block may end
+    (see whole_runs); None: read on."""
+    last = text.rfind("\n")  # the newline of the last whole line
+    start = text.rfind("\n", 0, last) + 1 if last != -1 else 0
+    while last != -1 and start >= max(lowest, 1):
+        if text[start] == "#" or _WELL_FORMED.match(text, start):
             return start
         name = _sample_name(text, text.rfind("\n", 0, start - 1) + 1, start - 1)
         if name is None or not (
             text.startswith(name + "{", start) or text.startswith(name + " ", start)
         ):
             return start
-        end = start - 1
+        start = text.rfind("\n", 0, start - 1) + 1
     return None
 
 
