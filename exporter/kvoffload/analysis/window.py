@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
 from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
@@ -33,23 +33,17 @@ GroupKey = tuple[str, str]
 
 
 class _SeriesState(NamedTuple):
-    """A counter series' state. `update` keeps it as a plain tuple in this order (a tuple of
-    numbers is nothing the cyclic garbage collector walks: a sidecar holds 20 per target);
-    `extend` reads it through this class."""
+    """A counter series' state, as its fields are named. `update` keeps it as a plain tuple in
+    this order (a tuple of numbers is nothing the cyclic garbage collector walks: a sidecar
+    holds 20 per target)."""
 
     raw: float
     created: float | None
     adjusted: float
     seen_at: int  # scrape number that last contained the series
-    # As first seen (for `Window.extend`: a window of the scrapes before this one's decides
-    # whether the series restarted in between).
-    first_raw: float = 0.0
-    first_created: float | None = None
-    first_seen: int = 0
 
 
-_State = tuple[float, float | None, float, int, float, float | None, int]
-_ADJUSTED: Final = 2
+_State = tuple[float, float | None, float, int]
 
 
 @dataclass
@@ -264,13 +258,12 @@ class Window:
                 created = created_of.get((key, instance, model, engine)) if created_of else None
                 state = series.get((key, engine))
                 if state is None:
-                    series[(key, engine)] = (raw, created, raw, scrape_no, raw, created, scrape_no)
+                    series[(key, engine)] = (raw, created, raw, scrape_no)
                     increase = raw
                     if unknown_new and (key, engine) in unknown_new:
                         self._suspect.setdefault(g, {})[key] = (ex.timestamp, "unknown")
                 else:
-                    # state: (raw, created, adjusted, seen_at, first_raw, first_created,
-                    # first_seen), as _SeriesState names them
+                    # state: (raw, created, adjusted, seen_at), as _SeriesState names them
                     moved = created is not None and state[1] is not None and created != state[1]
                     restarted = raw < state[0] or moved or state[3] != scrape_no - 1
                     if raw < state[0] or moved:
@@ -285,15 +278,7 @@ class Window:
                             grew = set()
                         grew.add(engine)
                     increase = raw if restarted else raw - state[0]
-                    series[(key, engine)] = (
-                        raw,
-                        created,
-                        state[2] + increase,
-                        scrape_no,
-                        state[4],
-                        state[5],
-                        state[6],
-                    )
+                    series[(key, engine)] = (raw, created, state[2] + increase, scrape_no)
                 running[key] = running.get(key, 0.0) + increase
                 if created is not None and (earliest_created is None or created < earliest_created):
                     earliest_created = created
@@ -396,16 +381,8 @@ class Window:
             if state is None:
                 self._unknown_new.setdefault(g, set()).add((key, engine))
             else:
-                raw, created, adjusted, _seen, first_raw, first_created, first_seen = state
-                series[(key, engine)] = (
-                    raw,
-                    created,
-                    adjusted,
-                    scrape_no,
-                    first_raw,
-                    first_created,
-                    first_seen,
-                )
+                raw, created, adjusted, _seen = state
+                series[(key, engine)] = (raw, created, adjusted, scrape_no)
 
     def forget(self, instance: str, now: float) -> list[GroupKey]:
         """Drop the groups of `instance` whose latest scrape is over a window before `now`
@@ -466,106 +443,6 @@ class Window:
             points.popleft()
         while len(points) > self.max_points:
             points.popleft()
-
-    def extend(self, later: Window) -> None:
-        """Take in `later`, a whole-history window of the scrapes right after this one's (a
-        recording read in parts, one process each): afterwards this window is what reading
-        all the scrapes in one pass gives, up to the rounding of the sums. At the seam each
-        series is judged as `update` would have: a restart when it went down, its `_created`
-        moved, or it was missing from this window's last scrape."""
-        if self.window_seconds is not None or later.window_seconds is not None:
-            raise ValueError("only whole-history windows are extended")
-        for instance, count in later._scrapes.items():
-            base = self._scrapes.get(instance, 0)
-            for g in [g for g in later._points if g[0] == instance]:
-                self._extend_group(later, g, base)
-            self._scrapes[instance] = base + count
-
-    def _extend_group(self, later: Window, g: GroupKey, base: int) -> None:
-        mine = self._series.setdefault(g, {})
-        theirs = later._series.get(g, {})
-
-        def carried(mine_state: _State, their_state: _State) -> float:
-            """What `other`'s adjusted total lacks: this window's up to the seam, plus the
-            increase across it (all of `other`'s first value after a restart)."""
-            state, other = _SeriesState._make(mine_state), _SeriesState._make(their_state)
-            restarted = (
-                other.first_raw < state.raw
-                or (
-                    other.first_created is not None
-                    and state.created is not None
-                    and other.first_created != state.created
-                )
-                or state.seen_at != base
-                or other.first_seen != 1
-            )
-            seam = other.first_raw if restarted else other.first_raw - state.raw
-            return state.adjusted + seam - other.first_raw
-
-        # What each of later's group totals lacks.
-        offset: dict[str, float] = {}
-        for (key, engine), state in mine.items():
-            other = theirs.get((key, engine))
-            # A series not seen again keeps its last contribution.
-            extra = state[_ADJUSTED] if other is None else carried(state, other)
-            offset[key] = offset.get(key, 0.0) + extra
-        for series_key, their_state in theirs.items():
-            other = _SeriesState._make(their_state)
-            known_state = mine.get(series_key)
-            known = None if known_state is None else _SeriesState._make(known_state)
-            if known is None:
-                extra, first = 0.0, (other.first_raw, other.first_created, other.first_seen + base)
-            else:
-                extra = carried(known, other)
-                first = (known.first_raw, known.first_created, known.first_seen)
-            mine[series_key] = _SeriesState(
-                other.raw, other.created, other.adjusted + extra, other.seen_at + base, *first
-            )
-
-        def shifted(counters: dict[str, float]) -> dict[str, float]:
-            if not counters:
-                return {}  # a scrape with no counter of the group has no totals (as update)
-            out = dict(counters)
-            for key, extra in offset.items():
-                out[key] = out.get(key, 0.0) + extra
-            return out
-
-        their_last = _latest(later._points[g])
-        their_first = later._first[g]
-        counters = shifted(their_last.counters)
-        points = self._points.get(g)
-        if points:
-            my_last = _latest(points)
-            # The interval across the seam, then the later window's own intervals.
-            fit = add_interval(my_last.fit, my_last.counters, shifted(their_first.counters))
-            fit = tuple(a + b for a, b in zip(fit, their_last.fit, strict=True))
-            sums = dict(my_last.gauge_sums)
-            n = dict(my_last.gauge_n)
-            for k, v in their_last.gauge_sums.items():
-                sums[k] = sums.get(k, 0.0) + v
-            for k, v in their_last.gauge_n.items():
-                n[k] = n.get(k, 0.0) + v
-            point = Point(their_last.t, counters, sums, n, fit)
-            points.clear()
-            points.append(point)
-            self._gauge_running[g] = (sums, n)
-        else:
-            point = Point(
-                their_last.t, counters, their_last.gauge_sums, their_last.gauge_n, their_last.fit
-            )
-            self._points[g] = deque([point])
-            self._first[g] = their_first
-            self._gauge_running[g] = later._gauge_running[g]
-        running = later._totals.get(g, {})
-        self._totals[g] = {
-            k: running.get(k, 0.0) + offset.get(k, 0.0) for k in running.keys() | offset.keys()
-        }
-        static = self._static.get(g)
-        newer = later._static[g]
-        if static is not None:
-            newer.cache_config = newer.cache_config or static.cache_config
-            newer.offload_config = newer.offload_config or static.offload_config
-        self._static[g] = newer
 
     # -- query ----------------------------------------------------------------------------
     def groups(self) -> list[GroupKey]:
