@@ -207,6 +207,8 @@ def test_analyze_reads_a_journal_cut_at_any_byte(killed_journal, tmp_path, capsy
         assert code == 0, (cut, err)
         assert whole - 1 <= json.loads(out)["scrapes"] <= whole, cut
         assert "is the journal of a recording that did not finish" in err, (cut, err)
+        line = int(err.split("truncated at line ")[1].split()[0])
+        assert line == data[:cut].count(b"\n"), (cut, err)  # the lines it could read
         assert "Traceback" not in err
 
 

@@ -21,8 +21,8 @@ for h in (24, 6):
 D=$KVO_BENCH_TMP/kvoffload-bench; J24=$D/large-24h.journal.om; J6=$D/large-6h.journal.om
 ls -la $D; echo "files in $(( $(date +%s) - T0 ))s"
 taskset -c 2,3 python3 bench/real/analyze_runs.py $OUT/analyze-journal.json $((DEADLINE - 150)) \
-  "new24=$NEW|$J24||5" "new24-jobs1=$NEW|$J24|--jobs 1|3" "old24=$OLD|$J24||3" \
-  "new6=$NEW|$J6||5" "old6=$OLD|$J6||3" "new24-window5m=$NEW|$J24|--window 5m|3"
+  "new24=$NEW|$J24||5" "new24-jobs1=$NEW|$J24|--jobs 1|2" "old24=$OLD|$J24||2" \
+  "new6=$NEW|$J6||5" "old6=$OLD|$J6||2" "new24-window5m=$NEW|$J24|--window 5m|3"
 echo "journal runs done at $(( $(date +%s) - T0 ))s"
 if [ $(date +%s) -lt $((DEADLINE - 140)) ]; then
   (cd bench && timeout $((DEADLINE - $(date +%s) - 100)) env PYTHONPATH=$NEW:. python3 -c '

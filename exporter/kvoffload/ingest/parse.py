@@ -872,11 +872,12 @@ class _OMState:
             # whole; the last may be half-written, so it goes.
             if self.journal is not None:
                 log.warning(
-                    "%s is the journal of a recording that did not finish (`record` was "
-                    "killed, or is still writing): read %d complete scrapes, the last, "
-                    "possibly partial one dropped; `kvoffload record --finalize %s` turns it "
-                    "into an OpenMetrics file",
+                    "%s is the journal of a recording that did not finish, truncated at line "
+                    "%d (`record` was killed, or is still writing): read %d complete scrapes, "
+                    "the last, possibly partial one dropped; `kvoffload record --repair %s` "
+                    "turns it into an OpenMetrics file",
                     self.journal,
+                    self.lines_before,
                     self.complete,
                     self.journal,
                 )
