@@ -80,3 +80,26 @@ def test_every_layout_gives_the_same_json(tmp_path, set_name, server):
     assert results["family"] == results["scrape"]
     assert results["series"] == results["scrape"]
     assert results["strict"] == results["scrape"]
+
+
+def test_a_family_declared_without_samples_survives_the_strict_rewrite(tmp_path):
+    """vLLM declares its per-direction offload families before the first transfer, with no
+    sample yet; that the family is there decides how the others are read (flat, not legacy
+    naming). The strict file `record` leaves keeps such a family's TYPE line, so it reads as the
+    journal does."""
+    text = lzma.decompress((SETS / "B" / "B-cpu5.om.xz").read_bytes()).decode()
+    # No load yet, in any scrape: the family's TYPE line stays, its samples go.
+    text = "".join(
+        line
+        for line in text.splitlines(keepends=True)
+        if not line.startswith("vllm:kv_offload_load_bytes")
+    )
+    assert "# TYPE vllm:kv_offload_load_bytes counter" in text
+    events = tmp_path / "events.kvev"
+    events.write_bytes(lzma.decompress((SETS / "B" / "B-cpu5.kvev.xz").read_bytes()))
+    journal = tmp_path / "scrape.om"
+    journal.write_text(text)
+    finalize_journal(str(journal), str(tmp_path / "strict.om"))
+    strict_text = (tmp_path / "strict.om").read_text()
+    assert strict_text.count("# TYPE vllm:kv_offload_load_bytes counter") == 1
+    assert analyze(tmp_path / "strict.om", events) == analyze(journal, events)

@@ -327,10 +327,13 @@ def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
             for keyed in sorted_lines(scan.keyed(fh, journal), tmp_dir=tmp_dir or directory):
                 f = int(keyed[:_FAM_KEY], 16)
                 if f != fam:
+                    for g in range(fam + 1, f):  # the families passed over have no sample
+                        write(scan.empty_family(g))
                     fam = f
-                    name, mtype = families[f]
-                    write(f"# TYPE {name} {mtype}\n")
+                    write("# TYPE {} {}\n".format(*families[f]))
                 write(keyed[_SEQ_KEY:])
+            for g in range(fam + 1, len(families)):
+                write(scan.empty_family(g))
             write("# EOF\n")
             dst.flush()
             os.fsync(dst.fileno())
@@ -350,6 +353,11 @@ class _JournalScan:
 
     def __init__(self, families: list[tuple[str, str]]) -> None:
         self.families = families  # (name, type) by index, in order of first appearance
+        # Which instances declared each family (a TYPE line goes with the scrape of the next
+        # sample, as the readers have it), and every instance with a sample: a family
+        # declared without samples is kept in the strict file when all declared it.
+        self.declared_by: dict[int, set[str]] = {}
+        self.instances: set[str] = set()
         # The timestamps written: a journal's scrapes (one run of lines each), a strict
         # file's points (one run per series and time)
         self.times: set[str] = set()
@@ -367,6 +375,7 @@ class _JournalScan:
         drop: re.Pattern[str] | None = None
         fam = -1
         held: list[str] = []  # the scrape being read: whole only once the next one begins
+        pending: list[int] = []  # families declared since the last sample
         last_ts = ""
         ts_key = ""
         seq = 0
@@ -382,6 +391,7 @@ class _JournalScan:
                     if len(parts) != 4:
                         raise ParseError(f"{path}: line {lineno}: malformed TYPE line")
                     fam = self._family(fam_index, parts[2], parts[3])
+                    pending.append(fam)
                     drop = {
                         "histogram": _LE_RE,
                         "gaugehistogram": _LE_RE,
@@ -416,8 +426,14 @@ class _JournalScan:
             if fam == -1:  # a sample before any TYPE line: its own untyped family
                 fam = self._family(fam_index, head.partition("{")[0], "unknown")
                 drop = None
+            if pending:
+                instance = _instance_of(head)
+                for declared in pending:
+                    self.declared_by.setdefault(declared, set()).add(instance)
+                pending = []
             prefix = prefixes.get((fam, head))
             if prefix is None:
+                self.instances.add(_instance_of(head))
                 labels = head[head.find("{") + 1 : -1] if labelled else ""
                 if drop is not None:
                     labels = drop.sub("", labels).lstrip(",")
@@ -437,12 +453,29 @@ class _JournalScan:
                     lineno,
                 )
 
+    def empty_family(self, fam: int) -> str:
+        """The TYPE line of a family declared without a sample ("" when only some instances
+        declared it: a strict file's TYPE line is everyone's, it could not say whose). That a
+        family is there decides how others are read (vLLM's per-direction offload families
+        before the first transfer, say)."""
+        if self.instances and self.declared_by.get(fam, set()) >= self.instances:
+            return "# TYPE {} {}\n".format(*self.families[fam])
+        return ""
+
     def _family(self, index: dict[str, int], name: str, mtype: str) -> int:
         fam = index.get(name)
         if fam is None:
             fam = index[name] = len(self.families)
             self.families.append((name, mtype))
         return fam
+
+
+_INSTANCE_LABEL = re.compile(r'[{,]\s*instance\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _instance_of(head: str) -> str:
+    found = _INSTANCE_LABEL.search(head)
+    return found.group(1) if found else ""
 
 
 # How much the general reader reads at a time (characters).
