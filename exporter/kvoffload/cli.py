@@ -321,8 +321,11 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     type=click.IntRange(1000),
     default=1_000_000,
     show_default=True,
-    help="At most this many blocks tracked per engine (lowers the rate as needed); "
-    "~55 B each: the default holds ~55 MB per DP rank.",
+    help="At most this many blocks per engine in each part of the KV-event state: the "
+    "reuse-distance tracker (lowers its sampling rate as needed), the GPU prefix map and the "
+    "CPU tier's residency (forget their oldest, counted in "
+    "kvoffload_kv_events_evicted_blocks_total); ~220 B a block for all three when full: the "
+    "default holds at most ~220 MB per DP rank (~55 MB while vLLM removes what it evicts).",
 )
 @click.option(
     "--state-dir",

@@ -192,23 +192,109 @@ class BlockIndex:
         return len(self.keys) * 8 + wide + len(self.slots) * 4 + len(self.free) * 4
 
 
-class ResidentBlocks:
-    """The CPU tier's blocks: hash → loaded since stored, ~1 B per id beside the index
-    (a dict of bools costs ~100 B a block)."""
+class _Oldest:
+    """Ids of a `BlockIndex` in the order they were added, so that the oldest can be forgotten
+    when more than `limit` are held (the one budget of the KV-event state, see EngineEvents).
 
-    __slots__ = ("_index", "_state")
+    `_queue` lists ids oldest first from `_head`, with stale entries (ids removed since, or
+    reused by a later add); `_at[id]` is where the id's live entry is, -1 when free. The queue
+    is rebuilt without its stale entries when they outnumber the live ones: 8–16 B per block,
+    O(1) amortised per add, remove and eviction."""
 
-    _ABSENT, _STORED, _LOADED = 0, 1, 2
+    __slots__ = ("_at", "_head", "_index", "_queue", "evicted", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.limit = limit
+        self.evicted = 0  # entries forgotten to stay within the limit
+        self._reset()
+
+    def _reset(self) -> None:
         self._index = BlockIndex()
-        self._state = bytearray()  # id → 0 free, 1 stored (not loaded since), 2 loaded
+        self._queue = array("i")
+        self._head = 0
+        self._at = array("i")
 
     def __len__(self) -> int:
         return self._index.count
 
     def __contains__(self, h: int) -> bool:
         return self._index.find(h) >= 0
+
+    def _added(self, k: int) -> None:
+        """Id `k` was just added (the newest)."""
+        at = self._at
+        if k == len(at):
+            at.append(len(self._queue))
+        else:
+            at[k] = len(self._queue)
+        self._queue.append(k)
+        limit = self.limit
+        if limit is not None and self._index.count > limit:
+            self._evict_oldest()
+
+    def _removed(self, k: int) -> None:
+        self._at[k] = -1
+        if len(self._queue) > 2 * self._index.count + 1024:
+            self._compact()
+
+    def _evict_oldest(self) -> None:
+        queue, at = self._queue, self._at
+        head = self._head
+        while True:
+            k = queue[head]
+            head += 1
+            if at[k] == head - 1:
+                break
+        self._head = head
+        (h,) = self._index.hashes((k,))
+        self._index.remove(h)
+        self._forget(k)
+        self.evicted += 1
+        self._removed(k)
+
+    def _forget(self, k: int) -> None:
+        """Clear the per-id data of `k` (removed or evicted)."""
+
+    def _compact(self) -> None:
+        queue, at = self._queue, self._at
+        new = array("i")
+        for i in range(self._head, len(queue)):
+            k = queue[i]
+            if at[k] == i:
+                at[k] = len(new)
+                new.append(k)
+        self._queue, self._head = new, 0
+
+    def _ids_oldest_first(self) -> list[int]:
+        queue, at = self._queue, self._at
+        return [queue[i] for i in range(self._head, len(queue)) if at[queue[i]] == i]
+
+    def _copy_into(self, new: _Oldest) -> None:
+        new.limit, new.evicted = self.limit, self.evicted
+        new._index = self._index.copy()
+        new._queue, new._head, new._at = self._queue[:], self._head, self._at[:]
+
+    def _nbytes(self) -> int:
+        return self._index.nbytes() + 4 * (len(self._queue) + len(self._at))
+
+
+class ResidentBlocks(_Oldest):
+    """The CPU tier's blocks: hash → loaded since stored, ~1 B per id beside the index
+    (a dict of bools costs ~100 B a block); at most `limit` blocks, the oldest stored
+    forgotten first."""
+
+    __slots__ = ("_state",)
+
+    _ABSENT, _STORED, _LOADED = 0, 1, 2
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__(limit)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._state = bytearray()  # id → 0 free, 1 stored (not loaded since), 2 loaded
 
     def store(self, h: int) -> None:
         """Stored (again): not loaded since."""
@@ -217,7 +303,10 @@ class ResidentBlocks:
             k = self._index.add(h)
             if k == len(self._state):
                 self._state.append(self._STORED)
-                return
+            else:
+                self._state[k] = self._STORED
+            self._added(k)
+            return
         self._state[k] = self._STORED
 
     def load(self, h: int) -> bool:
@@ -234,28 +323,32 @@ class ResidentBlocks:
         if k < 0:
             return None
         loaded = self._state[k] == self._LOADED
-        self._state[k] = self._ABSENT
+        self._forget(k)
+        self._removed(k)
         return loaded
+
+    def _forget(self, k: int) -> None:
+        self._state[k] = self._ABSENT
 
     def never_loaded(self) -> int:
         return self._state.count(self._STORED)
 
     def items(self) -> list[tuple[int, bool]]:
-        ids = self._index.ids()
+        """(hash, loaded since stored), the oldest stored first."""
+        ids = self._ids_oldest_first()
         state = self._state
         return list(
             zip(self._index.hashes(ids), (state[k] == self._LOADED for k in ids), strict=True)
         )
 
     def clear(self) -> None:
-        self._index = BlockIndex()
-        self._state = bytearray()
+        self._reset()
 
     def copy(self) -> ResidentBlocks:
         new = ResidentBlocks.__new__(ResidentBlocks)
-        new._index = self._index.copy()
+        self._copy_into(new)
         new._state = self._state[:]
         return new
 
     def nbytes(self) -> int:
-        return self._index.nbytes() + len(self._state)
+        return self._nbytes() + len(self._state)

@@ -51,6 +51,8 @@ _ENGINE_SCALARS = (
     "first_ts",
     "last_ts",
 )
+# Added since the first files of version 1: read with 0 when absent.
+_ENGINE_COUNTERS = ("sequence_jumps", "sequence_rejected", "prefix_walks_cut")
 
 
 class StateError(Exception):
@@ -84,7 +86,11 @@ def snapshot(
         engines.append(
             {
                 "rank": rank,
-                "scalars": {k: getattr(e, k) for k in _ENGINE_SCALARS},
+                "scalars": {
+                    **{k: getattr(e, k) for k in _ENGINE_SCALARS + _ENGINE_COUNTERS},
+                    "gpu_parents_evicted": e.gpu_parent.evicted,
+                    "cpu_resident_evicted": e.cpu_resident.evicted,
+                },
                 "checkpoints": [list(c) for c in e.checkpoints],
                 "cpu_resident": e.cpu_resident.copy(),
                 "gpu_parent": dict(e.gpu_parent),
@@ -223,6 +229,8 @@ def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None) 
     scalars = raw["scalars"]
     for key in _ENGINE_SCALARS:
         setattr(e, key, scalars[key])
+    for key in _ENGINE_COUNTERS:
+        setattr(e, key, int(scalars.get(key, 0)))
     e.checkpoints = [(float(t), float(c)) for t, c in raw["checkpoints"]]
     resident = _unpack_hashes(raw["cpu_resident"])
     loaded = raw["cpu_loaded"]
@@ -239,9 +247,11 @@ def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None) 
     has_parent = raw["gpu_has_parent"]
     if not len(blocks) == len(parents) == len(has_parent):
         raise StateError("the GPU prefix chains are inconsistent")
-    e.gpu_parent = {
-        b: (p if flag else None) for b, p, flag in zip(blocks, parents, has_parent, strict=True)
-    }
+    for b, p, flag in zip(blocks, parents, has_parent, strict=True):
+        e.gpu_parent[b] = p if flag else None
+    e.gpu_parent.trim()
+    e.gpu_parent.evicted = int(scalars.get("gpu_parents_evicted", 0))
+    e.cpu_resident.evicted = int(scalars.get("cpu_resident_evicted", 0))
     e.tracker = _tracker(raw, sample_rate, sample_budget)
     return e
 

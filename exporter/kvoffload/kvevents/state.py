@@ -4,11 +4,20 @@ One `EngineEvents` per DP rank (each engine has its own CPU tier). GPU `BlockSto
 exactly the GPU misses (computed or loaded), so they feed the stack-distance tracker; CPU
 `BlockStored`/`BlockRemoved` give the tier's occupancy and, joined with later GPU misses of the
 same hash, which stored blocks were ever loaded back.
+
+One budget bounds all of it (`--kv-events-sample-budget`, blocks per engine): the tracker
+lowers its sampling rate to stay within it, and the GPU parent map and the CPU tier's
+residency forget their oldest blocks past it (counted), so a publisher that stores new blocks
+and never removes one cannot grow the state (~220 B of RSS per block for all three when
+full). Parent chains are walked within an allowance (below), and sequence numbers are checked: a
+number out of range is rejected, a forward jump no publisher could have made is flagged, not
+counted as losses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 
 from kvoffload.errors import InputError
 from kvoffload.kvevents.blockindex import ResidentBlocks
@@ -19,6 +28,58 @@ from kvoffload.kvevents.stackdist import StackDistanceTracker
 GPU_MEDIA = (None, "GPU", "gpu", "cuda")
 CPU_MEDIA = ("CPU", "cpu")
 
+# Sequence numbers: vLLM numbers each publisher's messages from 0, one per scheduler step with
+# events (at most thousands a second). A number at or above SEQUENCE_LIMIT (35 years at 1,000
+# messages a second) is rejected like a negative one: it could only make the gap and history
+# figures absurd (2^63 gave 9.2e18 lost messages). A forward gap larger than GAP_SLACK +
+# GAP_PER_SECOND × the seconds since the previous message (GAP_FALLBACK when that time is not
+# known) cannot be messages lost: it is flagged (`sequence_jumps`) and the stream goes on
+# from the new number, with the state kept.
+SEQUENCE_LIMIT = 1 << 40
+GAP_SLACK = 1 << 20
+GAP_PER_SECOND = 100_000
+GAP_FALLBACK = 1 << 32
+
+# vLLM touches a request's GPU-hit prefix (the chain of the parent's ancestors) in the CPU tier;
+# each touch moves a block in the LRU stack, so a chain of d blocks costs O(d) however it is
+# walked. A request's prefix is bounded by the model's context, a hostile chain is not (a 200k
+# chain cost 0.65-3 s per 1-block event): each event may walk and touch at most an allowance
+# of ancestors, earned per event, per new block and per second of arrival time (the receive
+# time, not the publisher's stamp) and saved up to PREFIX_ALLOWANCE_MAX, so the work per event
+# is O(1) amortised: 64 + 16 per new block, plus at most 20,000 touches a second (~70 ms of a
+# core), beyond the saved allowance. Real streams stay far inside it (the H200 captures: at
+# most 68 ancestors an event, 8 per new block on average; a 100k-token agent context is
+# ~6,000) and give the same figures; a walk that is cut is counted (`prefix_walks_cut`): the
+# farther ancestors keep their place in the stack.
+PREFIX_ALLOWANCE_PER_EVENT = 64
+PREFIX_ALLOWANCE_PER_BLOCK = 16
+PREFIX_ALLOWANCE_PER_SECOND = 20_000
+PREFIX_ALLOWANCE_MAX = 1 << 16
+
+
+class ParentMap(dict[int, int | None]):
+    """GPU block → its parent (None for a first block): a dict, so that a chain walk costs one
+    C-level lookup a step (flat arrays, as for the CPU tier, made ingestion 35% slower), at
+    most `limit` blocks: past it the oldest stored eighth goes at once (amortised O(1) a
+    store), counted in `evicted`. vLLM's BlockRemoved keeps it to the GPU cache; a publisher
+    that never sends one cannot grow it past the limit."""
+
+    __slots__ = ("evicted", "limit")
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__()
+        self.limit = limit
+        self.evicted = 0
+
+    def trim(self) -> None:
+        limit = self.limit
+        if limit is not None and len(self) > limit:
+            drop = len(self) - limit + limit // 8
+            keep = list(islice(self.items(), drop, None))  # insertion order: the newest
+            self.clear()
+            self.update(keep)
+            self.evicted += drop
+
 
 @dataclass
 class EngineEvents:
@@ -27,10 +88,12 @@ class EngineEvents:
     tracker: StackDistanceTracker = field(init=False)
     block_size: int = 0
     gpu_missed_blocks: int = 0
-    # hash → loaded since stored, in flat arrays (~17 B a block; the tier can hold millions)
-    cpu_resident: ResidentBlocks = field(default_factory=ResidentBlocks)
-    # GPU-resident block → its parent: bounded by the GPU cache, enough to rebuild prefixes.
-    gpu_parent: dict[int, int | None] = field(default_factory=dict)
+    # hash → loaded since stored, in flat arrays (~30 B a block; the tier can hold millions),
+    # at most sample_budget blocks (the oldest stored forgotten first)
+    cpu_resident: ResidentBlocks = field(init=False)
+    # GPU-resident block → its parent: bounded by the GPU cache while vLLM sends BlockRemoved,
+    # and by sample_budget whatever it sends; enough to rebuild prefixes.
+    gpu_parent: ParentMap = field(init=False)
     cpu_stored_blocks: int = 0
     # Blocks loaded back from the CPU tier, with repeats: what vLLM's load-bytes counter
     # counts (÷ bytes per block), so the two reconcile.
@@ -45,6 +108,13 @@ class EngineEvents:
     messages: int = 0
     lost_messages: int = 0
     unknown_events: int = 0
+    # forward gaps too large to be losses (see GAP_SLACK), and sequence numbers rejected
+    sequence_jumps: int = 0
+    sequence_rejected: int = 0
+    # GPU-hit prefixes whose walk stopped at the allowance (see PREFIX_ALLOWANCE_MAX)
+    prefix_walks_cut: int = 0
+    # receive time of the previous message (not saved: a resumed state uses GAP_FALLBACK)
+    last_received: float | None = None
     first_ts: float | None = None
     last_ts: float | None = None
     # (GPU-missed accesses, first touches among them) each time the accesses doubled: the
@@ -54,6 +124,16 @@ class EngineEvents:
 
     def __post_init__(self) -> None:
         self.tracker = StackDistanceTracker(self.sample_rate, self.sample_budget)
+        self.cpu_resident = ResidentBlocks(self.sample_budget)
+        self.gpu_parent = ParentMap(self.sample_budget)
+        self._prefix_allowance = float(PREFIX_ALLOWANCE_MAX)
+        self._allowance_at: float | None = None  # receive time it was last topped up at
+
+    @property
+    def evicted_blocks(self) -> dict[str, int]:
+        """Blocks forgotten to stay within the budget, by structure (the tracker's show as a
+        lower sampling rate instead)."""
+        return {"gpu_parents": self.gpu_parent.evicted, "cpu_resident": self.cpu_resident.evicted}
 
     def _checkpoint(self) -> None:
         h = self.tracker.histogram
@@ -70,12 +150,25 @@ class EngineEvents:
                 base = point
         return h.total, h.cold, h.total - base[0], h.cold - base[1]
 
-    def sequence(self, seq: int) -> int:
-        """Account a message's sequence number; returns how many were lost before it.
+    def sequence(self, seq: int, received: float | None = None) -> int:
+        """Account a message's sequence number (in range: TargetEvents.ingest checks); returns
+        how many were lost before it. `received`: when it arrived (time.time()), to tell a
+        gap from a jump.
 
         A number at or below the last one means the publisher restarted (a vLLM restart
-        numbers from 0 again), not a loss."""
+        numbers from 0 again), not a loss. A gap larger than any publisher could have made
+        since the previous message is a jump: flagged, not lost."""
         lost = seq - self.last_seq - 1 if self.last_seq is not None and seq > self.last_seq else 0
+        if lost:
+            if received is not None and self.last_received is not None:
+                plausible = GAP_SLACK + GAP_PER_SECOND * max(0.0, received - self.last_received)
+            else:
+                plausible = GAP_FALLBACK
+            if lost > plausible:
+                self.sequence_jumps += 1
+                lost = 0
+        if received is not None:
+            self.last_received = received
         if self.last_seq is not None and seq <= self.last_seq:
             # A new publisher: vLLM restarted (it sends no AllBlocksCleared for that), so the
             # GPU cache and the CPU tier are empty again.
@@ -88,7 +181,12 @@ class EngineEvents:
         self.messages += 1
         return lost
 
-    def ingest(self, batch: Batch) -> None:
+    def ingest(self, batch: Batch, received: float | None = None) -> None:
+        if received is not None:
+            if self._allowance_at is not None and received > self._allowance_at:
+                earned = PREFIX_ALLOWANCE_PER_SECOND * (received - self._allowance_at)
+                self._prefix_allowance = min(PREFIX_ALLOWANCE_MAX, self._prefix_allowance + earned)
+            self._allowance_at = received
         self.unknown_events += batch.unknown
         self.first_ts = batch.ts if self.first_ts is None else self.first_ts
         self.last_ts = batch.ts
@@ -103,8 +201,9 @@ class EngineEvents:
                     store(h)
                 self.cpu_stored_blocks += len(ev.block_hashes)
             elif ev.kind == REMOVED and ev.medium in GPU_MEDIA:
+                pop = self.gpu_parent.pop
                 for h in ev.block_hashes:
-                    self.gpu_parent.pop(h, None)
+                    pop(h, None)
             elif ev.kind == REMOVED and ev.medium in CPU_MEDIA:
                 for h in ev.block_hashes:
                     loaded = self.cpu_resident.pop(h)
@@ -131,13 +230,24 @@ class EngineEvents:
         ancestors, which GPU events did show (and which are GPU-resident, so still known).
         Distances are read before the touches: presence is decided at lookup time.
         """
+        allowance = min(
+            PREFIX_ALLOWANCE_MAX,
+            self._prefix_allowance
+            + PREFIX_ALLOWANCE_PER_EVENT
+            + PREFIX_ALLOWANCE_PER_BLOCK * len(hashes),
+        )
+        parents = self.gpu_parent
         chain: list[int] = []
         seen: set[int] = set()
         p = parent
-        while p is not None and p in self.gpu_parent and p not in seen:  # a loop ends the walk
+        while p is not None and p in parents and p not in seen:  # a loop ends the walk
+            if len(chain) >= allowance:
+                self.prefix_walks_cut += 1
+                break
             chain.append(p)
             seen.add(p)
-            p = self.gpu_parent[p]
+            p = parents[p]
+        self._prefix_allowance = allowance - len(chain)
         chain.reverse()  # root first
         # vLLM loads only the leading run of present blocks: block i is served by a tier of
         # C blocks iff blocks 1..i all are, so the tracker records it at the running maximum
@@ -157,8 +267,10 @@ class EngineEvents:
         prev = parent
         for h in hashes:
             if h != prev:  # a block is never its own parent
-                self.gpu_parent[h] = prev
+                parents[h] = prev
             prev = h
+        if parents.limit is not None and len(parents) > parents.limit:
+            parents.trim()
 
     @property
     def resident_never_loaded_blocks(self) -> int:
@@ -194,16 +306,27 @@ class TargetEvents:
             self.decode_errors += 1
             self.last_error = f"rank {msg.dp_rank} message {msg.seq}: {exc}"
             return False
-        self.ingest(batch, msg.seq, msg.dp_rank)
-        return True
+        return self.ingest(batch, msg.seq, msg.dp_rank, msg.received_at)
 
     def ingest(
-        self, batch: Batch, seq: int | None = None, publisher_rank: int | None = None
-    ) -> None:
-        eng = self.engine(publisher_rank if publisher_rank is not None else batch.dp_rank)
+        self,
+        batch: Batch,
+        seq: int | None = None,
+        publisher_rank: int | None = None,
+        received: float | None = None,
+    ) -> bool:
+        """Take in a decoded batch; False (counted, nothing changed) when its sequence number
+        is out of range."""
+        rank = publisher_rank if publisher_rank is not None else batch.dp_rank
+        eng = self.engine(rank)
         if seq is not None:
-            eng.sequence(seq)
-        eng.ingest(batch)
+            if not 0 <= seq < SEQUENCE_LIMIT:
+                eng.sequence_rejected += 1
+                self.last_error = f"rank {rank} message {seq}: sequence number out of range"
+                return False
+            eng.sequence(seq, received)
+        eng.ingest(batch, received)
+        return True
 
     # -- figures ------------------------------------------------------------------------------
     @property
@@ -282,6 +405,25 @@ class TargetEvents:
 
     def lost_messages(self) -> int:
         return sum(e.lost_messages for e in self.engines.values())
+
+    def evicted_blocks(self) -> dict[str, int]:
+        """Blocks forgotten to stay within the budget, by structure, over all engines."""
+        out = {"gpu_parents": 0, "cpu_resident": 0}
+        for e in self.engines.values():
+            for kind, n in e.evicted_blocks.items():
+                out[kind] += n
+        return out
+
+    def sequence_anomalies(self) -> dict[str, int]:
+        """Messages whose sequence number was out of range (rejected) or jumped further than
+        any publisher could (flagged, not counted lost), over all engines."""
+        return {
+            "rejected": sum(e.sequence_rejected for e in self.engines.values()),
+            "jump": sum(e.sequence_jumps for e in self.engines.values()),
+        }
+
+    def prefix_walks_cut(self) -> int:
+        return sum(e.prefix_walks_cut for e in self.engines.values())
 
     def unseen_before_start(self) -> int:
         """Messages the current publishers sent before the first one we have: history the curve

@@ -8,6 +8,11 @@ whatever cannot be replayed is counted as lost, never hidden. On our first messa
 vLLM restarted (the sequence went back), we ask for everything vLLM still buffers (its last
 10,000 messages), so a sidecar that starts late or restarts recovers that history; what is
 older is reported as unseen (the first sequence held, `history_from_seq`).
+
+A hostile or broken publisher cannot wedge it: sequence numbers out of range are rejected
+(counted), a replay takes at most REPLAY_MAX_MESSAGES messages however the ROUTER answers, and
+replays are rate-limited (REPLAY_BURST, then one per REPLAY_EVERY_SECONDS): a publisher whose
+every message is a gap or a restart gets the rest counted as lost, not a replay each.
 """
 
 from __future__ import annotations
@@ -24,10 +29,14 @@ import zmq.asyncio
 
 from kvoffload.errors import InputError
 from kvoffload.kvevents.eventfile import RawMessage
+from kvoffload.kvevents.state import SEQUENCE_LIMIT
 
 log = logging.getLogger("kvoffload.kvevents")
 END_SEQ = -1
 MAX_MESSAGE_BYTES = 64 * 2**20
+REPLAY_MAX_MESSAGES = 20_000  # vLLM buffers 10,000
+REPLAY_BURST = 10
+REPLAY_EVERY_SECONDS = 1.0
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -56,7 +65,8 @@ class SubscriberState:
     # The first sequence number we hold of the current publisher, replayed or live.
     history_from_seq: int | None = None
     last_error: str | None = None
-    rejected: int = 0  # messages that could not be placed (negative sequence numbers)
+    rejected: int = 0  # messages that could not be placed (sequence numbers out of range)
+    replays_skipped: int = 0  # gaps or restarts not replayed: over the replay rate
 
 
 class Subscriber:
@@ -88,6 +98,8 @@ class Subscriber:
         self.on_message = on_message
         self.replay_timeout = replay_timeout_seconds
         self._ctx = zmq.asyncio.Context.instance()
+        self._replay_tokens = float(REPLAY_BURST)
+        self._replay_refilled = time.monotonic()
 
     async def run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
@@ -108,11 +120,13 @@ class Subscriber:
                     )
                     continue
                 seq = int.from_bytes(frames[1], "big", signed=True)
-                if seq < 0:
+                if not 0 <= seq < SEQUENCE_LIMIT:
                     # vLLM numbers from 0; a negative number cannot be placed in the stream
-                    # (and would make a replay request from it impossible to encode).
+                    # (and would make a replay request from it impossible to encode), a huge
+                    # one would make the gap and history figures absurd.
                     self.state.rejected += 1
-                    self.state.last_error = f"{self.state.endpoint}: negative sequence {seq}"
+                    what = "negative" if seq < 0 else "out-of-range"
+                    self.state.last_error = f"{self.state.endpoint}: {what} sequence {seq}"
                     continue
                 last = self.state.last_seq
                 if self.replay_endpoint:
@@ -120,9 +134,9 @@ class Subscriber:
                         # Our start, or vLLM's (it numbers from 0 again): ask for everything
                         # it still holds, up to 10,000 messages of history.
                         self.state.history_from_seq = None
-                        if seq > 0:
+                        if seq > 0 and self._may_replay():
                             await self._replay(0, seq)
-                    elif seq > last + 1:
+                    elif seq > last + 1 and self._may_replay():
                         await self._replay(last + 1, seq)
                 self._deliver(seq, frames[0], frames[2])
         finally:
@@ -137,8 +151,23 @@ class Subscriber:
         self.state.last_seq = seq
         self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
 
+    def _may_replay(self) -> bool:
+        """A token of the replay rate (REPLAY_BURST, refilled one per REPLAY_EVERY_SECONDS)."""
+        now = time.monotonic()
+        self._replay_tokens = min(
+            float(REPLAY_BURST),
+            self._replay_tokens + (now - self._replay_refilled) / REPLAY_EVERY_SECONDS,
+        )
+        self._replay_refilled = now
+        if self._replay_tokens < 1:
+            self.state.replays_skipped += 1
+            return False
+        self._replay_tokens -= 1
+        return True
+
     async def _replay(self, start: int, stop: int) -> None:
-        """Fetch messages [start, stop) from vLLM's replay buffer, in order."""
+        """Fetch messages [start, stop) from vLLM's replay buffer, in order; at most
+        REPLAY_MAX_MESSAGES frames are read, whatever the ROUTER sends."""
         assert self.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -146,7 +175,7 @@ class Subscriber:
         try:
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            while True:
+            for _ in range(REPLAY_MAX_MESSAGES):
                 # The timeout is for silence, not for the whole replay: a long replay that
                 # keeps coming (thousands of messages, each ingested as it arrives, on a busy
                 # machine) is not vLLM failing to answer.
@@ -174,6 +203,12 @@ class Subscriber:
                 ):
                     self.state.replayed += 1
                     self._deliver(seq, topic, payload)
+                    if seq == stop - 1:
+                        return  # all of the gap: the rest would be live messages again
+            else:
+                self.state.last_error = (
+                    f"{self.replay_endpoint}: replay cut after {REPLAY_MAX_MESSAGES:,} messages"
+                )
         except zmq.ZMQError as exc:
             self.state.last_error = f"{self.replay_endpoint}: {exc}"
         finally:

@@ -116,6 +116,19 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
         ["target"],
         "KV-event payloads that did not decode.",
     ),
+    "kvoffload_kv_events_evicted_blocks": (
+        "counter",
+        ["target", "state"],
+        "Blocks the KV-event state forgot to stay within --kv-events-sample-budget, by "
+        "structure (gpu_parents: the GPU prefix map, cpu_resident: the CPU tier's residency): "
+        "a publisher storing blocks it never removes.",
+    ),
+    "kvoffload_kv_events_sequence_anomalies": (
+        "counter",
+        ["target", "reason"],
+        "KV-event messages with an implausible sequence number: rejected (out of range, not "
+        "taken) or jump (a forward gap no publisher could have made: not counted as lost).",
+    ),
     "kvoffload_kv_events_unseen_messages": (
         "gauge",
         ["target"],
@@ -322,13 +335,19 @@ class SidecarCollector(Collector):
         errors = _counter("kvoffload_kv_events_decode_errors")
         unseen = _gauge("kvoffload_kv_events_unseen_messages")
         rate = _gauge("kvoffload_kv_events_sample_ratio")
+        evicted = _counter("kvoffload_kv_events_evicted_blocks")
+        anomalies = _counter("kvoffload_kv_events_sequence_anomalies")
         for name, state in sc.events.items():
+            for kind, count in state.evicted_blocks().items():
+                evicted.add_metric([name, kind], count)
+            for reason, count in state.sequence_anomalies().items():
+                anomalies.add_metric([name, reason], count)
             messages.add_metric([name], state.messages())
             lost.add_metric([name], state.lost_messages())
             errors.add_metric([name], state.decode_errors)
             unseen.add_metric([name], state.unseen_before_start())
             rate.add_metric([name], state.sample_rate_now())
-        yield from (messages, lost, errors, unseen, rate)
+        yield from (messages, lost, errors, unseen, rate, evicted, anomalies)
 
         hist = _histogram("kvoffload_reuse_distance_bytes")
         resident = _gauge("kvoffload_cpu_resident_bytes")

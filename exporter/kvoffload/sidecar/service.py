@@ -97,6 +97,10 @@ class EventCounts(Protocol):
 
     def sample_rate_now(self) -> float: ...
 
+    def evicted_blocks(self) -> dict[str, int]: ...
+
+    def sequence_anomalies(self) -> dict[str, int]: ...
+
 
 class Service(Protocol):
     """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads: the `Sidecar`
@@ -513,6 +517,8 @@ class Sidecar:
                     state.lost_messages(),
                     state.unseen_before_start(),
                     state.sample_rate_now(),
+                    state.evicted_blocks(),
+                    state.sequence_anomalies(),
                 )
                 for name, state in self.events.items()
             },
@@ -571,6 +577,8 @@ class EventFigures:
     _lost_messages: int
     _unseen_before_start: int
     _sample_rate_now: float
+    _evicted_blocks: dict[str, int] = field(default_factory=dict)
+    _sequence_anomalies: dict[str, int] = field(default_factory=dict)
 
     def messages(self) -> int:
         return self._messages
@@ -583,6 +591,12 @@ class EventFigures:
 
     def sample_rate_now(self) -> float:
         return self._sample_rate_now
+
+    def evicted_blocks(self) -> dict[str, int]:
+        return self._evicted_blocks
+
+    def sequence_anomalies(self) -> dict[str, int]:
+        return self._sequence_anomalies
 
 
 class SidecarView:
