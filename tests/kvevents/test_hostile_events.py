@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import zmq
 import zmq.asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvoffload.kvevents import subscriber as subscriber_mod
+from kvoffload.kvevents.blockindex import ResidentBlocks
 from kvoffload.kvevents.decode import STORED, Batch, Event
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import (
@@ -20,6 +24,7 @@ from kvoffload.kvevents.state import (
     PREFIX_ALLOWANCE_PER_BLOCK,
     PREFIX_ALLOWANCE_PER_EVENT,
     SEQUENCE_LIMIT,
+    ParentMap,
     TargetEvents,
 )
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
@@ -382,3 +387,44 @@ def test_evictions_and_sequence_anomalies_are_exported():
         == 1
     )
     assert got[("kvoffload_kv_events_lost_messages_total", (("target", "t:1"),))] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["store", "load", "pop"]), st.integers(0, 40)), max_size=300
+    ),
+    st.integers(1, 12),
+)
+def test_bounded_residency_forgets_the_oldest_stored_first(ops, limit):
+    """The CPU tier's residency with a limit equals an insertion-ordered dict that drops its
+    first entry past the limit (a store of a resident block keeps its place)."""
+    resident, ref = ResidentBlocks(limit), OrderedDict()
+    evicted = 0
+    for op, h in ops:
+        if op == "store":
+            resident.store(h)
+            if h not in ref and len(ref) == limit:
+                ref.popitem(last=False)
+                evicted += 1
+            ref[h] = False
+        elif op == "load":
+            assert resident.load(h) == (h in ref)
+            if h in ref:
+                ref[h] = True
+        else:
+            assert resident.pop(h) == ref.pop(h, None)
+        assert len(resident) == len(ref) <= limit
+    assert resident.items() == list(ref.items()) and resident.evicted == evicted
+    assert resident.copy().items() == list(ref.items())
+    assert resident.never_loaded() == sum(1 for v in ref.values() if not v)
+
+
+def test_the_parent_map_keeps_the_newest_within_its_limit():
+    parents = ParentMap(80)
+    for h in range(1, 1_001):
+        parents[h] = h - 1
+        parents.trim()
+        assert len(parents) <= 80
+    assert list(parents) == list(range(1_001 - len(parents), 1_001))  # the newest, in order
+    assert parents.evicted == 1_000 - len(parents)
