@@ -8,7 +8,6 @@ Errors are `ParseError` with a one-line message that names the line.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -701,36 +700,6 @@ def _note_users(users: dict[str, set[str]], family: str, text: str, start: int, 
         found = {""}  # sample lines without an instance label
     if found:
         users.setdefault(family, set()).update(found)
-
-
-_LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
-
-
-def scrape_ordered(head: str) -> bool:
-    """Whether a recording's head reads scrape by scrape: sample timestamps never go back."""
-    return timestamps_ordered(head, -math.inf, last_line_whole=False) is not None
-
-
-def timestamps_ordered(text: str, last: float, last_line_whole: bool = True) -> float | None:
-    """The last sample timestamp of `text` if none goes back (starting after `last`), else
-    None. `last_line_whole=False`: the text is a head whose last line may be cut."""
-    lines = text.splitlines()
-    if not last_line_whole:
-        lines = lines[:-1]
-    for line in lines:
-        if not line or line[0] == "#":
-            continue
-        m = _LAST_NUMBER.search(line)
-        if m is None or line.rsplit("}", 1)[-1].count(" ") < 2:
-            continue
-        try:
-            ts = float(m.group(1))
-        except ValueError:
-            continue
-        if ts < last:
-            return None
-        last = ts
-    return last
 
 
 def read_chunks(fh: TextIO, size: int = 4 * 2**20) -> Iterator[str]:
