@@ -11,8 +11,10 @@ older is reported as unseen (the first sequence held, `history_from_seq`).
 
 A hostile or broken publisher cannot wedge it: sequence numbers out of range are rejected
 (counted), a replay takes at most REPLAY_MAX_MESSAGES messages however the ROUTER answers, and
-replays are rate-limited (REPLAY_BURST, then one per REPLAY_EVERY_SECONDS): a publisher whose
-every message is a gap or a restart gets the rest counted as lost, not a replay each.
+replays that fail (silence past the timeout, cut at the cap, an error) are rate-limited
+(REPLAY_BURST, then one per REPLAY_EVERY_SECONDS): a publisher whose every message is a gap or
+a restart, with a ROUTER that never answers, gets the rest counted as lost, not a timeout
+each. Replays that vLLM answers cost nothing of that rate.
 """
 
 from __future__ import annotations
@@ -135,9 +137,9 @@ class Subscriber:
                         # it still holds, up to 10,000 messages of history.
                         self.state.history_from_seq = None
                         if seq > 0 and self._may_replay():
-                            await self._replay(0, seq)
+                            self._replayed(await self._replay(0, seq))
                     elif seq > last + 1 and self._may_replay():
-                        await self._replay(last + 1, seq)
+                        self._replayed(await self._replay(last + 1, seq))
                 self._deliver(seq, frames[0], frames[2])
         finally:
             sub.close(linger=0)
@@ -150,6 +152,11 @@ class Subscriber:
             self.state.history_from_seq = seq
         self.state.last_seq = seq
         self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
+
+    def _replayed(self, answered: bool) -> None:
+        """A replay that was answered gives its token back: only failures use up the rate."""
+        if answered:
+            self._replay_tokens = min(float(REPLAY_BURST), self._replay_tokens + 1)
 
     def _may_replay(self) -> bool:
         """A token of the replay rate (REPLAY_BURST, refilled one per REPLAY_EVERY_SECONDS)."""
@@ -165,9 +172,10 @@ class Subscriber:
         self._replay_tokens -= 1
         return True
 
-    async def _replay(self, start: int, stop: int) -> None:
+    async def _replay(self, start: int, stop: int) -> bool:
         """Fetch messages [start, stop) from vLLM's replay buffer, in order; at most
-        REPLAY_MAX_MESSAGES frames are read, whatever the ROUTER sends."""
+        REPLAY_MAX_MESSAGES frames are read, whatever the ROUTER sends. Returns whether it
+        was answered (its end marker, or the gap's last message, came)."""
         assert self.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -181,7 +189,7 @@ class Subscriber:
                 # machine) is not vLLM failing to answer.
                 if not await dealer.poll(self.replay_timeout * 1000):
                     self.state.last_error = f"{self.replay_endpoint}: replay timed out"
-                    return
+                    return False
                 frames = await dealer.recv_multipart()
                 # vLLM 0.26+: [b"", topic, seq, payload]; older (and LMCache): [b"", seq,
                 # payload]. The end marker carries seq -1 in either.
@@ -196,7 +204,7 @@ class Subscriber:
                     continue
                 seq = int.from_bytes(seq_bytes, "big", signed=True)
                 if seq == END_SEQ:
-                    return
+                    return True
                 fresh = self.state.history_from_seq is None
                 if start <= seq < stop and (
                     fresh or self.state.last_seq is None or seq > self.state.last_seq
@@ -204,7 +212,7 @@ class Subscriber:
                     self.state.replayed += 1
                     self._deliver(seq, topic, payload)
                     if seq == stop - 1:
-                        return  # all of the gap: the rest would be live messages again
+                        return True  # all of the gap: the rest would be live messages again
             else:
                 self.state.last_error = (
                     f"{self.replay_endpoint}: replay cut after {REPLAY_MAX_MESSAGES:,} messages"
@@ -213,6 +221,7 @@ class Subscriber:
             self.state.last_error = f"{self.replay_endpoint}: {exc}"
         finally:
             dealer.close(linger=0)
+        return False
 
 
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
