@@ -74,7 +74,12 @@ class _Hostile:
             self.cpu_per_message.append(time.process_time() - start)
 
         self.sub = Subscriber(
-            self.endpoint, 0, on_message, self.replay, replay_timeout_seconds=timeout
+            self.endpoint,
+            0,
+            on_message,
+            self.replay,
+            replay_timeout_seconds=timeout,
+            on_rejected=state.reject_sequence,  # as the sidecar wires it
         )
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -272,6 +277,7 @@ def test_jumps_and_out_of_range_numbers_with_replay_never_wedge_ingestion():
     hostile = asyncio.run(_with(state, attack, replay=True))
     sub = hostile.sub.state
     assert sub.rejected == 2  # 2^63 - 1 and SEQUENCE_LIMIT, never placed in the stream
+    assert state.sequence_anomalies()["rejected"] == 2  # what /metrics exports
     assert answered["requests"] >= 1  # the jump asked for a replay: cut at the cap
     assert sub.replayed <= 1  # only the one in-range message, once
     eng = state.engines[0]

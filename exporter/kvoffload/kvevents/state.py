@@ -321,12 +321,16 @@ class TargetEvents:
         eng = self.engine(rank)
         if seq is not None:
             if not 0 <= seq < SEQUENCE_LIMIT:
-                eng.sequence_rejected += 1
-                self.last_error = f"rank {rank} message {seq}: sequence number out of range"
+                self.reject_sequence(rank, seq)
                 return False
             eng.sequence(seq, received)
         eng.ingest(batch, received)
         return True
+
+    def reject_sequence(self, rank: int, seq: int) -> None:
+        """A message of `rank` whose sequence number is out of range: counted, not taken."""
+        self.engine(rank).sequence_rejected += 1
+        self.last_error = f"rank {rank} message {seq}: sequence number out of range"
 
     # -- figures ------------------------------------------------------------------------------
     @property

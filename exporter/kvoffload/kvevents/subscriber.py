@@ -84,9 +84,12 @@ class Subscriber:
         replay_timeout_seconds: float = 2.0,
         resume_after_seq: int | None = None,
         resume_history_from_seq: int | None = None,
+        on_rejected: Callable[[int, int], None] | None = None,
     ) -> None:
         """resume_after_seq: the last sequence a saved state holds (`--state-dir`): the first
-        message asks vLLM to replay everything after it, as after a gap."""
+        message asks vLLM to replay everything after it, as after a gap. on_rejected(rank,
+        seq): a message whose sequence number is out of range (not delivered) is counted
+        there too (TargetEvents.reject_sequence)."""
         self.state = SubscriberState(
             offset_endpoint(check_endpoint(endpoint), rank),
             rank,
@@ -98,6 +101,7 @@ class Subscriber:
         )
         self.topic = topic.encode()
         self.on_message = on_message
+        self.on_rejected = on_rejected
         self.replay_timeout = replay_timeout_seconds
         self._ctx = zmq.asyncio.Context.instance()
         self._replay_tokens = float(REPLAY_BURST)
@@ -129,6 +133,8 @@ class Subscriber:
                     self.state.rejected += 1
                     what = "negative" if seq < 0 else "out-of-range"
                     self.state.last_error = f"{self.state.endpoint}: {what} sequence {seq}"
+                    if self.on_rejected is not None:
+                        self.on_rejected(self.state.rank, seq)
                     continue
                 last = self.state.last_seq
                 if self.replay_endpoint:

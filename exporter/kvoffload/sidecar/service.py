@@ -210,6 +210,7 @@ class Sidecar:
                         source.topic,
                         resume_after_seq=engine.last_seq if engine else None,
                         resume_history_from_seq=engine.history_from_seq if engine else None,
+                        on_rejected=state.reject_sequence,
                     )
                 )
         self._saved_generation: dict[str, int] = {}
