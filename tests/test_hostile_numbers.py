@@ -143,3 +143,36 @@ def test_the_window_work_per_scrape_is_linear_in_the_groups() -> None:
     a scrape, quadratic) cost the window work in proportion: counted in calls, not timed."""
     small, large = _calls_of_one_update(100), _calls_of_one_update(2_000)
     assert large <= 20 * small * 1.1, (small, large)
+
+
+def test_a_counter_back_lower_just_after_its_engines_restart_is_that_restart() -> None:
+    """A restarted engine's series may come back a scrape late, or — read from Prometheus
+    with a step — show its old value until then (the lookback): its drop right after the
+    restart is the restart's, counted so, and its figures stay; the same drop with the
+    engine's other counters growing for a while is a decrease, flagged."""
+    from kvoffload.analysis.window import RESTART_SETTLES_SCRAPES, Window
+    from kvoffload.ingest.catalog import Extract
+
+    def scrape(t: float, **values: float) -> Extract:
+        counters = {(k, "i:1", "m", "0"): v for k, v in values.items()}
+        return Extract(t, counters, {}, {}, {}, {}, {"i:1": True}, {"i:1": {"m"}}, {})
+
+    def run(late_by: int) -> Window:
+        window = Window(None)
+        window.update(scrape(0.0, prompt_tokens=900, prefix_queries=800, load_bytes=700))
+        window.update(scrape(15.0, prompt_tokens=950, prefix_queries=850, load_bytes=750))
+        # The restart: the engine's counters start over, load_bytes still shows its old value.
+        window.update(scrape(30.0, prompt_tokens=10, prefix_queries=8, load_bytes=750))
+        t = 30.0
+        for _ in range(late_by - 1):
+            t += 15.0
+            window.update(scrape(t, prompt_tokens=t, prefix_queries=t, load_bytes=750))
+        window.update(scrape(t + 15.0, prompt_tokens=t + 20, prefix_queries=t + 20, load_bytes=5))
+        return window
+
+    settled = run(late_by=RESTART_SETTLES_SCRAPES)
+    assert settled.resets["i:1"] == {"restart": 3}
+    assert settled.anomalies(("i:1", "m")) == []
+    later = run(late_by=RESTART_SETTLES_SCRAPES + 2)
+    assert later.resets["i:1"] == {"restart": 2, "decrease": 1}
+    assert later.anomalies(("i:1", "m"))

@@ -32,6 +32,11 @@ OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 GroupKey = tuple[str, str]
 
 
+# Scrapes after an engine's restart in which one of its counters coming back lower is part
+# of that restart, not a decrease to flag.
+RESTART_SETTLES_SCRAPES = 2
+
+
 class _SeriesState(NamedTuple):
     """A counter series' state, as its fields are named. `update` keeps it as a plain tuple in
     this order (a tuple of numbers is nothing the cyclic garbage collector walks: a sidecar
@@ -200,6 +205,10 @@ class Window:
         # next is not an increase to trust (kept for one scrape: a target sending new NaN
         # series every scrape does not grow it)
         self._unknown_new: dict[GroupKey, set[tuple[str, str]]] = {}
+        # group → engine → the scrape number of its last restart: a series of a restarted
+        # engine may come back lower a scrape or two late (or, from Prometheus with a step,
+        # its old value repeated by the lookback until then), part of the same restart.
+        self._restarted_at: dict[GroupKey, dict[str, int]] = {}
         self._groups_of: dict[str, set[GroupKey]] = {}  # instance → its groups
 
     # -- ingest ---------------------------------------------------------------------------
@@ -252,7 +261,7 @@ class Window:
                 running = self._totals[g] = {}
                 self._groups_of.setdefault(instance, set()).add(g)
             decreased: list[tuple[str, str, bool | None]] | None = None
-            grew: set[str] | None = None
+            grew: dict[str, int] | None = None  # engine → its counters that went up
             unknown_new = self._unknown_new.pop(g, None)
             for key, engine, raw in entries:
                 created = created_of.get((key, instance, model, engine)) if created_of else None
@@ -265,8 +274,12 @@ class Window:
                 else:
                     # state: (raw, created, adjusted, seen_at), as _SeriesState names them
                     moved = created is not None and state[1] is not None and created != state[1]
-                    restarted = raw < state[0] or moved or state[3] != scrape_no - 1
-                    if raw < state[0] or moved:
+                    gap = state[3] != scrape_no - 1
+                    restarted = raw < state[0] or moved or gap
+                    # A series back after missing scrapes starts over whatever its value (a
+                    # restarted engine's series may come back a scrape late): judged by its
+                    # `_created` if it has one, else not a decrease to flag.
+                    if (raw < state[0] and not gap) or moved:
                         if decreased is None:
                             decreased = []
                         # restarted for sure (moved), surely not (the same `_created`), or
@@ -275,15 +288,15 @@ class Window:
                         decreased.append((key, engine, moved if known else None))
                     elif raw > state[0]:
                         if grew is None:
-                            grew = set()
-                        grew.add(engine)
+                            grew = {}
+                        grew[engine] = grew.get(engine, 0) + 1
                     increase = raw if restarted else raw - state[0]
                     series[(key, engine)] = (raw, created, state[2] + increase, scrape_no)
                 running[key] = running.get(key, 0.0) + increase
                 if created is not None and (earliest_created is None or created < earliest_created):
                     earliest_created = created
             if decreased is not None:
-                self._note_decreases(g, decreased, grew or set(), ex.timestamp)
+                self._note_decreases(g, decreased, grew or {}, ex.timestamp, scrape_no)
             if g in unknown:
                 self._note_unknown(g, unknown[g], series, scrape_no, ex.timestamp)
             if self.window_seconds is not None and len(series) > len(entries):
@@ -348,17 +361,30 @@ class Window:
         self,
         g: GroupKey,
         decreased: list[tuple[str, str, bool | None]],
-        grew: set[str],
+        grew: dict[str, int],
         t: float,
+        scrape_no: int,
     ) -> None:
         """Count the counters of a scrape that reset (went down, or their `_created` moved):
-        a restart when the series' `_created` moved or, without `_created`, nothing of its
-        engine grew (a restarted process starts every counter over); else a decrease a counter
-        must not make — its figures are not to be believed while the scrape is in the
-        window."""
+        a restart when the series' `_created` moved or, without `_created` (Prometheus does
+        not keep it), more of its engine's counters went down than up — a restarted process
+        starts every counter over, though one sampled late may already be past its old value
+        (a 15 s step); else a decrease a counter must not make — its figures are not to be
+        believed while the scrape is in the window."""
         counts = self.resets.setdefault(g[0], {})
+        down: dict[str, int] = {}
+        for _key, engine, moved in decreased:
+            if moved is None:
+                down[engine] = down.get(engine, 0) + 1
         for key, engine, moved in decreased:
-            restart = moved if moved is not None else engine not in grew
+            if moved is not None:
+                restart = moved
+            else:
+                recent = self._restarted_at.get(g, {}).get(engine)
+                late = recent is not None and scrape_no - recent <= RESTART_SETTLES_SCRAPES
+                restart = late or down[engine] > grew.get(engine, 0)
+            if restart:
+                self._restarted_at.setdefault(g, {})[engine] = scrape_no
             reason = "restart" if restart else "decrease"
             counts[reason] = counts.get(reason, 0) + 1
             if reason == "decrease":
@@ -406,6 +432,7 @@ class Window:
                 self._totals,
                 self._suspect,
                 self._unknown_new,
+                self._restarted_at,
             ):
                 table.pop(g, None)
         return gone
