@@ -240,3 +240,109 @@ def test_a_negative_sequence_number_is_rejected_not_wedging():
     seen, sub = asyncio.run(_negative_then_normal())
     assert seen == [0, 1, 2, 3]
     assert sub.state.rejected == 1 and "negative sequence -5" in (sub.state.last_error or "")
+
+
+def test_a_message_over_the_size_limit_is_refused_and_the_stream_goes_on(monkeypatch):
+    """A hostile publisher's huge message (the issue: a 1 GiB one was taken whole, RSS 1.09 GB)
+    is refused by ZMQ itself (MAXMSGSIZE: the connection is dropped before the message is
+    held); libzmq does not connect again after that, the subscriber does: later messages
+    arrive (without it, none did). The limit is lowered to 1 MiB here: 2 MiB, not 64, sent."""
+    import zmq
+    import zmq.asyncio
+
+    from kvoffload.kvevents import subscriber
+
+    monkeypatch.setattr(subscriber, "MAX_MESSAGE_BYTES", 2**20)
+
+    async def run() -> tuple[list[int], Subscriber]:
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        ctx = zmq.asyncio.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(endpoint)
+        seen: list[int] = []
+        sub = Subscriber(endpoint, 0, lambda m: seen.append(m.seq), None)
+        task = asyncio.create_task(sub.run())
+        small = encode_batch(0.0, [], 0)
+        try:
+            for _ in range(200):  # the slow joiner: until the first message is in
+                if seen:
+                    break
+                await pub.send_multipart([b"", (0).to_bytes(8, "big"), small])
+                await asyncio.sleep(0.02)
+            await pub.send_multipart([b"", (1).to_bytes(8, "big"), b"\0" * (2 * 2**20)])
+            for _ in range(400):  # reconnected: the next ones arrive
+                if any(seq >= 2 for seq in seen):
+                    break
+                await pub.send_multipart([b"", (2).to_bytes(8, "big"), small])
+                await asyncio.sleep(0.02)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            pub.close(linger=0)
+        return seen, sub
+
+    seen, sub = asyncio.run(run())
+    assert 1 not in seen
+    assert 2 in seen
+    assert sub.state.drops >= 1 and "over 1 MiB" in (sub.state.last_error or "")
+
+
+def test_a_replay_cut_by_the_routers_send_limit_is_asked_again_from_where_it_stopped():
+    """vLLM's ROUTER sends a replay at once and drops what is over its send limit (1,000
+    messages by default): a long gap came back in part, then silence, and the rest counted
+    lost. A ROUTER sending 100 messages a request, no end marker: the subscriber asks again
+    from after the last it got until the gap is whole."""
+    import zmq
+    import zmq.asyncio
+
+    async def run() -> tuple[list[int], Subscriber, int]:
+        ctx = zmq.asyncio.Context.instance()
+        pub_ep = f"tcp://127.0.0.1:{free_port()}"
+        replay_ep = f"tcp://127.0.0.1:{free_port()}"
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(pub_ep)
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(replay_ep)
+        got: list[int] = []
+        sub = Subscriber(
+            pub_ep, 0, lambda m: got.append(m.seq), replay_ep, replay_timeout_seconds=0.3
+        )
+        task = asyncio.create_task(sub.run())
+        requests = 0
+
+        async def cutting_replays() -> None:
+            nonlocal requests
+            while True:
+                ident, _, start = await router.recv_multipart()
+                requests += 1
+                first = int.from_bytes(start, "big")
+                for seq in range(first, min(first + 100, 500)):
+                    await router.send_multipart(
+                        [ident, b"", b"kv", seq.to_bytes(8, "big"), _payload(seq)]
+                    )
+
+        server = asyncio.create_task(cutting_replays())
+        try:
+            for _ in range(200):  # the slow joiner
+                if got:
+                    break
+                await pub.send_multipart([b"kv", (0).to_bytes(8, "big"), _payload(0)])
+                await asyncio.sleep(0.03)
+            await pub.send_multipart([b"kv", (500).to_bytes(8, "big"), _payload(500)])
+            for _ in range(300):
+                if got and got[-1] == 500:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            for t in (task, server):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            pub.close(linger=0)
+            router.close(linger=0)
+        return got, sub, requests
+
+    got, sub, requests = asyncio.run(run())
+    assert got == list(range(501))
+    assert sub.state.replayed == 499 and requests == 5

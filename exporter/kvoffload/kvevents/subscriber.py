@@ -36,7 +36,11 @@ from kvoffload.kvevents.state import SEQUENCE_LIMIT
 log = logging.getLogger("kvoffload.kvevents")
 END_SEQ = -1
 MAX_MESSAGE_BYTES = 64 * 2**20
+# After a dropped connection, this long before connecting again.
+RECONNECT_SECONDS = 0.5
 REPLAY_MAX_MESSAGES = 20_000  # vLLM buffers 10,000
+# Requests again for the rest of a gap, each after one that brought part of it.
+REPLAY_CONTINUATIONS = 16
 REPLAY_BURST = 10
 REPLAY_EVERY_SECONDS = 1.0
 
@@ -69,6 +73,7 @@ class SubscriberState:
     last_error: str | None = None
     rejected: int = 0  # messages that could not be placed (sequence numbers out of range)
     replays_skipped: int = 0  # gaps or restarts not replayed: over the replay rate
+    drops: int = 0  # connections dropped (a publisher gone, or a message over MAXMSGSIZE)
 
 
 class Subscriber:
@@ -115,6 +120,7 @@ class Subscriber:
         # connection instead (it reconnects). vLLM's batches are kilobytes to a few megabytes.
         sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        watch = asyncio.create_task(self._reconnect_when_dropped(sub))
         try:
             sub.connect(self.state.endpoint)
             while True:
@@ -148,8 +154,36 @@ class Subscriber:
                         self._replayed(await self._replay(last + 1, seq))
                 self._deliver(seq, frames[0], frames[2])
         finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             sub.close(linger=0)
             self.state.connected = False
+
+    async def _reconnect_when_dropped(self, sub: zmq.asyncio.Socket) -> None:
+        """libzmq drops a connection whose message is over MAXMSGSIZE and, that being a
+        protocol error, does not connect again: one oversized message from a hostile
+        publisher would stop ingestion for good. Connect again when the connection drops (a
+        publisher that went away is connected again by libzmq too: harmless)."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                await recv_monitor_message(monitor)
+                self.state.drops += 1
+                self.state.last_error = (
+                    f"{self.state.endpoint}: connection dropped (the publisher went away, or "
+                    f"sent a message over {MAX_MESSAGE_BYTES // 2**20} MiB): connecting again"
+                )
+                await asyncio.sleep(RECONNECT_SECONDS)
+                with contextlib.suppress(zmq.ZMQError):
+                    sub.disconnect(self.state.endpoint)
+                sub.connect(self.state.endpoint)
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
 
     def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
         if self.state.history_from_seq is None or (
@@ -189,13 +223,23 @@ class Subscriber:
         try:
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            asked_from, continuations = start, 0
             for _ in range(REPLAY_MAX_MESSAGES):
                 # The timeout is for silence, not for the whole replay: a long replay that
                 # keeps coming (thousands of messages, each ingested as it arrives, on a busy
                 # machine) is not vLLM failing to answer.
                 if not await dealer.poll(self.replay_timeout * 1000):
-                    self.state.last_error = f"{self.replay_endpoint}: replay timed out"
-                    return False
+                    # vLLM's ROUTER sends a whole replay at once and drops what is over its
+                    # send limit (1,000 messages by default): when this request brought some
+                    # of the gap, ask again from where it stopped.
+                    resume = self._resume_from(asked_from, stop)
+                    if resume is None or continuations == REPLAY_CONTINUATIONS:
+                        self.state.last_error = f"{self.replay_endpoint}: replay timed out"
+                        return False
+                    continuations += 1
+                    asked_from = resume
+                    await dealer.send_multipart([b"", resume.to_bytes(8, "big")])
+                    continue
                 frames = await dealer.recv_multipart()
                 # vLLM 0.26+: [b"", topic, seq, payload]; older (and LMCache): [b"", seq,
                 # payload]. The end marker carries seq -1 in either.
@@ -228,6 +272,14 @@ class Subscriber:
         finally:
             dealer.close(linger=0)
         return False
+
+    def _resume_from(self, asked_from: int, stop: int) -> int | None:
+        """Where to ask a stalled replay again: after the last message it brought, if it
+        brought any of [asked_from, stop) and the gap is not whole yet."""
+        last = self.state.last_seq
+        if last is None or not asked_from <= last < stop - 1:
+            return None
+        return last + 1
 
 
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
