@@ -3,6 +3,8 @@ gaps are replayed from the ROUTER when it is there, counted as lost when it is n
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.eventfile import RawMessage
@@ -71,6 +73,45 @@ async def _gap_then_catch_up(pub: ZmqEventPublisher, got: list[int]) -> None:
         if got and got[-1] == 3:
             break
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _publisher_with_replays(
+    answer: Callable[[Any, bytes, int], Awaitable[None]], replay_timeout: float
+) -> AsyncIterator[tuple[Any, list[int], Subscriber]]:
+    """A PUB socket and a replay ROUTER whose requests `answer(router, identity, start)`
+    serves, a Subscriber on both: (the PUB socket, the sequence numbers received, the
+    subscriber); all stopped and closed after."""
+    import zmq
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context.instance()
+    pub_ep = f"tcp://127.0.0.1:{free_port()}"
+    replay_ep = f"tcp://127.0.0.1:{free_port()}"
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(pub_ep)
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(replay_ep)
+    got: list[int] = []
+    sub = Subscriber(
+        pub_ep, 0, lambda m: got.append(m.seq), replay_ep, replay_timeout_seconds=replay_timeout
+    )
+
+    async def serve() -> None:
+        while True:
+            ident, _, start = await router.recv_multipart()
+            await answer(router, ident, int.from_bytes(start, "big"))
+
+    tasks = [asyncio.create_task(sub.run()), asyncio.create_task(serve())]
+    try:
+        yield pub, got, sub
+    finally:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        pub.close(linger=0)
+        router.close(linger=0)
 
 
 def test_a_gap_is_replayed_in_order():
@@ -156,45 +197,20 @@ def test_a_vllm_restart_is_replayed_from_its_first_message():
 
 def test_older_vllm_replay_frames_without_a_topic_are_accepted():
     """vLLM before 0.26 (and LMCache) answer replays with [b"", seq, payload]."""
-    import zmq
-    import zmq.asyncio
+
+    async def old_replays(router: Any, ident: bytes, start: int) -> None:
+        for seq in range(start, 3):
+            await router.send_multipart([ident, b"", seq.to_bytes(8, "big"), _payload(seq)])
+        await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
 
     async def run() -> tuple[list[int], Subscriber]:
-        ctx = zmq.asyncio.Context.instance()
-        pub_ep = f"tcp://127.0.0.1:{free_port()}"
-        replay_ep = f"tcp://127.0.0.1:{free_port()}"
-        pub = ctx.socket(zmq.PUB)
-        pub.bind(pub_ep)
-        router = ctx.socket(zmq.ROUTER)
-        router.bind(replay_ep)
-        got: list[int] = []
-        sub = Subscriber(
-            pub_ep, 0, lambda m: got.append(m.seq), replay_ep, replay_timeout_seconds=3.0
-        )
-        task = asyncio.create_task(sub.run())
-
-        async def old_replays() -> None:
-            while True:
-                ident, _, start = await router.recv_multipart()
-                for seq in range(int.from_bytes(start, "big"), 3):
-                    await router.send_multipart([ident, b"", seq.to_bytes(8, "big"), _payload(seq)])
-                await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
-
-        server = asyncio.create_task(old_replays())
-        try:
+        async with _publisher_with_replays(old_replays, 3.0) as (pub, got, sub):
             for _ in range(200):
                 if got:
                     break
                 await pub.send_multipart([b"", (3).to_bytes(8, "big"), _payload(3)])
                 await asyncio.sleep(0.03)
             await asyncio.sleep(0.1)
-        finally:
-            for t in (task, server):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            pub.close(linger=0)
-            router.close(linger=0)
         return got, sub
 
     got, sub = asyncio.run(run())
@@ -293,37 +309,15 @@ def test_a_replay_cut_by_the_routers_send_limit_is_asked_again_from_where_it_sto
     messages by default): a long gap came back in part, then silence, and the rest counted
     lost. A ROUTER sending 100 messages a request, no end marker: the subscriber asks again
     from after the last it got until the gap is whole."""
-    import zmq
-    import zmq.asyncio
+    starts: list[int] = []
 
-    async def run() -> tuple[list[int], Subscriber, int]:
-        ctx = zmq.asyncio.Context.instance()
-        pub_ep = f"tcp://127.0.0.1:{free_port()}"
-        replay_ep = f"tcp://127.0.0.1:{free_port()}"
-        pub = ctx.socket(zmq.PUB)
-        pub.bind(pub_ep)
-        router = ctx.socket(zmq.ROUTER)
-        router.bind(replay_ep)
-        got: list[int] = []
-        sub = Subscriber(
-            pub_ep, 0, lambda m: got.append(m.seq), replay_ep, replay_timeout_seconds=0.3
-        )
-        task = asyncio.create_task(sub.run())
-        requests = 0
+    async def cutting_replays(router: Any, ident: bytes, start: int) -> None:
+        starts.append(start)
+        for seq in range(start, min(start + 100, 500)):
+            await router.send_multipart([ident, b"", b"kv", seq.to_bytes(8, "big"), _payload(seq)])
 
-        async def cutting_replays() -> None:
-            nonlocal requests
-            while True:
-                ident, _, start = await router.recv_multipart()
-                requests += 1
-                first = int.from_bytes(start, "big")
-                for seq in range(first, min(first + 100, 500)):
-                    await router.send_multipart(
-                        [ident, b"", b"kv", seq.to_bytes(8, "big"), _payload(seq)]
-                    )
-
-        server = asyncio.create_task(cutting_replays())
-        try:
+    async def run() -> tuple[list[int], Subscriber]:
+        async with _publisher_with_replays(cutting_replays, 0.3) as (pub, got, sub):
             for _ in range(200):  # the slow joiner
                 if got:
                     break
@@ -334,15 +328,8 @@ def test_a_replay_cut_by_the_routers_send_limit_is_asked_again_from_where_it_sto
                 if got and got[-1] == 500:
                     break
                 await asyncio.sleep(0.05)
-        finally:
-            for t in (task, server):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            pub.close(linger=0)
-            router.close(linger=0)
-        return got, sub, requests
+        return got, sub
 
-    got, sub, requests = asyncio.run(run())
+    got, sub = asyncio.run(run())
     assert got == list(range(501))
-    assert sub.state.replayed == 499 and requests == 5
+    assert sub.state.replayed == 499 and starts == [1, 101, 201, 301, 401]
