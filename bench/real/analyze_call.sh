@@ -1,5 +1,5 @@
 #!/bin/bash
-# device call (carry .bundle3 = deps.tar.xz + kvexp/ + kvold/; deps: pyzmq and msgspec for
+# device call (carry .bundle3, made by bench/real/prep.sh [OLD=rev]: deps.tar.xz + kvexp/ + kvold/; deps: pyzmq and msgspec for
 # Python 3.12 taken from the vLLM bundle, which the image lacks):
 # `kvoffload analyze` of the benchmark's 24 h and 6 h journals (and 6 h strict when time is
 # left), timed on a quiet machine pinned to 2 CPUs like the project's machine (issue #16 item

@@ -15,3 +15,15 @@ git rev-parse HEAD > .bundle2/kvexp/COMMIT
 du -sh .bundle1 .bundle2
 echo "kvoffload snapshot $(cat .bundle2/kvexp/COMMIT)"
 echo "what travels besides the carried folder (untracked, not ignored):"; git ls-files -o --exclude-standard | xargs -r du -ch | tail -1
+# For bench/real/analyze_call.sh (no vLLM server): .bundle3 = pyzmq and msgspec for the device's
+# Python 3.12 (taken from the first half of the vLLM bundle: they are in it), kvexp = HEAD's
+# kvoffload, kvold = ${OLD:-HEAD~1}'s (the "before" of the timings).
+grep -qx '/.bundle3/' .git/info/exclude 2>/dev/null || printf '/.bundle3/\n' >> .git/info/exclude
+rm -rf .bundle3 && mkdir -p .bundle3/deps .bundle3/kvexp .bundle3/kvold
+xz -d < .bundle1/site.part1 2>/dev/null | tar -x -C .bundle3/deps --wildcards './zmq*' './pyzmq*' './msgspec*' 2>/dev/null || true  # half a stream: tar ends with an error
+tar -C .bundle3/deps -cJf .bundle3/deps.tar.xz . && rm -rf .bundle3/deps
+git archive HEAD exporter/kvoffload | tar -x -C .bundle3/kvexp --strip-components=1
+git rev-parse --short HEAD > .bundle3/kvexp/COMMIT
+git archive "${OLD:-HEAD~1}" exporter/kvoffload | tar -x -C .bundle3/kvold --strip-components=1
+git rev-parse --short "${OLD:-HEAD~1}" > .bundle3/kvold/COMMIT
+du -sh .bundle3

@@ -26,6 +26,7 @@ from typing import TextIO
 
 from kvoffload.errors import InputError
 from kvoffload.ingest.parse import (
+    _INSTANCE_RE,
     Exposition,
     ParseError,
     Sample,
@@ -470,11 +471,8 @@ class _JournalScan:
         return fam
 
 
-_INSTANCE_LABEL = re.compile(r'[{,]\s*instance\s*=\s*"((?:[^"\\]|\\.)*)"')
-
-
 def _instance_of(head: str) -> str:
-    found = _INSTANCE_LABEL.search(head)
+    found = _INSTANCE_RE.search(head)
     return found.group(1) if found else ""
 
 
