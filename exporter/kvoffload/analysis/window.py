@@ -18,10 +18,13 @@ reads it is absent (never a hit ratio of 533) until the scrape leaves the window
 
 from __future__ import annotations
 
+import math
+import operator
 import struct
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
 from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
@@ -49,6 +52,62 @@ class _SeriesState(NamedTuple):
 
 
 _State = tuple[float, float | None, float, int]
+
+
+# Plans kept at most (one per counter layout: a sidecar's targets each have one); past this
+# they are dropped and learnt again.
+MAX_PLANS = 4096
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    """Where a group's counter series are in a scrape of one layout."""
+
+    take: Callable[[Sequence[Any]], tuple[Any, ...]]  # its values out of the scrape's, in order
+    pairs: tuple[tuple[str, str], ...]  # (counter key, engine) of each
+    keys: tuple[str, ...]
+    engines: tuple[str, ...]
+
+
+def _learn_plan(
+    layout: tuple[tuple[str, str, str, str], ...],
+) -> dict[GroupKey, _GroupPlan]:
+    at: dict[GroupKey, list[int]] = {}
+    for i, (_key, instance, model, _engine) in enumerate(layout):
+        at.setdefault((instance, model), []).append(i)
+    plan = {}
+    for g, positions in at.items():
+        pairs = tuple((layout[i][0], layout[i][3]) for i in positions)
+        plan[g] = _GroupPlan(
+            _taker(positions),
+            pairs,
+            tuple(key for key, _engine in pairs),
+            tuple(engine for _key, engine in pairs),
+        )
+    return plan
+
+
+def _taker(positions: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    if len(positions) == 1:  # itemgetter of one index gives the item, not a tuple
+        only = positions[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*positions)
+
+
+def _none(created: tuple[float | None, ...] | None) -> bool:
+    return created is None or all(c is None for c in created)
+
+
+@dataclass
+class _Columns:
+    """A group's counter series as `_count_fast` keeps them: in its plan's order, all last
+    seen at `seen_at` (what `_series` holds per series, as columns)."""
+
+    plan: _GroupPlan
+    raws: tuple[float, ...]
+    created: tuple[float | None, ...] | None  # None: no series has a `_created`
+    adjusted: list[float]
+    seen_at: int
 
 
 @dataclass
@@ -210,27 +269,28 @@ class Window:
         # its old value repeated by the lookback until then), part of the same restart.
         self._restarted_at: dict[GroupKey, dict[str, int]] = {}
         self._groups_of: dict[str, set[GroupKey]] = {}  # instance → its groups
+        # A scrape's counter series (in order) → how they group (`_plan`); and the groups whose
+        # series are kept as columns under their plan instead of in `_series` (`_count_fast`).
+        self._plans: dict[tuple[tuple[str, str, str, str], ...], dict[GroupKey, _GroupPlan]] = {}
+        self._columns: dict[GroupKey, _Columns] = {}
 
     # -- ingest ---------------------------------------------------------------------------
     def update(self, ex: Extract) -> None:
         """One scrape in. Linear in its samples: everything is grouped in one pass first, so
         the work per group does not scan the whole scrape (thousands of models per target
-        would otherwise cost the square)."""
-        # group → [(counter key, engine, raw)] and the per-instance facts, in one pass.
-        by_group: dict[GroupKey, list[tuple[str, str, float]]] = {}
+        would otherwise cost the square). A scrape with the same counter series as one before
+        it (in the same order: a target renders them so) is grouped by that scrape's plan,
+        and a group whose series all just grew goes through `_count_fast`."""
+        values = list(ex.counters.values())
+        plan = self._plan(ex, values)
         unknown: dict[GroupKey, list[tuple[str, str]]] = {}
-        for (key, instance, model, engine), raw in ex.counters.items():
-            if raw - raw != 0.0:  # NaN or infinite (a reader that let it through)
-                unknown.setdefault((instance, model), []).append((key, engine))
-                by_group.setdefault((instance, model), [])
-                continue
-            entries = by_group.get((instance, model))
-            if entries is None:
-                entries = by_group[(instance, model)] = []
-            entries.append((key, engine, raw))
-        for key, instance, model, engine in ex.unknown:
-            unknown.setdefault((instance, model), []).append((key, engine))
-            by_group.setdefault((instance, model), [])
+        by_group: dict[GroupKey, list[tuple[str, str, float]]] | dict[GroupKey, _GroupPlan]
+        if plan is not None:
+            by_group = plan
+            created_values = list(map(ex.created.get, ex.counters)) if ex.created else None
+        else:
+            by_group = self._grouped(ex, unknown)
+            created_values = None
         instances = set(ex.offload_families) | {g[0] for g in by_group}
         for instance in instances:
             self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
@@ -243,16 +303,10 @@ class Window:
         offload_config: dict[GroupKey, list[dict[str, str]]] = {}
         for (inst, mdl, _e), labels in sorted(ex.offload_config.items()):
             offload_config.setdefault((inst, mdl), []).append(labels)
-        created_of = ex.created
 
         for g in by_group.keys() | gauge_now.keys():
             instance, model = g
-            entries = by_group.get(g, [])
             scrape_no = self._scrapes.get(instance, 0)
-            series = self._series.get(g)
-            if series is None:
-                series = self._series[g] = {}
-            earliest_created: float | None = None
             # Adjusted totals of every series ever seen in the group, kept as running sums: a
             # series missing from this scrape keeps its last contribution instead of making
             # the sum drop.
@@ -260,50 +314,20 @@ class Window:
             if running is None:
                 running = self._totals[g] = {}
                 self._groups_of.setdefault(instance, set()).add(g)
-            decreased: list[tuple[str, str, bool | None]] | None = None
-            grew: dict[str, int] | None = None  # engine → its counters that went up
-            unknown_new = self._unknown_new.pop(g, None)
-            for key, engine, raw in entries:
-                created = created_of.get((key, instance, model, engine)) if created_of else None
-                state = series.get((key, engine))
-                if state is None:
-                    series[(key, engine)] = (raw, created, raw, scrape_no)
-                    increase = raw
-                    if unknown_new and (key, engine) in unknown_new:
-                        self._suspect.setdefault(g, {})[key] = (ex.timestamp, "unknown")
-                else:
-                    # state: (raw, created, adjusted, seen_at), as _SeriesState names them
-                    moved = created is not None and state[1] is not None and created != state[1]
-                    gap = state[3] != scrape_no - 1
-                    restarted = raw < state[0] or moved or gap
-                    # A series back after missing scrapes starts over whatever its value (a
-                    # restarted engine's series may come back a scrape late): judged by its
-                    # `_created` if it has one, else not a decrease to flag.
-                    if (raw < state[0] and not gap) or moved:
-                        if decreased is None:
-                            decreased = []
-                        # restarted for sure (moved), surely not (the same `_created`), or
-                        # unknown: judged by the engine's other counters
-                        known = created is not None and state[1] is not None
-                        decreased.append((key, engine, moved if known else None))
-                    elif raw > state[0]:
-                        if grew is None:
-                            grew = {}
-                        grew[engine] = grew.get(engine, 0) + 1
-                    increase = raw if restarted else raw - state[0]
-                    series[(key, engine)] = (raw, created, state[2] + increase, scrape_no)
-                running[key] = running.get(key, 0.0) + increase
-                if created is not None and (earliest_created is None or created < earliest_created):
-                    earliest_created = created
-            if decreased is not None:
-                self._note_decreases(g, decreased, grew or {}, ex.timestamp, scrape_no)
-            if g in unknown:
-                self._note_unknown(g, unknown[g], series, scrape_no, ex.timestamp)
-            if self.window_seconds is not None and len(series) > len(entries):
-                # A series missing from the scrape counts from zero when it comes back (a
-                # restart), state or none: a sliding window need not keep it.
-                for gone in [sk for sk, st in series.items() if st[3] != scrape_no]:
-                    del series[gone]
+            earliest_created: float | None = None
+            group_plan = plan.get(g) if plan is not None else None
+            if group_plan is not None:
+                raws = group_plan.take(values)
+                created = group_plan.take(created_values) if created_values else None
+                entries = list(zip(group_plan.keys, group_plan.engines, raws, strict=True))
+                if not self._count_fast(g, group_plan, raws, created, scrape_no, running):
+                    earliest_created = self._count(g, entries, scrape_no, running, None, ex)
+                    self._to_columns(g, group_plan, scrape_no)
+                elif g not in self._points and created:
+                    earliest_created = min((c for c in created if c is not None), default=None)
+            else:
+                entries = by_group.get(g, [])  # type: ignore[assignment]
+                earliest_created = self._count(g, entries, scrape_no, running, unknown, ex)
             totals: dict[str, float] = dict(running) if entries else {}
 
             static = self._static.get(g)
@@ -356,6 +380,173 @@ class Window:
             self._trim(points, ex.timestamp)
             if len(points) > 1:
                 points[-2] = _pack(_unpack(points[-2]))
+
+    def _grouped(
+        self, ex: Extract, unknown: dict[GroupKey, list[tuple[str, str]]]
+    ) -> dict[GroupKey, list[tuple[str, str, float]]]:
+        """group → [(counter key, engine, raw)] in one pass; NaN and infinite values, and the
+        Extract's unknown series, go to `unknown` instead."""
+        by_group: dict[GroupKey, list[tuple[str, str, float]]] = {}
+        for (key, instance, model, engine), raw in ex.counters.items():
+            if raw - raw != 0.0:  # NaN or infinite (a reader that let it through)
+                unknown.setdefault((instance, model), []).append((key, engine))
+                by_group.setdefault((instance, model), [])
+                continue
+            entries = by_group.get((instance, model))
+            if entries is None:
+                entries = by_group[(instance, model)] = []
+            entries.append((key, engine, raw))
+        for key, instance, model, engine in ex.unknown:
+            unknown.setdefault((instance, model), []).append((key, engine))
+            by_group.setdefault((instance, model), [])
+        return by_group
+
+    def _plan(self, ex: Extract, values: list[float]) -> dict[GroupKey, _GroupPlan] | None:
+        """The grouping of a scrape whose counters are all numbers, learnt from the first
+        scrape with its series in its order and looked up by them after (a long recording
+        repeats a few; a sidecar has one per target). None when a value is NaN or infinite or
+        a series unknown: those scrapes are grouped one sample at a time."""
+        if ex.unknown or not all(map(math.isfinite, values)):
+            return None
+        layout = tuple(ex.counters)
+        plan = self._plans.get(layout)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()  # targets came and went: start over rather than grow
+            plan = self._plans[layout] = _learn_plan(layout)
+        return plan
+
+    def _series_of(self, g: GroupKey) -> dict[tuple[str, str], _State]:
+        """A group's series as a dict by (key, engine), taken out of its columns if it has
+        them (the slow path edits series one by one)."""
+        columns = self._columns.pop(g, None)
+        if columns is not None:
+            created = columns.created or (None,) * len(columns.plan.pairs)
+            self._series[g] = {
+                pair: (raw, c, adjusted, columns.seen_at)
+                for pair, raw, c, adjusted in zip(
+                    columns.plan.pairs, columns.raws, created, columns.adjusted, strict=True
+                )
+            }
+        series = self._series.get(g)
+        if series is None:
+            series = self._series[g] = {}
+        return series
+
+    def _to_columns(self, g: GroupKey, group_plan: _GroupPlan, scrape_no: int) -> None:
+        """Keep a group's series as columns when they are exactly the plan's, all seen in
+        this scrape: the next scrape like it goes through `_count_fast`."""
+        series = self._series.get(g)
+        if series is None or len(series) != len(group_plan.pairs):
+            return
+        states = [series.get(pair) for pair in group_plan.pairs]
+        if any(st is None or st[3] != scrape_no for st in states):
+            return
+        full = [st for st in states if st is not None]
+        created = tuple(st[1] for st in full)
+        self._columns[g] = _Columns(
+            group_plan,
+            tuple(st[0] for st in full),
+            None if _none(created) else created,
+            [st[2] for st in full],
+            scrape_no,
+        )
+        del self._series[g]
+
+    def _count_fast(
+        self,
+        g: GroupKey,
+        group_plan: _GroupPlan,
+        raws: tuple[float, ...],
+        created: tuple[float | None, ...] | None,
+        scrape_no: int,
+        running: dict[str, float],
+    ) -> bool:
+        """`_count` for a group whose series are the same as in its previous scrape (the one
+        right before: no gap), none gone down, no `_created` changed: every increase is the
+        difference, added in the same order (the same sums to the last bit). False, and
+        nothing changed, when that is not the case."""
+        columns = self._columns.get(g)
+        if columns is None or columns.plan is not group_plan or columns.seen_at != scrape_no - 1:
+            return False
+        before = columns.created
+        if created is None or before is None:
+            if not (_none(created) and _none(before)):
+                return False
+        elif not all(map(operator.eq, created, before)):  # NaN ≠ NaN: a restart to judge
+            return False
+        increases = list(map(operator.sub, raws, columns.raws))
+        if increases and min(increases) < 0.0:
+            return False
+        self._unknown_new.pop(g, None)
+        for key, increase in zip(group_plan.keys, increases, strict=True):
+            running[key] += increase
+        columns.raws = raws
+        columns.created = created
+        columns.adjusted = list(map(operator.add, columns.adjusted, increases))
+        columns.seen_at = scrape_no
+        return True
+
+    def _count(
+        self,
+        g: GroupKey,
+        entries: list[tuple[str, str, float]],
+        scrape_no: int,
+        running: dict[str, float],
+        unknown: dict[GroupKey, list[tuple[str, str]]] | None,
+        ex: Extract,
+    ) -> float | None:
+        """A group's counters of one scrape, one series at a time: resets, decreases, gaps and
+        unknown values judged, increases added to `running`. Returns the earliest `_created`."""
+        instance, model = g
+        created_of = ex.created
+        series = self._series_of(g)
+        earliest_created: float | None = None
+        decreased: list[tuple[str, str, bool | None]] | None = None
+        grew: dict[str, int] | None = None  # engine → its counters that went up
+        unknown_new = self._unknown_new.pop(g, None)
+        for key, engine, raw in entries:
+            created = created_of.get((key, instance, model, engine)) if created_of else None
+            state = series.get((key, engine))
+            if state is None:
+                series[(key, engine)] = (raw, created, raw, scrape_no)
+                increase = raw
+                if unknown_new and (key, engine) in unknown_new:
+                    self._suspect.setdefault(g, {})[key] = (ex.timestamp, "unknown")
+            else:
+                # state: (raw, created, adjusted, seen_at), as _SeriesState names them
+                moved = created is not None and state[1] is not None and created != state[1]
+                gap = state[3] != scrape_no - 1
+                restarted = raw < state[0] or moved or gap
+                # A series back after missing scrapes starts over whatever its value (a
+                # restarted engine's series may come back a scrape late): judged by its
+                # `_created` if it has one, else not a decrease to flag.
+                if (raw < state[0] and not gap) or moved:
+                    if decreased is None:
+                        decreased = []
+                    # restarted for sure (moved), surely not (the same `_created`), or
+                    # unknown: judged by the engine's other counters
+                    known = created is not None and state[1] is not None
+                    decreased.append((key, engine, moved if known else None))
+                elif raw > state[0]:
+                    if grew is None:
+                        grew = {}
+                    grew[engine] = grew.get(engine, 0) + 1
+                increase = raw if restarted else raw - state[0]
+                series[(key, engine)] = (raw, created, state[2] + increase, scrape_no)
+            running[key] = running.get(key, 0.0) + increase
+            if created is not None and (earliest_created is None or created < earliest_created):
+                earliest_created = created
+        if decreased is not None:
+            self._note_decreases(g, decreased, grew or {}, ex.timestamp, scrape_no)
+        if unknown and g in unknown:
+            self._note_unknown(g, unknown[g], series, scrape_no, ex.timestamp)
+        if self.window_seconds is not None and len(series) > len(entries):
+            # A series missing from the scrape counts from zero when it comes back (a
+            # restart), state or none: a sliding window need not keep it.
+            for gone in [sk for sk, st in series.items() if st[3] != scrape_no]:
+                del series[gone]
+        return earliest_created
 
     def _note_decreases(
         self,
@@ -425,6 +616,7 @@ class Window:
             groups.discard(g)
             for table in (
                 self._series,
+                self._columns,
                 self._points,
                 self._first,
                 self._static,
