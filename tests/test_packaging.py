@@ -4,6 +4,8 @@ a fresh virtual environment without the extras (the sidecar image's), and the li
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import shutil
@@ -20,11 +22,15 @@ from click.testing import CliRunner
 
 from kvoffload import __version__, links
 from kvoffload.cli import cli
+from kvoffload.sim import scenarios
+from kvoffload.sim.record import record_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # What the wheel is built from: the files the Dockerfile copies too.
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "exporter")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "exporter")
+# The compiled journal scan's module in a wheel: kvoffload/ingest/_scan.<abi tag>.so.
+COMPILED_SCAN = re.compile(r"kvoffload/ingest/_scan\.[\w.-]+\.so")
 # A module importing grafanalib fails as if it were not installed.
 NO_GRAFANALIB = (
     "import sys, importlib.abc\n"
@@ -120,17 +126,16 @@ def test_generated_runbook_urls_are_absolute() -> None:
             assert anchor in anchors, url
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _build_wheel(out: Path, env: dict[str, str] | None = None) -> Path:
     """The wheel pip builds from the sources the Dockerfile copies (a copy: the build writes
-    build/ and *.egg-info next to them)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
+    build/ and *.egg-info next to them; the scan built in place by `make deps` is left out)."""
+    src = out / "src"
+    src.mkdir(parents=True)
     for name in SOURCES:
         path = ROOT / name
         if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info")
+            shutil.copytree(path, src / name, ignore=ignore)
         else:
             shutil.copy2(path, src / name)
     r = subprocess.run(
@@ -142,22 +147,32 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-deps",
             "-q",
             "-w",
-            str(tmp / "dist"),
+            str(out / "dist"),
             str(src),
         ],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    (whl,) = (tmp / "dist").glob("kvoffload-*.whl")
+    (whl,) = (out / "dist").glob("kvoffload-*.whl")
     return whl
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 def test_the_wheel_carries_license_types_page_and_urls(wheel: Path) -> None:
-    assert wheel.name == f"kvoffload-{__version__}-py3-none-any.whl"
+    # The compiled scan makes it a wheel for this Python and platform.
+    abi = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert wheel.name.startswith(f"kvoffload-{__version__}-{abi}-{abi}-"), wheel.name
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
+    assert any(COMPILED_SCAN.fullmatch(n) for n in names), sorted(names)
+    with zipfile.ZipFile(wheel) as z:
         dist = f"kvoffload-{__version__}.dist-info"
         meta = Parser().parsestr(z.read(f"{dist}/METADATA").decode())
         license_text = z.read(f"{dist}/licenses/LICENSE").decode()
@@ -200,6 +215,8 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
     assert r.returncode == 0, r.stdout + r.stderr
     r = run(str(exe), "--help")
     assert r.returncode == 0 and "serve" in r.stdout, r.stdout + r.stderr
+    r = run(str(exe), "--version")
+    assert r.stdout.strip() == f"kvoffload {__version__} (journal reader: compiled)", r.stderr
     r = run(str(exe), "serve", "--help")
     assert r.returncode == 0 and links.doc("advisor.md") in r.stdout, r.stdout + r.stderr
     r = run(
@@ -220,3 +237,35 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
     assert r.stderr.strip() == (
         "kvoffload: error: the dashboards need grafanalib: pip install 'kvoffload[generate]'"
     )
+
+
+def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """The compiled scan is optional: with no C compiler the build goes on without it, and the
+    package it gives reads a recording to the same JSON, bit for bit, with its pure-Python
+    twin (`--version` says which reader is in use)."""
+    pure = _build_wheel(tmp_path / "pure", env={**os.environ, "CC": "/bin/false"})
+    with zipfile.ZipFile(pure) as z:
+        assert not any(COMPILED_SCAN.fullmatch(n) for n in z.namelist())
+    journal = tmp_path / "restart.om"
+    scenario = scenarios.get("restart")
+    record_scenario(scenario, str(journal), scenario.duration_s, 15.0, instance="restart:8000")
+    reports = {}
+    for name, whl in (("compiled", wheel), ("pure", pure)):
+        site = tmp_path / f"site-{name}"
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(site)
+        env = {k: v for k, v in os.environ.items() if k != "KVOFFLOAD_PURE_PYTHON"}
+        env["PYTHONPATH"] = str(site)  # ahead of the checkout the test environment imports
+        run = functools.partial(
+            subprocess.run, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+        )
+        r = run([sys.executable, "-m", "kvoffload", "--version"])
+        reader = "compiled" if name == "compiled" else "pure Python"
+        assert r.stdout.strip() == f"kvoffload {__version__} (journal reader: {reader})"
+        r = run([sys.executable, "-m", "kvoffload", "analyze", str(journal), "--json"])
+        assert r.returncode == 0, r.stderr
+        reports[name] = r.stdout
+    assert reports["compiled"] == reports["pure"]
+    assert json.loads(reports["pure"])["scrapes"] == 121

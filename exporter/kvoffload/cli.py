@@ -30,6 +30,7 @@ from kvoffload.conventions import (
     web_options,
 )
 from kvoffload.errors import InputError
+from kvoffload.ingest import fastjournal
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.promsource import FleetReader, ReadStats
@@ -175,7 +176,13 @@ def make_settings(
     params=log_options(defaults=True),
     epilog=ENV_HELP,
 )
-@click.version_option(__version__, prog_name="kvoffload")
+@click.version_option(
+    __version__,
+    prog_name="kvoffload",
+    message="%(prog)s %(version)s (journal reader: "
+    + ("compiled" if fastjournal.COMPILED else "pure Python")
+    + ")",
+)
 def cli() -> None:
     """Is vLLM's CPU KV offloading paying off, and how big should the CPU tier be?"""
 

@@ -26,7 +26,7 @@ from kvoffload.cli import cli
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 # The package's sources and metadata: what the image (and the wheel test) is built from.
-SOURCES = {"pyproject.toml", "README.md", "LICENSE", "exporter"}
+SOURCES = {"pyproject.toml", "setup.py", "README.md", "LICENSE", "exporter"}
 PINNED = re.compile(r"^[\w./-]+(:\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?$")
 
 
@@ -102,12 +102,20 @@ def test_the_build_stage_installs_the_package_alone() -> None:
     assert copied == SOURCES
     for src in copied:
         assert (ROOT / src).exists(), src
-    (run,) = instructions(build, "RUN")
+    compiler, run = instructions(build, "RUN")
     steps = [shlex.split(s) for s in run.value[0].split("&&")]
     installs = [s for s in steps if "pip" in s[0] and s[1] == "install"]
     # The project alone, no extras: its runtime dependencies and nothing more.
     assert installs == [["/opt/kvoffload/bin/pip", "install", "--no-cache-dir", "."]]
     assert not any("apt-get" in s[0] for s in steps)
+    # The build fails rather than ship the pure-Python reader unnoticed.
+    assert "journal reader: compiled" in run.value[0]
+    # The compiler for the compiled scan, in the build stage only (the final stage copies the
+    # venv alone: test_the_final_stage_gets_the_venv_and_nothing_else).
+    apt = [shlex.split(s) for s in compiler.value[0].split("&&")]
+    assert apt[1][:2] == ["apt-get", "install"] and "--no-install-recommends" in apt[1]
+    assert {a for a in apt[1][2:] if not a.startswith("-")} == {"gcc", "libc6-dev"}
+    assert apt[-1] == ["rm", "-rf", "/var/lib/apt/lists/*"]
 
 
 def test_dockerignore_sends_only_the_sources() -> None:

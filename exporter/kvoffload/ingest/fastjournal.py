@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import mmap
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -421,6 +422,102 @@ def _read(
 Scrape = tuple[float, frozenset[str], dict["_Instance", dict[int, float]]]
 
 
+class _Scrapes:
+    """The scrape being put together: its time, the families it declared, its rows."""
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+        self.stamp = b""  # the last timestamp read, as written
+        self.families: set[str] = set()
+        self.rows: dict[_Instance, dict[int, float]] = {}
+        self.declared: set[str] = set()  # TYPE lines since the last sample, as iter_openmetrics
+
+    def at(self, stamp: bytes) -> Scrape | None:
+        """A sample stamped `stamp` is read: the scrape before it when this one starts a new
+        one (the TYPE lines read since the last sample go to the scrape it is in)."""
+        finished = None
+        if stamp != self.stamp:
+            try:
+                t = float(stamp)
+            except ValueError:
+                raise Declined("timestamp") from None
+            self.stamp = stamp
+            if t != self.t:
+                if self.t is not None:
+                    if t < self.t:
+                        raise Declined("time goes back")
+                    finished = self.last()
+                self.t = t
+                self.rows = {}
+                self.families = set()
+        if self.declared:
+            self.families |= self.declared
+            self.declared = set()
+        return finished
+
+    def last(self) -> Scrape:
+        assert self.t is not None
+        return self.t, frozenset(self.families), self.rows
+
+
+def _scan_block(
+    spec: _Family, buffer: mmap.mmap | bytes, start: int, end: int, expected: list[bytes] | None
+) -> tuple[list[float], bytes, list[bytes] | None] | None:
+    """A family block's wanted lines in bulk: (their values, their one timestamp, their heads
+    — None when they are `expected`, heads this returned for the family's last block); None
+    when the block is not that simple (the caller reads it line by line). ingest/_scan.c is
+    this function compiled; the two are tested against each other."""
+    block = buffer[start:end]
+    if not block.endswith(b"\n"):
+        return None
+    try:
+        text = _wanted_text(block, spec)
+    except Declined:
+        return None
+    columns = _columns(text)
+    if columns is None:
+        return None
+    heads, values, stamp = columns
+    same = heads == expected  # (then checked when they were learnt)
+    foreign = not same and not spec.unwanted
+    if foreign and not all((h + b" ").startswith(spec.wanted) for h in heads):
+        return None
+    floats = _floats(values)
+    return None if floats is None else (floats, stamp, None if same else heads)
+
+
+def _floats(values: list[bytes]) -> list[float] | None:
+    try:
+        return list(map(float, values))
+    except ValueError:
+        return None
+
+
+_compiled_scan_block: Callable[..., tuple[list[float], bytes, list[bytes] | None] | None] | None
+try:  # the compiled scan, when it was built (pip builds it where there is a C compiler)
+    from kvoffload.ingest._scan import scan_block as _compiled_scan_block
+except ImportError:  # pragma: no cover - depends on the build
+    _compiled_scan_block = None
+
+# Which scan the reader uses: the compiled one unless KVOFFLOAD_PURE_PYTHON is set (tests and
+# `make bench` run both; they give the same scrapes).
+COMPILED = _compiled_scan_block is not None and not os.environ.get("KVOFFLOAD_PURE_PYTHON")
+
+
+def _scanner(
+    compiled: bool,
+) -> Callable[
+    [_Family, mmap.mmap, int, int, list[bytes] | None],
+    tuple[list[float], bytes, list[bytes] | None] | None,
+]:
+    if compiled and _compiled_scan_block is not None:
+        scan = _compiled_scan_block
+        return lambda spec, mm, start, end, expected: scan(
+            mm, start, end, spec.wanted, spec.unwanted, expected
+        )
+    return _scan_block
+
+
 def _read_rows(
     mm: mmap.mmap,
     tail_seconds: float | None = None,
@@ -430,17 +527,13 @@ def _read_rows(
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
         raise Declined("no '# EOF' at the end")
-    families: dict[tuple[bytes, bytes], _Family] = {}
+    # (raw name, type) → how to read its block, and the family name it declares
+    families: dict[tuple[bytes, bytes], tuple[_Family, str]] = {}
     series: dict[bytes, tuple[_Instance, int]] = {}
     layouts: dict[bytes, _Layout] = {}  # family (raw name) → its last block's layout
     instances: dict[str, _Instance] = {}
-    declared: set[str] = set()  # TYPE lines since the last sample, as iter_openmetrics does
-    scrape_families: set[str] = set()
-    rows: dict[_Instance, dict[int, float]] = {}
-    row: dict[int, float] = {}
-    row_of: _Instance | None = None
-    current_t: float | None = None
-    last_ts = b""
+    scrape = _Scrapes()
+    scan = _scanner(COMPILED)
     end_of_data = size - 6 if span is None else span[1]
     pos = 0 if span is None else span[0]
     if tail_seconds is not None:
@@ -449,91 +542,81 @@ def _read_rows(
         if last is not None:
             pos = _scrape_start(mm, last[1] - tail_seconds, end_of_data)
 
-    def flush() -> Iterator[Scrape]:
-        assert current_t is not None
-        yield current_t, frozenset(scrape_families), rows
-
     window = _Pages(mm, report, pos)
     while True:
         type_line = _next_type_line(mm, pos, end_of_data, window)
         if type_line is None:
             break
         pos, raw, mtype = type_line
-        declared.add(family_name(canonical_name(raw.decode()), mtype.decode()))
-        spec = families.get((raw, mtype))
-        if spec is None:
-            spec = families[(raw, mtype)] = _family(raw, mtype)
+        known = families.get((raw, mtype))
+        if known is None:
+            known = families[(raw, mtype)] = (
+                _family(raw, mtype),
+                family_name(canonical_name(raw.decode()), mtype.decode()),
+            )
+        spec = known[0]
+        scrape.declared.add(known[1])
         if not spec.wanted:
             continue  # the block is skipped by the next search for '#'
         block_end = _next_comment(mm, pos, end_of_data, window)
-        text = _wanted_text(mm[pos:block_end], spec)
-        pos = block_end
-        columns = _columns(text)
-        bulk: tuple[_Layout, list[bytes]] | None = None
-        if columns is None:
-            lines = text.split(b"\n")[:-1]
+        layout = layouts.get(raw)
+        scanned = scan(spec, mm, pos, block_end, None if layout is None else layout.heads)
+        if scanned is None:
+            text = _wanted_text(mm[pos:block_end], spec)
+            yield from _read_lines(text.split(b"\n")[:-1], spec, scrape, series, instances)
         else:
-            heads, bulk_values, bulk_stamp = columns
-            layout = layouts.get(raw)
-            if layout is None or layout.heads != heads:
+            floats, stamp, heads = scanned
+            if heads is not None:
                 layout = layouts[raw] = _Layout.learn(heads, spec, series, instances)
-            bulk = layout, bulk_values
-            lines = []  # the block is read below, after the scrape it starts (if any)
-            if bulk_stamp != last_ts:
-                lines = [text[: text.index(b"\n")]]  # its first line: the same steps as ever
-        for line in lines:
-            if not spec.unwanted and not line.startswith(spec.wanted):
-                raise Declined("a line of another family")
-            try:
-                head, value, stamp = line.rsplit(b" ", 2)
-            except ValueError:
-                raise Declined("a sample without value and timestamp") from None
-            known = series.get(head)
-            if known is None:
-                known = series[head] = _member(head, instances)
-            if stamp != last_ts:
-                try:
-                    t = float(stamp)
-                except ValueError:
-                    raise Declined("timestamp") from None
-                last_ts = stamp
-                if t != current_t:
-                    if current_t is not None:
-                        if t < current_t:
-                            raise Declined("time goes back")
-                        yield from flush()
-                    current_t = t
-                    rows = {}
-                    row_of = None
-                    scrape_families = set()
-            if declared:
-                scrape_families |= declared
-                declared = set()
-            inst, index = known
-            if inst is not row_of:  # most lines of a scrape are one instance's
-                found = rows.get(inst)
-                if found is None:
-                    found = rows[inst] = {}
-                row, row_of = found, inst
-            try:
-                row[index] = float(value)
-            except ValueError:
-                raise Declined("value") from None
-        if bulk is not None:
-            if declared:
-                scrape_families |= declared
-                declared = set()
-            try:
-                floats = list(map(float, bulk[1]))
-            except ValueError:
-                raise Declined("value") from None
-            for inst, indices, at in bulk[0].runs:
+            assert layout is not None
+            finished = scrape.at(stamp)
+            if finished is not None:
+                yield finished
+            rows = scrape.rows
+            for inst, indices, at in layout.runs:
                 found = rows.get(inst)
                 if found is None:
                     found = rows[inst] = {}
                 found.update(zip(indices, floats[at : at + len(indices)], strict=True))
-            row_of = None
-    if current_t is None:
+        pos = block_end
+    if scrape.t is None:
         raise Declined("no samples")
-    scrape_families |= declared
-    yield from flush()
+    scrape.families |= scrape.declared
+    yield scrape.last()
+
+
+def _read_lines(
+    lines: list[bytes],
+    spec: _Family,
+    scrape: _Scrapes,
+    series: dict[bytes, tuple[_Instance, int]],
+    instances: dict[str, _Instance],
+) -> Iterator[Scrape]:
+    """A block's wanted lines one at a time (label values with blanks, several timestamps)."""
+    row: dict[int, float] = {}
+    row_of: _Instance | None = None
+    rows_of = None
+    for line in lines:
+        if not spec.unwanted and not line.startswith(spec.wanted):
+            raise Declined("a line of another family")
+        try:
+            head, value, stamp = line.rsplit(b" ", 2)
+        except ValueError:
+            raise Declined("a sample without value and timestamp") from None
+        known = series.get(head)
+        if known is None:
+            known = series[head] = _member(head, instances)
+        finished = scrape.at(stamp)
+        if finished is not None:
+            yield finished
+        inst, index = known
+        if inst is not row_of or scrape.rows is not rows_of:  # most lines: one instance's
+            rows_of = scrape.rows
+            found = rows_of.get(inst)
+            if found is None:
+                found = rows_of[inst] = {}
+            row, row_of = found, inst
+        try:
+            row[index] = float(value)
+        except ValueError:
+            raise Declined("value") from None
