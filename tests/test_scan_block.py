@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvoffload.ingest import fastjournal
+from kvoffload.ingest import fastjournal, faststrict
 from kvoffload.ingest.fastjournal import _family, _scan_block
 
 from helpers import h200_scrapes, recording_text
@@ -142,3 +143,63 @@ def test_every_block_of_the_real_captures_scans_alike(name: str) -> None:
             bulk += pure is not None
         pos = end
     assert bulk > 10
+
+
+# -- the strict layout's scan (scan_series) --------------------------------------------------
+
+_SERIES_ODDITIES = [None] * 4 + ["foreign", "blank", "back", "nan time", "value", "same time"]
+
+
+@st.composite
+def _strict_file(draw: st.DrawFn) -> bytes:
+    """A strict recording: each family once, each series' points together — a counter's
+    `_total` and `_created` interleaved point by point, as `record` leaves them — with now and
+    then one thing the bulk read does not take."""
+    out = []
+    for raw, mtype in ((b"vllm:prompt_tokens", b"counter"), (b"vllm:num_preemptions", b"counter")):
+        out.append(b"# TYPE " + raw + b" " + mtype + b"\n")
+        for engine in range(draw(st.integers(1, 3))):
+            labels = b'{engine="%d",instance="i:1",model_name="m"}' % engine
+            odd = draw(st.sampled_from(_SERIES_ODDITIES))
+            points = draw(st.integers(1, 6))
+            odd_at = draw(st.integers(0, points - 1))
+            t = 1.8e9
+            for k in range(points):
+                here = odd if k == odd_at else None
+                t += 0.0 if here == "same time" else 15.0
+                stamp = b"NaN" if here == "nan time" else repr(t - 60 * (here == "back")).encode()
+                value = draw(st.sampled_from([b"NaN"]) if here == "value" else _NUMBERS)
+                name = b"vllm:other_total" if here == "foreign" else raw + b"_total"
+                head = name + (b'{model_name="a b"}' if here == "blank" else labels)
+                out.append(head + b" " + value + b" " + stamp + b"\n")
+                out.append(raw + b"_created" + labels + b" 1.7e9 " + stamp + b"\n")
+    return b"".join(out) + b"# EOF\n"
+
+
+def _columns_read(path: str, compiled_scan: bool) -> object:
+    """What the strict reader makes of a file: each series' times and values, and which
+    instances declared each family ("declined" when it declines the file)."""
+    saved = fastjournal.COMPILED
+    fastjournal.COMPILED = compiled_scan
+    try:
+        with fastjournal._mapped(path) as mm:
+            columns, _instances, users = faststrict._read_columns(mm, None)
+    except fastjournal.Declined:
+        return "declined"
+    finally:
+        fastjournal.COMPILED = saved
+    out = []
+    for (inst, index), column in columns.items():
+        values = column.values()
+        if not isinstance(values, array):
+            values = array("d", [values[0]] * len(column.times))
+        out.append((inst.shapes.instance, index, column.times.tobytes(), values.tobytes()))
+    return sorted(out), {k: None if v is None else sorted(v) for k, v in users.items()}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_strict_file())
+def test_strict_pieces_read_alike_both_ways(tmp_path_factory: pytest.TempPathFactory, text: bytes):
+    path = tmp_path_factory.mktemp("strict") / "rec.om"
+    path.write_bytes(text)
+    assert _columns_read(str(path), True) == _columns_read(str(path), False)

@@ -14,9 +14,17 @@
  *   None                    anything else (no wanted line, a line of another family, other
  *                           blanks, two stamps, a value float() refuses, no final newline):
  *                           the caller reads the block line by line, with its usual checks.
+ *
+ * scan_series(buffer, start, end, wanted, unwanted) reads a piece of a family block of a
+ * strict-layout recording (each series' points together) the same way and returns, for each
+ * series in the order it first appears, (head, times, values, ordered): its points' times and
+ * values as bytes of native doubles (for array('d')), and whether the times are all finite
+ * and strictly increasing; None for anything the bulk read does not take (as above, less the
+ * one stamp). faststrict reads a None piece with its Python code, which gives the same columns.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -205,10 +213,216 @@ done:
     return result;
 }
 
+
+/* A double from a token, as float() reads it; -1 (no exception) when float() refuses it. */
+static int token_double(const char *at, Py_ssize_t len, double *out) {
+    PyObject *x = to_float(at, len);
+    if (x == NULL)
+        return PyErr_Occurred() ? -2 : -1;
+    *out = PyFloat_AS_DOUBLE(x);
+    Py_DECREF(x);
+    return 0;
+}
+
+typedef struct {
+    double *items;
+    Py_ssize_t n, cap;
+} doubles_t;
+
+static int doubles_push(doubles_t *d, double x) {
+    if (d->n == d->cap) {
+        Py_ssize_t cap = d->cap ? 2 * d->cap : 64;
+        double *grown = PyMem_Realloc(d->items, (size_t)cap * sizeof(double));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        d->items = grown;
+        d->cap = cap;
+    }
+    d->items[d->n++] = x;
+    return 0;
+}
+
+typedef struct {
+    const char *head;
+    Py_ssize_t head_len;
+    Py_uhash_t hash;
+    doubles_t times, values;
+    int ordered;
+} series_t;
+
+typedef struct {
+    series_t *items;
+    Py_ssize_t n, cap;
+    Py_ssize_t *slots; /* open addressing: index + 1 into items, 0 empty */
+    Py_ssize_t nslots;
+} table_t;
+
+static Py_uhash_t hash_of(const char *at, Py_ssize_t len) {
+    Py_uhash_t h = 14695981039346656037ULL;
+    for (Py_ssize_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)at[i]) * 1099511628211ULL;
+    return h;
+}
+
+static int table_grow(table_t *t) {
+    Py_ssize_t nslots = t->nslots ? 2 * t->nslots : 64;
+    Py_ssize_t *slots = PyMem_Calloc((size_t)nslots, sizeof(Py_ssize_t));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        Py_ssize_t at = (Py_ssize_t)(t->items[i].hash & (Py_uhash_t)(nslots - 1));
+        while (slots[at])
+            at = (at + 1) & (nslots - 1);
+        slots[at] = i + 1;
+    }
+    PyMem_Free(t->slots);
+    t->slots = slots;
+    t->nslots = nslots;
+    return 0;
+}
+
+/* The series of this head (added when new); NULL with an exception on no memory. */
+static series_t *table_get(table_t *t, const char *head, Py_ssize_t len) {
+    if (2 * (t->n + 1) > t->nslots && table_grow(t) < 0)
+        return NULL;
+    Py_uhash_t h = hash_of(head, len);
+    Py_ssize_t at = (Py_ssize_t)(h & (Py_uhash_t)(t->nslots - 1));
+    while (t->slots[at]) {
+        series_t *s = &t->items[t->slots[at] - 1];
+        if (s->hash == h && s->head_len == len && memcmp(s->head, head, (size_t)len) == 0)
+            return s;
+        at = (at + 1) & (t->nslots - 1);
+    }
+    if (t->n == t->cap) {
+        Py_ssize_t cap = t->cap ? 2 * t->cap : 16;
+        series_t *grown = PyMem_Realloc(t->items, (size_t)cap * sizeof(series_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        t->items = grown;
+        t->cap = cap;
+    }
+    series_t *s = &t->items[t->n];
+    memset(s, 0, sizeof(*s));
+    s->head = head;
+    s->head_len = len;
+    s->hash = h;
+    s->ordered = 1;
+    t->slots[at] = ++t->n;
+    return s;
+}
+
+static void table_free(table_t *t) {
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        PyMem_Free(t->items[i].times.items);
+        PyMem_Free(t->items[i].values.items);
+    }
+    PyMem_Free(t->items);
+    PyMem_Free(t->slots);
+}
+
+static PyObject *scan_series(PyObject *module, PyObject *args) {
+    PyObject *buffer, *wanted_tuple, *unwanted_tuple;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "OnnO!O!", &buffer, &start, &end, &PyTuple_Type, &wanted_tuple,
+                          &PyTuple_Type, &unwanted_tuple))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    spans_t wanted = {0}, unwanted = {0};
+    table_t table = {0};
+    if (start < 0 || end < start || end > view.len) {
+        PyErr_SetString(PyExc_ValueError, "piece out of the buffer");
+        goto done;
+    }
+    if (prefixes_of(wanted_tuple, &wanted) < 0 || prefixes_of(unwanted_tuple, &unwanted) < 0)
+        goto done;
+
+    const char *base = (const char *)view.buf;
+    const char *p = base + start, *stop = base + end;
+    series_t *last = NULL;
+    int bulk = end > start && stop[-1] == '\n';
+    while (bulk && p < stop) {
+        const char *eol = memchr(p, '\n', (size_t)(stop - p));
+        Py_ssize_t len = eol - p;
+        if (starts_with_any(p, len, &wanted)) {
+            const char *b1 = memchr(p, ' ', (size_t)len);
+            const char *b2 = b1 ? memchr(b1 + 1, ' ', (size_t)(eol - b1 - 1)) : NULL;
+            if (b2 == NULL || memchr(b2 + 1, ' ', (size_t)(eol - b2 - 1)) != NULL) {
+                bulk = 0;
+                break;
+            }
+            Py_ssize_t head_len = b1 - p;
+            series_t *s = last;
+            if (s == NULL || s->head_len != head_len || memcmp(s->head, p, (size_t)head_len) != 0) {
+                s = table_get(&table, p, head_len);
+                if (s == NULL)
+                    goto done;
+            }
+            double t, v;
+            int bad = token_double(b2 + 1, eol - b2 - 1, &t);
+            if (bad == 0)
+                bad = token_double(b1 + 1, b2 - b1 - 1, &v);
+            if (bad == -2)
+                goto done;
+            if (bad) {
+                bulk = 0;
+                break;
+            }
+            if (!isfinite(t) || (s->times.n && !(t > s->times.items[s->times.n - 1])))
+                s->ordered = 0;
+            if (doubles_push(&s->times, t) < 0 || doubles_push(&s->values, v) < 0)
+                goto done;
+            last = s;
+        } else if (!starts_with_any(p, len, &unwanted)) {
+            bulk = 0;
+            break;
+        }
+        p = eol + 1;
+    }
+    if (!bulk || table.n == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *out = PyList_New(table.n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < table.n; i++) {
+        series_t *s = &table.items[i];
+        PyObject *item = Py_BuildValue(
+            "(y#y#y#O)", s->head, s->head_len, (const char *)s->times.items,
+            s->times.n * (Py_ssize_t)sizeof(double), (const char *)s->values.items,
+            s->values.n * (Py_ssize_t)sizeof(double), s->ordered ? Py_True : Py_False);
+        if (item == NULL) {
+            Py_DECREF(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    result = out;
+
+done:
+    table_free(&table);
+    PyMem_Free(wanted.items);
+    PyMem_Free(unwanted.items);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_block", scan_block, METH_VARARGS,
      "scan_block(buffer, start, end, wanted, unwanted, expected) -> (values, stamp, heads) "
      "or None: one family block of a journal, as fastjournal._scan_block reads it."},
+    {"scan_series", scan_series, METH_VARARGS,
+     "scan_series(buffer, start, end, wanted, unwanted) -> [(head, times, values, ordered)] "
+     "or None: a piece of a strict recording's family block, series by series."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,3 +10,11 @@ def scan_block(
     expected: list[bytes] | None,
     /,
 ) -> tuple[list[float], bytes, list[bytes] | None] | None: ...
+def scan_series(
+    buffer: mmap.mmap | bytes,
+    start: int,
+    end: int,
+    wanted: tuple[bytes, ...],
+    unwanted: tuple[bytes, ...],
+    /,
+) -> list[tuple[bytes, bytes, bytes, bool]] | None: ...

@@ -494,10 +494,12 @@ def _floats(values: list[bytes]) -> list[float] | None:
 
 
 _compiled_scan_block: Callable[..., tuple[list[float], bytes, list[bytes] | None] | None] | None
+_compiled_scan_series: Callable[..., list[tuple[bytes, bytes, bytes, bool]] | None] | None
 try:  # the compiled scan, when it was built (pip builds it where there is a C compiler)
     from kvoffload.ingest._scan import scan_block as _compiled_scan_block
+    from kvoffload.ingest._scan import scan_series as _compiled_scan_series
 except ImportError:  # pragma: no cover - depends on the build
-    _compiled_scan_block = None
+    _compiled_scan_block = _compiled_scan_series = None
 
 # Which scan the reader uses: the compiled one unless KVOFFLOAD_PURE_PYTHON is set (tests and
 # `make bench` run both; they give the same scrapes).

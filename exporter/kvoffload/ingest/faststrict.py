@@ -17,12 +17,14 @@ series whose points go back in time, two instances scraped at the same instant.
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 import re
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
+from kvoffload.ingest import fastjournal
 from kvoffload.ingest.catalog import FLAT_FAMILY, OFFLOAD_FAMILY_PREFIXES, Extract
 from kvoffload.ingest.fastjournal import (
     Declined,
@@ -67,7 +69,7 @@ class _Column:
             self.varying = array("d", [self.first]) * (len(self.times) - 1)
             self.varying.append(v)
 
-    def extend(self, times: list[float], values: list[float]) -> None:
+    def extend(self, times: Sequence[float], values: Sequence[float]) -> None:
         """append() of each point in turn, in bulk."""
         before = len(self.times)
         self.times.extend(times)
@@ -121,6 +123,8 @@ def _read_columns(
     users: dict[str, set[str] | None] = {}
     unread: dict[str, list[tuple[int, int]]] = {}  # relevant families not read: their blocks
     pages = _Pages(mm, report)
+    # The compiled scan of a piece (ingest/_scan.c), unless it was not built or is turned off.
+    scan = fastjournal._compiled_scan_series if fastjournal.COMPILED else None
     pos = 0
     while True:
         found = _next_type_line(mm, pos, end_of_data, pages)
@@ -146,8 +150,12 @@ def _read_columns(
         block_end_at: list[int] = []
         family_users = users[name]
         reader = _SeriesReader(spec, series, instances, columns, family_users)
-        for text in _texts_of(mm, block_start, end_of_data, spec, pages, block_end_at):
-            reader.read(text)
+        for start, stop in _spans(mm, block_start, end_of_data, pages, block_end_at):
+            runs = None if scan is None else scan(mm, start, stop, spec.wanted, spec.unwanted)
+            if runs is None:  # (or no compiled scan) the Python reading: the same columns
+                reader.read(_wanted_text(mm[start:stop], spec))
+            else:
+                reader.read_series(runs)
         pos = block_end_at[0]
     if len(instances) > 1:
         # Which instances an unread relevant family has series of (a histogram not read).
@@ -164,12 +172,18 @@ def _read_columns(
 _PIECE = 2 * 2**20
 
 
-def _pieces(
+def _pieces(mm: mmap.mmap, start: int, end: int, pages: _Pages) -> Iterator[bytes]:
+    """mm[start:end] (`start` a line start) in pieces that end at line ends."""
+    for a, b in _spans(mm, start, end, pages):
+        yield mm[a:b]
+
+
+def _spans(
     mm: mmap.mmap, start: int, end: int, pages: _Pages, stopped: list[int] | None = None
-) -> Iterator[bytes]:
-    """mm[start:end] (`start` a line start) in pieces that end at line ends; with `stopped`,
-    only up to the next line beginning with '#' (the end of a family block), whose offset is
-    appended to it."""
+) -> Iterator[tuple[int, int]]:
+    """[start, end) (`start` a line start) in pieces that end at line ends, as (start, end)
+    offsets; with `stopped`, only up to the next line beginning with '#' (the end of a family
+    block), whose offset is appended to it."""
     pos = start
     while pos < end:
         limit = min(pos + _PIECE, end)
@@ -184,7 +198,7 @@ def _pieces(
                 at = mm.find(b"#", at + 1, limit)
             if at != -1:
                 pages.advance(pos)
-                yield mm[pos:at]
+                yield pos, at
                 stopped.append(at)
                 return
         cut = limit
@@ -194,24 +208,10 @@ def _pieces(
                 newline = mm.find(b"\n", limit, end)
                 cut = end if newline == -1 else newline + 1
         pages.advance(pos)
-        yield mm[pos:cut]
+        yield pos, cut
         pos = cut
     if stopped is not None:
         stopped.append(end)
-
-
-def _texts_of(
-    mm: mmap.mmap,
-    start: int,
-    end: int,
-    spec: _Family,
-    pages: _Pages,
-    stopped: list[int],
-) -> Iterator[bytes]:
-    """The wanted lines of the family block at `start` (it ends at the next '#' line, whose
-    offset goes to `stopped`), a piece at a time, each line ending in a newline."""
-    for piece in _pieces(mm, start, end, pages, stopped):
-        yield _wanted_text(piece, spec)
 
 
 class _SeriesReader:
@@ -267,6 +267,19 @@ class _SeriesReader:
                         self._point(head, t, v)
             at = stop
 
+    def read_series(self, runs: list[tuple[bytes, bytes, bytes, bool]]) -> None:
+        """A piece as the compiled scan gives it: each series' points in file order, their
+        times and values as doubles, and whether the times are finite and increasing."""
+        for head, stamps, numbers, ordered in runs:
+            times, points = array("d"), array("d")
+            times.frombytes(stamps)
+            points.frombytes(numbers)
+            if ordered:
+                self._run(head, times, points)
+            else:  # compared one by one, as `read` does
+                for t, v in zip(times, points, strict=True):
+                    self._point(head, t, v)
+
     def _times(self, stamps: list[bytes]) -> tuple[list[float], bool]:
         """A run's times, and whether they are finite and strictly increasing. Series scraped
         together have the same timestamps: the last run's are used again when equal."""
@@ -274,7 +287,7 @@ class _SeriesReader:
             return self.last_times, self.last_ordered
         times = list(map(float, stamps))
         ordered = (
-            math.isfinite(math.fsum(times))
+            all(map(math.isfinite, times))
             and times == sorted(times)
             and len(set(times)) == len(times)
         )
@@ -297,7 +310,7 @@ class _SeriesReader:
         self.column.append(t, v)
         self.last_t = t
 
-    def _run(self, head: bytes, times: list[float], points: list[float]) -> None:
+    def _run(self, head: bytes, times: Sequence[float], points: Sequence[float]) -> None:
         if head != self.last_head:
             self._start(head, times[0])
         if times[0] <= self.last_t:  # (strictly increasing after it: see _times)
@@ -403,17 +416,31 @@ def _scrapes(
         if not seen_times.isdisjoint(times):
             raise Declined("two instances scraped at the same instant")
         seen_times |= times
-        walks = [(shared, members, [0]) for shared, members in groups.values()]
+        # Each group's rows, one per time: its columns read across (in C, by zip).
+        walks = [
+            (shared, [index for index, _values in members], _across(members, len(shared)), [0])
+            for shared, members in groups.values()
+        ]
         for t in sorted(times):
             row: dict[int, float] = {}
             parts = 0
-            for shared, members, cursor in walks:
+            for shared, indices, rows, cursor in walks:
                 at = cursor[0]
                 if at < len(shared) and shared[at] == t:
-                    for index, values in members:
-                        row[index] = values[at]
+                    row.update(zip(indices, next(rows), strict=True))
                     cursor[0] = at + 1
                     parts += 1
             if parts > 1:
                 row = dict(sorted(row.items()))  # file order, as the general reader has it
             yield inst.shapes.extract(row, t, declared)
+
+
+def _across(
+    members: list[tuple[int, array[float] | _Repeated]], points: int
+) -> Iterator[tuple[float, ...]]:
+    """The members' values at each of their `points` times, a tuple per time."""
+    columns = [
+        itertools.repeat(values.value) if isinstance(values, _Repeated) else values
+        for _index, values in members
+    ]
+    return itertools.islice(zip(*columns, strict=False), points)  # (repeats are endless)

@@ -13,6 +13,9 @@ key says which sample `extract` put there (the last one, as it would).
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
+from typing import Any
 
 from kvoffload.ingest.catalog import Extract, extract
 from kvoffload.ingest.parse import Exposition, Sample
@@ -70,23 +73,41 @@ class _Shape:
             shapes.exposition({i: float(i) for i in present}, None, declared), 0.0, shapes.instance
         )
         self.learnt = learnt
-        self.counters = [(k, int(i)) for k, i in learnt.counters.items()]
-        self.created = [(k, int(i)) for k, i in learnt.created.items()]
-        self.gauges = [(k, int(i)) for k, i in learnt.gauges.items()]
+        self.counters = _Fill(learnt.counters)
+        self.created = _Fill(learnt.created)
+        self.gauges = _Fill(learnt.gauges)
 
     def fill(self, row: dict[int, float], t: float) -> Extract:
         learnt = self.learnt
         return Extract(
             t,
-            {k: row[i] for k, i in self.counters},
-            {k: row[i] for k, i in self.created},
-            {k: row[i] for k, i in self.gauges},
+            self.counters.of(row),
+            self.created.of(row),
+            self.gauges.of(row),
             learnt.cache_config,
             learnt.offload_config,
             learnt.offload_families,
             learnt.models,
             learnt.offload_naming,
         )
+
+
+class _Fill:
+    """One of an Extract's dicts from a row: its keys, each with the index of its value (in
+    C: a scrape of a large body has hundreds of them)."""
+
+    def __init__(self, learnt: dict[Any, float]) -> None:
+        self.keys = tuple(learnt)
+        indices = [int(i) for i in learnt.values()]
+        self.take: Callable[[dict[int, float]], tuple[float, ...]] | None = None
+        if len(indices) == 1:
+            only = indices[0]
+            self.take = lambda row: (row[only],)
+        elif indices:
+            self.take = operator.itemgetter(*indices)
+
+    def of(self, row: dict[int, float]) -> dict[Any, float]:
+        return dict(zip(self.keys, self.take(row), strict=True)) if self.take else {}
 
 
 def family_of(name: str) -> tuple[str, str]:
