@@ -484,10 +484,13 @@ def test_groups_and_series_not_seen_for_a_window_are_forgotten():
     assert len(exported) <= 5 * 15 + 1
     # The window's own state holds no more than the groups it shows.
     assert len(window.groups()) <= 5 * 15 + 1
-    for table in (window._series, window._totals, window._static, window._gauge_running):
+    # (a group's series are in _series, or in _columns while they only grow)
+    series = window._series.keys() | window._columns.keys()
+    for table in (series, window._totals, window._static, window._gauge_running):
         assert len(table) == len(window.groups())
+    assert len(window._plans) <= len(sidecar.targets)  # the last layout of each target
     # The steady model's series: a new engine a scrape, only the latest kept.
-    steady = window._series[(sidecar.targets[0].name, "steady")]
+    steady = window.series((sidecar.targets[0].name, "steady"))
     assert {engine for _key, engine in steady} == set(window.static(
         (sidecar.targets[0].name, "steady")).engines)  # fmt: skip
     assert len({engine for _key, engine in steady}) == 1

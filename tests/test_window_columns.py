@@ -80,6 +80,7 @@ def _state(window: Window) -> str:
                 static.lifetime,
                 sorted(static.engines),
                 window.anomalies(g),
+                sorted(window.series(g).items()),
             )
         )
     return repr((out, window.resets))

@@ -33,6 +33,8 @@ OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 
 # (instance, model_name)
 GroupKey = tuple[str, str]
+# (counter key, instance, model_name, engine): an Extract's counter
+CounterKey = tuple[str, str, str, str]
 
 
 # Scrapes after an engine's restart in which one of its counters coming back lower is part
@@ -54,11 +56,6 @@ class _SeriesState(NamedTuple):
 _State = tuple[float, float | None, float, int]
 
 
-# Plans kept at most (one per counter layout: a sidecar's targets each have one); past this
-# they are dropped and learnt again.
-MAX_PLANS = 4096
-
-
 @dataclass(frozen=True)
 class _GroupPlan:
     """Where a group's counter series are in a scrape of one layout."""
@@ -69,9 +66,7 @@ class _GroupPlan:
     engines: tuple[str, ...]
 
 
-def _learn_plan(
-    layout: tuple[tuple[str, str, str, str], ...],
-) -> dict[GroupKey, _GroupPlan]:
+def _learn_plan(layout: tuple[CounterKey, ...]) -> dict[GroupKey, _GroupPlan]:
     at: dict[GroupKey, list[int]] = {}
     for i, (_key, instance, model, _engine) in enumerate(layout):
         at.setdefault((instance, model), []).append(i)
@@ -269,9 +264,11 @@ class Window:
         # its old value repeated by the lookback until then), part of the same restart.
         self._restarted_at: dict[GroupKey, dict[str, int]] = {}
         self._groups_of: dict[str, set[GroupKey]] = {}  # instance → its groups
-        # A scrape's counter series (in order) → how they group (`_plan`); and the groups whose
-        # series are kept as columns under their plan instead of in `_series` (`_count_fast`).
-        self._plans: dict[tuple[tuple[str, str, str, str], ...], dict[GroupKey, _GroupPlan]] = {}
+        # The instance of a scrape's first counter → that scrape's counter series (in order) and
+        # how they group (`_plan`: the last layout of each target only, so a target renaming
+        # its models every scrape holds one); and the groups whose series are kept as columns
+        # under their plan instead of in `_series` (`_count_fast`).
+        self._plans: dict[str, tuple[tuple[CounterKey, ...], dict[GroupKey, _GroupPlan]]] = {}
         self._columns: dict[GroupKey, _Columns] = {}
 
     # -- ingest ---------------------------------------------------------------------------
@@ -402,19 +399,33 @@ class Window:
         return by_group
 
     def _plan(self, ex: Extract, values: list[float]) -> dict[GroupKey, _GroupPlan] | None:
-        """The grouping of a scrape whose counters are all numbers, learnt from the first
-        scrape with its series in its order and looked up by them after (a long recording
-        repeats a few; a sidecar has one per target). None when a value is NaN or infinite or
-        a series unknown: those scrapes are grouped one sample at a time."""
+        """The grouping of a scrape whose counters are all numbers: the one learnt from the
+        target's last scrape when its series are the same, in the same order (a target renders
+        them so), else learnt from this one. None when a value is NaN or infinite or a series
+        unknown: those scrapes are grouped one sample at a time."""
         if ex.unknown or not all(map(math.isfinite, values)):
             return None
         layout = tuple(ex.counters)
-        plan = self._plans.get(layout)
-        if plan is None:
-            if len(self._plans) >= MAX_PLANS:
-                self._plans.clear()  # targets came and went: start over rather than grow
-            plan = self._plans[layout] = _learn_plan(layout)
+        target = layout[0][1] if layout else ""
+        known = self._plans.get(target)
+        if known is not None and known[0] == layout:
+            return known[1]
+        plan = _learn_plan(layout)
+        self._plans[target] = (layout, plan)
         return plan
+
+    def series(self, g: GroupKey) -> dict[tuple[str, str], _SeriesState]:
+        """A group's counter series as they stand (a copy, wherever they are kept)."""
+        columns = self._columns.get(g)
+        if columns is None:
+            return {k: _SeriesState(*st) for k, st in self._series.get(g, {}).items()}
+        created = columns.created or (None,) * len(columns.plan.pairs)
+        return {
+            pair: _SeriesState(raw, c, adjusted, columns.seen_at)
+            for pair, raw, c, adjusted in zip(
+                columns.plan.pairs, columns.raws, created, columns.adjusted, strict=True
+            )
+        }
 
     def _series_of(self, g: GroupKey) -> dict[tuple[str, str], _State]:
         """A group's series as a dict by (key, engine), taken out of its columns if it has
