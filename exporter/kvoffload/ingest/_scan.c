@@ -78,10 +78,11 @@ static int starts_with_any(const char *line, Py_ssize_t len, const spans_t *pref
     return 0;
 }
 
-/* float(token) as Python computes it: digits, signs, dots and exponents through the same
- * routine float() uses; anything else (inf, nan, underscores, other whitespace) through
- * float() itself. NULL without an exception when float() refuses it. */
-static PyObject *to_float(const char *at, Py_ssize_t len) {
+/* float(token) as Python computes it, into *out: digits, signs, dots and exponents through
+ * the routine float() uses (no float object made); anything else (inf, nan, underscores, other
+ * whitespace) through float() itself. 0 when read; -1 (no exception) when float() refuses it;
+ * -2 with an exception (no memory). */
+static int parse_double(const char *at, Py_ssize_t len, double *out) {
     char buf[64];
     int plain = len > 0 && len < (Py_ssize_t)sizeof(buf);
     for (Py_ssize_t i = 0; plain && i < len; i++) {
@@ -93,19 +94,34 @@ static PyObject *to_float(const char *at, Py_ssize_t len) {
         buf[len] = '\0';
         char *stop = NULL;
         double x = PyOS_string_to_double(buf, &stop, NULL);
-        if (!(x == -1.0 && PyErr_Occurred()) && stop == buf + len)
-            return PyFloat_FromDouble(x);
-        PyErr_Clear();
-        return NULL;
+        if ((x == -1.0 && PyErr_Occurred()) || stop != buf + len) {
+            PyErr_Clear();
+            return -1;
+        }
+        *out = x;
+        return 0;
     }
     PyObject *text = PyBytes_FromStringAndSize(at, len);
     if (text == NULL)
-        return NULL;
+        return -2;
     PyObject *value = PyFloat_FromString(text);
     Py_DECREF(text);
-    if (value == NULL && PyErr_ExceptionMatches(PyExc_ValueError))
+    if (value == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -2;
         PyErr_Clear();
-    return value;
+        return -1;
+    }
+    *out = PyFloat_AS_DOUBLE(value);
+    Py_DECREF(value);
+    return 0;
+}
+
+/* The same as a float object; NULL without an exception when float() refuses it. */
+static PyObject *to_float(const char *at, Py_ssize_t len) {
+    double x;
+    int bad = parse_double(at, len, &x);
+    return bad ? NULL : PyFloat_FromDouble(x);
 }
 
 static PyObject *scan_block(PyObject *module, PyObject *args) {
@@ -214,16 +230,6 @@ done:
 }
 
 
-/* A double from a token, as float() reads it; -1 (no exception) when float() refuses it. */
-static int token_double(const char *at, Py_ssize_t len, double *out) {
-    PyObject *x = to_float(at, len);
-    if (x == NULL)
-        return PyErr_Occurred() ? -2 : -1;
-    *out = PyFloat_AS_DOUBLE(x);
-    Py_DECREF(x);
-    return 0;
-}
-
 typedef struct {
     double *items;
     Py_ssize_t n, cap;
@@ -250,6 +256,9 @@ typedef struct {
     Py_uhash_t hash;
     doubles_t times, values;
     int ordered;
+    Py_ssize_t next; /* the series whose line came after this one's last time (index + 1) */
+    const char *value_at; /* its last value token, to read a repeated one (a _created) once */
+    Py_ssize_t value_len;
 } series_t;
 
 typedef struct {
@@ -348,6 +357,9 @@ static PyObject *scan_series(PyObject *module, PyObject *args) {
     const char *base = (const char *)view.buf;
     const char *p = base + start, *stop = base + end;
     series_t *last = NULL;
+    const char *last_stamp = NULL;
+    Py_ssize_t last_stamp_len = -1;
+    double last_t = 0.0;
     int bulk = end > start && stop[-1] == '\n';
     while (bulk && p < stop) {
         const char *eol = memchr(p, '\n', (size_t)(stop - p));
@@ -360,22 +372,49 @@ static PyObject *scan_series(PyObject *module, PyObject *args) {
                 break;
             }
             Py_ssize_t head_len = b1 - p;
+            /* The series is most often the last one's again, or the one that came after it
+             * last time (a counter's _total and _created take turns): checked before hashing. */
             series_t *s = last;
-            if (s == NULL || s->head_len != head_len || memcmp(s->head, p, (size_t)head_len) != 0) {
-                s = table_get(&table, p, head_len);
+            if (s != NULL && !(s->head_len == head_len && memcmp(s->head, p, (size_t)head_len) == 0)) {
+                s = s->next ? &table.items[s->next - 1] : NULL;
+                if (s != NULL && !(s->head_len == head_len && memcmp(s->head, p, (size_t)head_len) == 0))
+                    s = NULL;
+            }
+            if (s == NULL) {
+                Py_ssize_t last_index = last ? last - table.items : -1;
+                s = table_get(&table, p, head_len); /* (may move the table: indices, not pointers) */
                 if (s == NULL)
                     goto done;
+                if (last_index >= 0)
+                    table.items[last_index].next = (s - table.items) + 1;
             }
             double t, v;
-            int bad = token_double(b2 + 1, eol - b2 - 1, &t);
-            if (bad == 0)
-                bad = token_double(b1 + 1, b2 - b1 - 1, &v);
+            const char *stamp_at = b2 + 1, *value_at = b1 + 1;
+            Py_ssize_t stamp_len = eol - stamp_at, value_len = b2 - value_at;
+            int bad = 0;
+            /* Series scraped together share their stamps: one read serves the lines after it. */
+            if (stamp_len == last_stamp_len && memcmp(stamp_at, last_stamp, (size_t)stamp_len) == 0)
+                t = last_t;
+            else if ((bad = parse_double(stamp_at, stamp_len, &t)) == 0) {
+                last_stamp = stamp_at;
+                last_stamp_len = stamp_len;
+                last_t = t;
+            }
+            if (bad == 0) {
+                if (s->values.n && value_len == s->value_len &&
+                    memcmp(value_at, s->value_at, (size_t)value_len) == 0)
+                    v = s->values.items[s->values.n - 1];
+                else
+                    bad = parse_double(value_at, value_len, &v);
+            }
             if (bad == -2)
                 goto done;
             if (bad) {
                 bulk = 0;
                 break;
             }
+            s->value_at = value_at;
+            s->value_len = value_len;
             if (!isfinite(t) || (s->times.n && !(t > s->times.items[s->times.n - 1])))
                 s->ordered = 0;
             if (doubles_push(&s->times, t) < 0 || doubles_push(&s->values, v) < 0)
