@@ -321,3 +321,23 @@ def test_strict_real_capture_and_two_targets(tmp_path: Path) -> None:
         path = _strict(journal, tmp_path)
         assert sum(1 for _ in strict_extracts(str(path))) > 2
         assert _fast(path) == _general(path)
+
+
+def test_a_family_whose_block_comes_again_keeps_its_series_apart(tmp_path: Path) -> None:
+    """A strict-looking file where a family the figures need but whose declaration does not
+    matter comes in two blocks: its series, read in the first, hold one array of the times
+    they share; the second block's points must grow only their own series."""
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="0",instance="a:1"}} 1 {t}' for t in (15, 30)]
+    for part in ((15, 30), (45, 60)):
+        lines.append("# TYPE vllm:prompt_tokens counter")
+        for engine in ("0", "1"):
+            labels = f'{{engine="{engine}",instance="a:1",model_name="m"}}'
+            for t in part:
+                lines.append(f"vllm:prompt_tokens_total{labels} {t * (1 + int(engine))} {t}")
+    path = tmp_path / "again.om"
+    path.write_text("\n".join(lines) + "\n# EOF\n")
+    from kvoffload.ingest.faststrict import strict_extracts
+
+    assert sum(1 for _ in strict_extracts(str(path))) == 4  # read by columns, not declined
+    assert _fast(path) == _general(path)

@@ -52,10 +52,11 @@ class _Column:
     """One series: its times and values. A series whose value never changes (a counter's
     `_created`, an info metric: half of what is kept) holds its value once."""
 
-    __slots__ = ("first", "times", "varying")
+    __slots__ = ("first", "shared", "times", "varying")
 
     def __init__(self) -> None:
         self.times = array("d")
+        self.shared = False  # `times` may be another series' too (_share_times): not to grow
         self.first: float | None = None
         self.varying: array[float] | None = None
 
@@ -125,6 +126,8 @@ def _read_columns(
     pages = _Pages(mm, report)
     # The compiled scan of a piece (ingest/_scan.c), unless it was not built or is turned off.
     scan = fastjournal._compiled_scan_series if fastjournal.COMPILED else None
+    # (number of points, first and last time) → the times arrays read, to hold each once
+    shared_times: dict[tuple[int, float, float], list[array[float]]] = {}
     pos = 0
     while True:
         found = _next_type_line(mm, pos, end_of_data, pages)
@@ -156,6 +159,7 @@ def _read_columns(
                 reader.read(_wanted_text(mm[start:stop], spec))
             else:
                 reader.read_series(runs)
+        _share_times(reader.started, shared_times)
         pos = block_end_at[0]
     if len(instances) > 1:
         # Which instances an unread relevant family has series of (a histogram not read).
@@ -238,6 +242,7 @@ class _SeriesReader:
         self.last_stamps: list[bytes] = []
         self.last_times: list[float] = []
         self.last_ordered = False
+        self.started: list[_Column] = []  # the series this block holds
 
     def read(self, text: bytes) -> None:
         split = _split_lines(text)
@@ -326,14 +331,37 @@ class _SeriesReader:
         if known is None:
             known = self.series[head] = _member(head, self.instances)
             column = self.columns[known] = _Column()
+            self.started.append(column)
         else:
             column = self.columns[known]  # the same series again, later in the block
             if column.times and t <= column.times[-1]:
                 raise Declined("a series' points out of time order")
+            if column.shared:  # (a family whose block comes again): its own times to grow
+                column.times, column.shared = array("d", column.times), False
         if self.family_users is not None:
             self.family_users.add(known[0].shapes.instance)
         self.column = column
         self.last_head, self.last_t = head, -1.0 if not column.times else column.times[-1]
+
+
+def _share_times(
+    columns: list[_Column], shared: dict[tuple[int, float, float], list[array[float]]]
+) -> None:
+    """Series scraped together have the same times: once their block is read (a series is in
+    one block), they hold one array of them — a day of the large body would hold ~60 MB of
+    times otherwise, most of the reader's memory."""
+    for column in columns:
+        times = column.times
+        if not times:
+            continue
+        candidates = shared.setdefault((len(times), times[0], times[-1]), [])
+        column.shared = True
+        for known in candidates:
+            if known == times:
+                column.times = known
+                break
+        else:
+            candidates.append(times)
 
 
 def _floats(values: list[bytes]) -> list[float]:
