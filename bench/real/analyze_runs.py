@@ -5,7 +5,7 @@ over the tree, sampled every 20 ms). Runs alternate between the cases so a slow 
 machine touches all of them.
 
 usage: python3 analyze_runs.py OUT.json DEADLINE_EPOCH CASE... where CASE is
-  name=PYTHONPATH|file|extra args (space-separated)|runs
+  name=PYTHONPATH|file|extra args (space-separated)|runs[|NAME=VALUE,... more environment]
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def run_once(pythonpath: str, path: str, extra: list[str]) -> dict[str, object]:
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+def run_once(
+    pythonpath: str, path: str, extra: list[str], more: dict[str, str] | None = None
+) -> dict[str, object]:
+    env = dict(os.environ, PYTHONPATH=pythonpath, **(more or {}))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -71,15 +73,16 @@ def main() -> None:
     cases = []
     for spec in sys.argv[3:]:
         name, rest = spec.split("=", 1)
-        pythonpath, path, extra, runs = rest.split("|")
-        cases.append((name, pythonpath, path, extra.split(), int(runs)))
+        pythonpath, path, extra, runs, *more = rest.split("|")
+        env = dict(kv.split("=", 1) for kv in more[0].split(",")) if more and more[0] else {}
+        cases.append((name, pythonpath, path, extra.split(), int(runs), env))
     results: dict[str, list[dict[str, object]]] = {name: [] for name, *_ in cases}
     outputs: dict[str, bytes] = {}
     for round_no in range(max(c[4] for c in cases)):
-        for name, pythonpath, path, extra, runs in cases:
+        for name, pythonpath, path, extra, runs, env in cases:
             if round_no >= runs or time.time() > deadline:
                 continue
-            r = run_once(pythonpath, path, extra)
+            r = run_once(pythonpath, path, extra, env)
             outputs.setdefault(name, r.pop("out"))  # type: ignore[arg-type]
             r.pop("out", None)
             results[name].append(r)
