@@ -311,3 +311,16 @@ def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_p
     finally:
         sim.terminate()
         sim.wait(timeout=20)
+
+
+def test_the_cli_starts_without_the_network_stacks() -> None:
+    """`analyze FILE` (and --help, --version) import neither aiohttp, requests nor asyncio: the
+    commands that talk to a target or a Prometheus import them when they run (0.5 → 0.2 s a
+    start here; a large journal's analyze starts one worker per core besides)."""
+    code = (
+        "import sys, kvoffload.cli\n"
+        "print(sorted({'aiohttp', 'requests', 'asyncio', 'zmq'} & set(sys.modules)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

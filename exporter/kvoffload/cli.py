@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -10,7 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -18,7 +17,6 @@ import yaml
 from kvoffload import __version__
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis.analyze import Settings, window_from_expositions, window_from_recording
-from kvoffload.analysis.fleetrun import analyze_from_prometheus
 from kvoffload.analysis.fleetsummary import analyze_fleet
 from kvoffload.conventions import (
     DEFAULT_PORT,
@@ -33,15 +31,16 @@ from kvoffload.errors import InputError
 from kvoffload.ingest import fastjournal
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
-from kvoffload.ingest.promsource import FleetReader, ReadStats
-from kvoffload.ingest.scrape import SyncScraper
 from kvoffload.links import docs_epilog
 from kvoffload.overrides import parse_number, split_pair
 from kvoffload.progress import FileReadProgress, Progress, format_seconds
 from kvoffload.promoptions import ReadProgress, make_api, prometheus_options, time_range
 from kvoffload.report import render_report
-from kvoffload.sidecar.service import Service, target_name
 from kvoffload.units import parse_duration, parse_size
+
+if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
+    from kvoffload.ingest.promsource import ReadStats
+    from kvoffload.sidecar.service import Service
 
 EXIT_BAD_INPUT = 2
 
@@ -554,9 +553,12 @@ def record(
     finalize: str | None,
 ) -> None:
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
+    import asyncio
+
     from kvoffload.ingest.record import record_targets
     from kvoffload.ingest.recording import JOURNAL_SUFFIX, Recording, finalize_journal
     from kvoffload.kvevents.eventfile import open_writer
+    from kvoffload.sidecar.service import target_name
 
     if finalize is not None:
         if targets:
@@ -748,6 +750,9 @@ def analyze(
     if prometheus_url is not None:
         if events_file is not None:
             raise InputError("--events goes with a recording of one target, not --prometheus")
+        from kvoffload.analysis.fleetrun import analyze_from_prometheus
+        from kvoffload.ingest.promsource import FleetReader
+
         first, last = time_range(range_seconds, start, end)
         progress = ReadProgress()
         reader = FleetReader(
@@ -815,6 +820,9 @@ def analyze(
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:
     """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.ingest.scrape)."""
+    from kvoffload.ingest.scrape import SyncScraper
+    from kvoffload.sidecar.service import target_name
+
     name = target_name(url)
     deadline = time.monotonic() + duration
     scraper = SyncScraper()
@@ -1096,6 +1104,8 @@ def demo(
 ) -> None:
     """The simulator and the sidecar together, with a live summary (the quick start); the
     sidecar at --web.listen-address (port 0: a free one), the simulator on a free port."""
+    import asyncio
+
     from kvoffload.demo import run_demo
     from kvoffload.sidecar.webconfig import WebSecurity
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvoffload.errors import InputError
-from kvoffload.ingest.promapi import PromAuth, PrometheusAPI
-from kvoffload.ingest.promsource import ReadStats
 from kvoffload.progress import Progress
 from kvoffload.units import parse_duration
+
+if TYPE_CHECKING:  # (requests is imported when a Prometheus is read, not by every command)
+    from kvoffload.ingest.promapi import PrometheusAPI
+    from kvoffload.ingest.promsource import ReadStats
 
 
 def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
@@ -156,6 +158,8 @@ def make_api(
     insecure_skip_verify: bool,
     headers: tuple[str, ...],
 ) -> PrometheusAPI:
+    from kvoffload.ingest.promapi import PromAuth, PrometheusAPI
+
     pairs = []
     for header in headers:
         name, sep, value = header.partition(":")
