@@ -22,7 +22,7 @@ import math
 import operator
 import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -64,6 +64,20 @@ class _GroupPlan:
     pairs: tuple[tuple[str, str], ...]  # (counter key, engine) of each
     keys: tuple[str, ...]
     engines: tuple[str, ...]
+    offload: bool  # one of them is an offload counter
+
+
+class _Latest:
+    """A group's (counter key, engine, raw) of a scrape, made only if asked (GroupStatic.latest:
+    once per analysis, while the window takes every scrape)."""
+
+    __slots__ = ("plan", "raws")
+
+    def __init__(self, plan: _GroupPlan, raws: tuple[float, ...]) -> None:
+        self.plan, self.raws = plan, raws
+
+    def __iter__(self) -> Iterator[tuple[str, str, float]]:
+        return zip(self.plan.keys, self.plan.engines, self.raws, strict=True)
 
 
 def _learn_plan(layout: tuple[CounterKey, ...]) -> dict[GroupKey, _GroupPlan]:
@@ -73,11 +87,13 @@ def _learn_plan(layout: tuple[CounterKey, ...]) -> dict[GroupKey, _GroupPlan]:
     plan = {}
     for g, positions in at.items():
         pairs = tuple((layout[i][0], layout[i][3]) for i in positions)
+        keys = tuple(key for key, _engine in pairs)
         plan[g] = _GroupPlan(
             _taker(positions),
             pairs,
-            tuple(key for key, _engine in pairs),
+            keys,
             tuple(engine for _key, engine in pairs),
+            any(key in OFFLOAD_KEYS for key in keys),
         )
     return plan
 
@@ -87,6 +103,16 @@ def _taker(positions: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
         only = positions[0]
         return lambda values: (values[only],)
     return operator.itemgetter(*positions)
+
+
+def _aligned(
+    created: dict[CounterKey, float], counters: dict[CounterKey, float]
+) -> list[float | None]:
+    """Each counter's `_created` (None where it has none), in the counters' order: the values
+    as they are when both have the same series in the same order (a scrape of vLLM does)."""
+    if len(created) == len(counters) and tuple(created) == tuple(counters):
+        return list(created.values())
+    return list(map(created.get, counters))
 
 
 def _none(created: tuple[float | None, ...] | None) -> bool:
@@ -188,9 +214,9 @@ class GroupStatic:
     naming: str = "none"
     # (counter key, engine, raw value) of the latest scrape: kept as the scrape gave them and
     # summed only when asked (the analysis asks once; a long recording has many scrapes).
-    latest: list[tuple[str, str, float]] = field(default_factory=list)
+    latest: Iterable[tuple[str, str, float]] = field(default_factory=list)
     # (the `latest` it was summed from, the sums): the analysis asks for them once per formula
-    _lifetime: tuple[list[tuple[str, str, float]], dict[str, float]] | None = field(
+    _lifetime: tuple[Iterable[tuple[str, str, float]], dict[str, float]] | None = field(
         default=None, repr=False, compare=False
     )
 
@@ -284,7 +310,7 @@ class Window:
         by_group: dict[GroupKey, list[tuple[str, str, float]]] | dict[GroupKey, _GroupPlan]
         if plan is not None:
             by_group = plan
-            created_values = list(map(ex.created.get, ex.counters)) if ex.created else None
+            created_values = _aligned(ex.created, ex.counters) if ex.created else None
         else:
             by_group = self._grouped(ex, unknown)
             created_values = None
@@ -313,27 +339,32 @@ class Window:
                 self._groups_of.setdefault(instance, set()).add(g)
             earliest_created: float | None = None
             group_plan = plan.get(g) if plan is not None else None
+            latest: Iterable[tuple[str, str, float]]
             if group_plan is not None:
                 raws = group_plan.take(values)
                 created = group_plan.take(created_values) if created_values else None
-                entries = list(zip(group_plan.keys, group_plan.engines, raws, strict=True))
+                latest = _Latest(group_plan, raws)
                 if not self._count_fast(g, group_plan, raws, created, scrape_no, running):
+                    entries = list(latest)
                     earliest_created = self._count(g, entries, scrape_no, running, None, ex)
                     self._to_columns(g, group_plan, scrape_no)
                 elif g not in self._points and created:
                     earliest_created = min((c for c in created if c is not None), default=None)
+                counted, offload_series = True, group_plan.offload
             else:
                 entries = by_group.get(g, [])  # type: ignore[assignment]
                 earliest_created = self._count(g, entries, scrape_no, running, unknown, ex)
-            totals: dict[str, float] = dict(running) if entries else {}
+                latest, counted = entries, bool(entries)
+                offload_series = any(e[0] in OFFLOAD_KEYS for e in entries)
+            totals: dict[str, float] = dict(running) if counted else {}
 
             static = self._static.get(g)
             if static is None:
                 static = self._static[g] = GroupStatic()
-            static.latest = entries
+            static.latest = latest
             # Offloading is a process setting, but one process may serve several models:
             # a model with no offload series of its own is judged as "off".
-            own_series = any(e[0] in OFFLOAD_KEYS for e in entries) or g in offload_config
+            own_series = offload_series or g in offload_config
             static.offload_families = ex.offload_families.get(instance, False) and (
                 own_series or len(ex.models.get(instance, ())) <= 1
             )
