@@ -124,55 +124,101 @@ static PyObject *to_float(const char *at, Py_ssize_t len) {
     return bad ? NULL : PyFloat_FromDouble(x);
 }
 
+/* A piece of the buffer being read: its lines and the family's prefixes. */
+typedef struct {
+    Py_buffer view;
+    spans_t wanted, unwanted;
+    const char *p, *stop;
+} piece_t;
+
+/* Opens [start, end) of `buffer` with the family's prefixes; -1 with an exception (the piece
+ * is closed then). */
+static int piece_open(piece_t *piece, PyObject *buffer, Py_ssize_t start, Py_ssize_t end,
+                      PyObject *wanted, PyObject *unwanted) {
+    memset(piece, 0, sizeof(*piece));
+    if (PyObject_GetBuffer(buffer, &piece->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (start < 0 || end < start || end > piece->view.len) {
+        PyErr_SetString(PyExc_ValueError, "range out of the buffer");
+        goto fail;
+    }
+    if (prefixes_of(wanted, &piece->wanted) < 0 || prefixes_of(unwanted, &piece->unwanted) < 0)
+        goto fail;
+    piece->p = (const char *)piece->view.buf + start;
+    piece->stop = (const char *)piece->view.buf + end;
+    return 0;
+fail:
+    PyMem_Free(piece->wanted.items);
+    PyMem_Free(piece->unwanted.items);
+    PyBuffer_Release(&piece->view);
+    return -1;
+}
+
+static void piece_close(piece_t *piece) {
+    PyMem_Free(piece->wanted.items);
+    PyMem_Free(piece->unwanted.items);
+    PyBuffer_Release(&piece->view);
+}
+
+/* Whether the piece is one the scans read in bulk at all: lines ending in a newline. */
+static int piece_whole(const piece_t *piece) {
+    return piece->stop > piece->p && piece->stop[-1] == '\n';
+}
+
+/* The piece's next wanted line (of a whole piece), the lines of the family's other names
+ * passed over: 1 one with exactly two blanks (*b1, *b2 at them; *line at its start, *eol at
+ * its newline); 0 the end of the piece; -1 anything else — another family's line, a wanted
+ * one with other than two blanks — which the scans hand back to the Python reading. */
+static int next_wanted(piece_t *piece, const char **line, const char **eol, const char **b1,
+                       const char **b2) {
+    while (piece->p < piece->stop) {
+        const char *p = piece->p;
+        const char *end = memchr(p, '\n', (size_t)(piece->stop - p));
+        Py_ssize_t len = end - p;
+        piece->p = end + 1;
+        if (!starts_with_any(p, len, &piece->wanted)) {
+            if (starts_with_any(p, len, &piece->unwanted))
+                continue;
+            return -1;
+        }
+        *line = p;
+        *eol = end;
+        *b1 = memchr(p, ' ', (size_t)len);
+        *b2 = *b1 ? memchr(*b1 + 1, ' ', (size_t)(end - *b1 - 1)) : NULL;
+        if (*b2 == NULL || memchr(*b2 + 1, ' ', (size_t)(end - *b2 - 1)) != NULL)
+            return -1;
+        return 1;
+    }
+    return 0;
+}
+
 static PyObject *scan_block(PyObject *module, PyObject *args) {
     PyObject *buffer, *wanted_tuple, *unwanted_tuple, *expected;
     Py_ssize_t start, end;
     if (!PyArg_ParseTuple(args, "OnnO!O!O", &buffer, &start, &end, &PyTuple_Type, &wanted_tuple,
                           &PyTuple_Type, &unwanted_tuple, &expected))
         return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0)
+    piece_t piece;
+    if (piece_open(&piece, buffer, start, end, wanted_tuple, unwanted_tuple) < 0)
         return NULL;
     PyObject *result = NULL;
-    spans_t wanted = {0}, unwanted = {0}, heads = {0}, values = {0};
-    if (start < 0 || end < start || end > view.len) {
-        PyErr_SetString(PyExc_ValueError, "block out of the buffer");
-        goto done;
-    }
-    if (prefixes_of(wanted_tuple, &wanted) < 0 || prefixes_of(unwanted_tuple, &unwanted) < 0)
-        goto done;
-
-    const char *base = (const char *)view.buf;
-    const char *p = base + start, *stop = base + end;
+    spans_t heads = {0}, values = {0};
     const char *stamp = NULL;
     Py_ssize_t stamp_len = 0;
-    int bulk = end > start && stop[-1] == '\n';
-    while (bulk && p < stop) {
-        const char *eol = memchr(p, '\n', (size_t)(stop - p));
-        Py_ssize_t len = eol - p;
-        if (starts_with_any(p, len, &wanted)) {
-            const char *b1 = memchr(p, ' ', (size_t)len);
-            const char *b2 = b1 ? memchr(b1 + 1, ' ', (size_t)(eol - b1 - 1)) : NULL;
-            if (b2 == NULL || memchr(b2 + 1, ' ', (size_t)(eol - b2 - 1)) != NULL) {
-                bulk = 0;
-                break;
-            }
-            if (stamp == NULL) {
-                stamp = b2 + 1;
-                stamp_len = eol - stamp;
-            } else if (eol - b2 - 1 != stamp_len || memcmp(b2 + 1, stamp, (size_t)stamp_len) != 0) {
-                bulk = 0;
-                break;
-            }
-            if (spans_push(&heads, p, b1 - p) < 0 || spans_push(&values, b1 + 1, b2 - b1 - 1) < 0)
-                goto done;
-        } else if (!starts_with_any(p, len, &unwanted)) {
-            bulk = 0;
+    int bulk = piece_whole(&piece);
+    const char *p, *eol, *b1 = NULL, *b2 = NULL;
+    while (bulk && (bulk = next_wanted(&piece, &p, &eol, &b1, &b2)) > 0) {
+        if (stamp == NULL) {
+            stamp = b2 + 1;
+            stamp_len = eol - stamp;
+        } else if (eol - b2 - 1 != stamp_len || memcmp(b2 + 1, stamp, (size_t)stamp_len) != 0) {
+            bulk = -1;
             break;
         }
-        p = eol + 1;
+        if (spans_push(&heads, p, b1 - p) < 0 || spans_push(&values, b1 + 1, b2 - b1 - 1) < 0)
+            goto done;
     }
-    if (!bulk || heads.n == 0) {
+    if (bulk < 0 || heads.n == 0) { /* (0: the piece read to its end) */
         result = Py_NewRef(Py_None);
         goto done;
     }
@@ -221,11 +267,9 @@ static PyObject *scan_block(PyObject *module, PyObject *args) {
     Py_DECREF(head_list);
 
 done:
-    PyMem_Free(wanted.items);
-    PyMem_Free(unwanted.items);
     PyMem_Free(heads.items);
     PyMem_Free(values.items);
-    PyBuffer_Release(&view);
+    piece_close(&piece);
     return result;
 }
 
@@ -341,92 +385,69 @@ static PyObject *scan_series(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OnnO!O!", &buffer, &start, &end, &PyTuple_Type, &wanted_tuple,
                           &PyTuple_Type, &unwanted_tuple))
         return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0)
+    piece_t piece;
+    if (piece_open(&piece, buffer, start, end, wanted_tuple, unwanted_tuple) < 0)
         return NULL;
     PyObject *result = NULL;
-    spans_t wanted = {0}, unwanted = {0};
     table_t table = {0};
-    if (start < 0 || end < start || end > view.len) {
-        PyErr_SetString(PyExc_ValueError, "piece out of the buffer");
-        goto done;
-    }
-    if (prefixes_of(wanted_tuple, &wanted) < 0 || prefixes_of(unwanted_tuple, &unwanted) < 0)
-        goto done;
-
-    const char *base = (const char *)view.buf;
-    const char *p = base + start, *stop = base + end;
     series_t *last = NULL;
     const char *last_stamp = NULL;
     Py_ssize_t last_stamp_len = -1;
     double last_t = 0.0;
-    int bulk = end > start && stop[-1] == '\n';
-    while (bulk && p < stop) {
-        const char *eol = memchr(p, '\n', (size_t)(stop - p));
-        Py_ssize_t len = eol - p;
-        if (starts_with_any(p, len, &wanted)) {
-            const char *b1 = memchr(p, ' ', (size_t)len);
-            const char *b2 = b1 ? memchr(b1 + 1, ' ', (size_t)(eol - b1 - 1)) : NULL;
-            if (b2 == NULL || memchr(b2 + 1, ' ', (size_t)(eol - b2 - 1)) != NULL) {
-                bulk = 0;
-                break;
-            }
-            Py_ssize_t head_len = b1 - p;
-            /* The series is most often the last one's again, or the one that came after it
-             * last time (a counter's _total and _created take turns): checked before hashing. */
-            series_t *s = last;
-            if (s != NULL && !(s->head_len == head_len && memcmp(s->head, p, (size_t)head_len) == 0)) {
-                s = s->next ? &table.items[s->next - 1] : NULL;
-                if (s != NULL && !(s->head_len == head_len && memcmp(s->head, p, (size_t)head_len) == 0))
-                    s = NULL;
-            }
-            if (s == NULL) {
-                Py_ssize_t last_index = last ? last - table.items : -1;
-                s = table_get(&table, p, head_len); /* (may move the table: indices, not pointers) */
-                if (s == NULL)
-                    goto done;
-                if (last_index >= 0)
-                    table.items[last_index].next = (s - table.items) + 1;
-            }
-            double t, v;
-            const char *stamp_at = b2 + 1, *value_at = b1 + 1;
-            Py_ssize_t stamp_len = eol - stamp_at, value_len = b2 - value_at;
-            int bad = 0;
-            /* Series scraped together share their stamps: one read serves the lines after it. */
-            if (stamp_len == last_stamp_len && memcmp(stamp_at, last_stamp, (size_t)stamp_len) == 0)
-                t = last_t;
-            else if ((bad = parse_double(stamp_at, stamp_len, &t)) == 0) {
-                last_stamp = stamp_at;
-                last_stamp_len = stamp_len;
-                last_t = t;
-            }
-            if (bad == 0) {
-                if (s->values.n && value_len == s->value_len &&
-                    memcmp(value_at, s->value_at, (size_t)value_len) == 0)
-                    v = s->values.items[s->values.n - 1];
-                else
-                    bad = parse_double(value_at, value_len, &v);
-            }
-            if (bad == -2)
+    int bulk = piece_whole(&piece);
+    const char *p, *eol, *b1 = NULL, *b2 = NULL;
+    while (bulk && (bulk = next_wanted(&piece, &p, &eol, &b1, &b2)) > 0) {
+        Py_ssize_t head_len = b1 - p;
+        /* The series is most often the last one's again, or the one that came after it
+         * last time (a counter's _total and _created take turns): checked before hashing. */
+        series_t *s = last;
+        if (s != NULL && !(s->head_len == head_len && memcmp(s->head, p, (size_t)head_len) == 0)) {
+            s = s->next ? &table.items[s->next - 1] : NULL;
+            if (s != NULL && !(s->head_len == head_len && memcmp(s->head, p, (size_t)head_len) == 0))
+                s = NULL;
+        }
+        if (s == NULL) {
+            Py_ssize_t last_index = last ? last - table.items : -1;
+            s = table_get(&table, p, head_len); /* (may move the table: indices, not pointers) */
+            if (s == NULL)
                 goto done;
-            if (bad) {
-                bulk = 0;
-                break;
-            }
-            s->value_at = value_at;
-            s->value_len = value_len;
-            if (!isfinite(t) || (s->times.n && !(t > s->times.items[s->times.n - 1])))
-                s->ordered = 0;
-            if (doubles_push(&s->times, t) < 0 || doubles_push(&s->values, v) < 0)
-                goto done;
-            last = s;
-        } else if (!starts_with_any(p, len, &unwanted)) {
-            bulk = 0;
+            if (last_index >= 0)
+                table.items[last_index].next = (s - table.items) + 1;
+        }
+        double t, v;
+        const char *stamp_at = b2 + 1, *value_at = b1 + 1;
+        Py_ssize_t stamp_len = eol - stamp_at, value_len = b2 - value_at;
+        int bad = 0;
+        /* Series scraped together share their stamps: one read serves the lines after it. */
+        if (stamp_len == last_stamp_len && memcmp(stamp_at, last_stamp, (size_t)stamp_len) == 0)
+            t = last_t;
+        else if ((bad = parse_double(stamp_at, stamp_len, &t)) == 0) {
+            last_stamp = stamp_at;
+            last_stamp_len = stamp_len;
+            last_t = t;
+        }
+        if (bad == 0) {
+            if (s->values.n && value_len == s->value_len &&
+                memcmp(value_at, s->value_at, (size_t)value_len) == 0)
+                v = s->values.items[s->values.n - 1];
+            else
+                bad = parse_double(value_at, value_len, &v);
+        }
+        if (bad == -2)
+            goto done;
+        if (bad) {
+            bulk = -1;
             break;
         }
-        p = eol + 1;
+        s->value_at = value_at;
+        s->value_len = value_len;
+        if (!isfinite(t) || (s->times.n && !(t > s->times.items[s->times.n - 1])))
+            s->ordered = 0;
+        if (doubles_push(&s->times, t) < 0 || doubles_push(&s->values, v) < 0)
+            goto done;
+        last = s;
     }
-    if (!bulk || table.n == 0) {
+    if (bulk < 0 || table.n == 0) { /* (0: the piece read to its end) */
         result = Py_NewRef(Py_None);
         goto done;
     }
@@ -449,9 +470,7 @@ static PyObject *scan_series(PyObject *module, PyObject *args) {
 
 done:
     table_free(&table);
-    PyMem_Free(wanted.items);
-    PyMem_Free(unwanted.items);
-    PyBuffer_Release(&view);
+    piece_close(&piece);
     return result;
 }
 
@@ -466,7 +485,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_scan", "The journal reader's hot loop, compiled.", -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_scan",
+    .m_doc = "The recording readers' hot loop, compiled.",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
