@@ -4,7 +4,8 @@
 recording of a large vLLM body that is ~9 million kept lines of Python work. This reader does
 the same job for the common case in bytes: it memory-maps the file, jumps from one `#` line to
 the next with a byte search (memchr), skips the families the catalog does not read without
-looking at their lines, reads a wanted family's block with one compiled pattern, and turns
+looking at their lines, reads a wanted family's block in bulk — in place, by the compiled scan
+(ingest/_scan.c) where it was built, else by `_scan_block`, its pure-Python twin — and turns
 each scrape into an `Extract` through `ingest.shapes` (catalog.extract once per scrape shape).
 
 It only takes files it can read exactly as `iter_openmetrics` would: whole (`# EOF` last),

@@ -2,10 +2,11 @@
 ends: each family once, each series' points together and in time order).
 
 The general reader sorts such a file's kept lines by timestamp on disk and parses them again.
-This one reads it as it lies — series by series — into compact columns (a series' values in
-an `array('d')`; the times of series scraped together held once), then rebuilds the scrapes of
-each instance in time order and turns them into Extracts through `ingest.shapes`. Memory is
-the columns: 8 bytes per kept point.
+This one reads it as it lies — series by series, a piece of a family block at a time, by the
+compiled scan (ingest/_scan.c's `scan_series`) where it was built, else in Python — into
+compact columns (a series' values in an `array('d')`; the times of series scraped together
+held once), then rebuilds the scrapes of each instance in time order and turns them into
+Extracts through `ingest.shapes`. Memory is the columns: 8 bytes per kept point.
 
 What a scrape declares follows the general reader (parse._with_families): a family is declared
 for the instances that have series of it, or for all when nobody has. Only the families
