@@ -81,6 +81,7 @@ class _Latest:
 
 
 def _learn_plan(layout: tuple[CounterKey, ...]) -> dict[GroupKey, _GroupPlan]:
+    """Where each group's series are in a scrape whose counters come in `layout`'s order."""
     at: dict[GroupKey, list[int]] = {}
     for i, (_key, instance, model, _engine) in enumerate(layout):
         at.setdefault((instance, model), []).append(i)
