@@ -355,15 +355,7 @@ def test_evictions_and_sequence_anomalies_are_exported():
         parent = hashes[-1]
     assert state.ingest(Batch(1.0, 0, []), 1 << 38, 0, 20.0)  # a jump
     assert not state.ingest(Batch(1.0, 0, []), 1 << 62, 0, 21.0)  # out of range
-    figures = EventFigures(  # as Sidecar.snapshot takes them
-        state.decode_errors,
-        state.messages(),
-        state.lost_messages(),
-        state.unseen_before_start(),
-        state.sample_rate_now(),
-        state.evicted_blocks(),
-        state.sequence_anomalies(),
-    )
+    figures = EventFigures.of(state)  # as Sidecar.snapshot takes them
     target = TargetState("http://t:1/metrics", "t:1")
     view = SidecarView([target], {"t:1": figures}, [], [], 300.0, 5.0, True)
     got = {

@@ -511,18 +511,7 @@ class Sidecar:
     def snapshot(self) -> SidecarView:
         return SidecarView(
             [_target_copy(t) for t in self.targets],
-            {
-                name: EventFigures(
-                    state.decode_errors,
-                    state.messages(),
-                    state.lost_messages(),
-                    state.unseen_before_start(),
-                    state.sample_rate_now(),
-                    state.evicted_blocks(),
-                    state.sequence_anomalies(),
-                )
-                for name, state in self.events.items()
-            },
+            {name: EventFigures.of(state) for name, state in self.events.items()},
             self.groups(),
             [
                 {
@@ -580,6 +569,19 @@ class EventFigures:
     _sample_rate_now: float
     _evicted_blocks: dict[str, int] = field(default_factory=dict)
     _sequence_anomalies: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, state: EventCounts) -> EventFigures:
+        """The counts of a target's KV-event state as they are now."""
+        return cls(
+            state.decode_errors,
+            state.messages(),
+            state.lost_messages(),
+            state.unseen_before_start(),
+            state.sample_rate_now(),
+            state.evicted_blocks(),
+            state.sequence_anomalies(),
+        )
 
     def messages(self) -> int:
         return self._messages
