@@ -107,13 +107,23 @@ def _taker(positions: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
 
 
 def _aligned(
-    created: dict[CounterKey, float], counters: dict[CounterKey, float]
+    created: dict[CounterKey, float], layout: tuple[CounterKey, ...]
 ) -> list[float | None]:
-    """Each counter's `_created` (None where it has none), in the counters' order: the values
-    as they are when both have the same series in the same order (a scrape of vLLM does)."""
-    if len(created) == len(counters) and tuple(created) == tuple(counters):
+    """Each counter's `_created` (None where it has none), in the counters' order (`layout`):
+    the values as they are when both have the same series in the same order (a scrape of
+    vLLM does)."""
+    if len(created) == len(layout) and tuple(created) == layout:
         return list(created.values())
-    return list(map(created.get, counters))
+    return list(map(created.get, layout))
+
+
+def _states(columns: _Columns) -> Iterator[tuple[tuple[str, str], _State]]:
+    """A group's series kept as columns, one (key, engine) and state at a time."""
+    created = columns.created or (None,) * len(columns.plan.pairs)
+    for pair, raw, c, adjusted in zip(
+        columns.plan.pairs, columns.raws, created, columns.adjusted, strict=True
+    ):
+        yield pair, (raw, c, adjusted, columns.seen_at)
 
 
 def _none(created: tuple[float | None, ...] | None) -> bool:
@@ -306,12 +316,13 @@ class Window:
         it (in the same order: a target renders them so) is grouped by that scrape's plan,
         and a group whose series all just grew goes through `_count_fast`."""
         values = list(ex.counters.values())
-        plan = self._plan(ex, values)
+        planned = self._plan(ex, values)
+        plan = planned[1] if planned is not None else None
         unknown: dict[GroupKey, list[tuple[str, str]]] = {}
         by_group: dict[GroupKey, list[tuple[str, str, float]]] | dict[GroupKey, _GroupPlan]
-        if plan is not None:
-            by_group = plan
-            created_values = _aligned(ex.created, ex.counters) if ex.created else None
+        if planned is not None:
+            by_group = planned[1]
+            created_values = _aligned(ex.created, planned[0]) if ex.created else None
         else:
             by_group = self._grouped(ex, unknown)
             created_values = None
@@ -430,47 +441,37 @@ class Window:
             by_group.setdefault((instance, model), [])
         return by_group
 
-    def _plan(self, ex: Extract, values: list[float]) -> dict[GroupKey, _GroupPlan] | None:
-        """The grouping of a scrape whose counters are all numbers: the one learnt from the
-        target's last scrape when its series are the same, in the same order (a target renders
-        them so), else learnt from this one. None when a value is NaN or infinite or a series
-        unknown: those scrapes are grouped one sample at a time."""
+    def _plan(
+        self, ex: Extract, values: list[float]
+    ) -> tuple[tuple[CounterKey, ...], dict[GroupKey, _GroupPlan]] | None:
+        """The counter series of a scrape whose counters are all numbers, in order, and their
+        grouping: the one learnt from the target's last scrape when its series are the same,
+        in the same order (a target renders them so), else learnt from this one. None when a
+        value is NaN or infinite or a series unknown: those scrapes are grouped one sample at
+        a time."""
         if ex.unknown or not all(map(math.isfinite, values)):
             return None
         layout = tuple(ex.counters)
         target = layout[0][1] if layout else ""
         known = self._plans.get(target)
         if known is not None and known[0] == layout:
-            return known[1]
-        plan = _learn_plan(layout)
-        self._plans[target] = (layout, plan)
-        return plan
+            return known
+        known = self._plans[target] = (layout, _learn_plan(layout))
+        return known
 
     def series(self, g: GroupKey) -> dict[tuple[str, str], _SeriesState]:
         """A group's counter series as they stand (a copy, wherever they are kept)."""
         columns = self._columns.get(g)
         if columns is None:
             return {k: _SeriesState(*st) for k, st in self._series.get(g, {}).items()}
-        created = columns.created or (None,) * len(columns.plan.pairs)
-        return {
-            pair: _SeriesState(raw, c, adjusted, columns.seen_at)
-            for pair, raw, c, adjusted in zip(
-                columns.plan.pairs, columns.raws, created, columns.adjusted, strict=True
-            )
-        }
+        return {pair: _SeriesState(*state) for pair, state in _states(columns)}
 
     def _series_of(self, g: GroupKey) -> dict[tuple[str, str], _State]:
         """A group's series as a dict by (key, engine), taken out of its columns if it has
         them (the slow path edits series one by one)."""
         columns = self._columns.pop(g, None)
         if columns is not None:
-            created = columns.created or (None,) * len(columns.plan.pairs)
-            self._series[g] = {
-                pair: (raw, c, adjusted, columns.seen_at)
-                for pair, raw, c, adjusted in zip(
-                    columns.plan.pairs, columns.raws, created, columns.adjusted, strict=True
-                )
-            }
+            self._series[g] = dict(_states(columns))
         series = self._series.get(g)
         if series is None:
             series = self._series[g] = {}
