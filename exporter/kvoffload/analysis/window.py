@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
 from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
+from kvoffload.ingest.shapes import taker
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 
@@ -90,20 +91,13 @@ def _learn_plan(layout: tuple[CounterKey, ...]) -> dict[GroupKey, _GroupPlan]:
         pairs = tuple((layout[i][0], layout[i][3]) for i in positions)
         keys = tuple(key for key, _engine in pairs)
         plan[g] = _GroupPlan(
-            _taker(positions),
+            taker(positions),
             pairs,
             keys,
             tuple(engine for _key, engine in pairs),
             any(key in OFFLOAD_KEYS for key in keys),
         )
     return plan
-
-
-def _taker(positions: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    if len(positions) == 1:  # itemgetter of one index gives the item, not a tuple
-        only = positions[0]
-        return lambda values: (values[only],)
-    return operator.itemgetter(*positions)
 
 
 def _aligned(

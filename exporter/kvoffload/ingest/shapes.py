@@ -98,16 +98,18 @@ class _Fill:
 
     def __init__(self, learnt: dict[Any, float]) -> None:
         self.keys = tuple(learnt)
-        indices = [int(i) for i in learnt.values()]
-        self.take: Callable[[dict[int, float]], tuple[float, ...]] | None = None
-        if len(indices) == 1:
-            only = indices[0]
-            self.take = lambda row: (row[only],)
-        elif indices:
-            self.take = operator.itemgetter(*indices)
+        self.take = taker([int(i) for i in learnt.values()]) if learnt else None
 
     def of(self, row: dict[int, float]) -> dict[Any, float]:
         return dict(zip(self.keys, self.take(row), strict=True)) if self.take else {}
+
+
+def taker(positions: list[int]) -> Callable[[Any], tuple[Any, ...]]:
+    """The items at `positions` of a sequence or mapping, as a tuple (in C: itemgetter)."""
+    if len(positions) == 1:  # itemgetter of one index gives the item, not a tuple
+        only = positions[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*positions)
 
 
 def family_of(name: str) -> tuple[str, str]:
