@@ -62,9 +62,16 @@ class Thresholds:
     # request, beyond its uncertainty, to be enabled, kept or grown.
     min_ttft_saving_seconds: float = 0.005
     min_ttft_saving_ratio: float = 0.05
-    # Bytes copied out per second of critical-path time on an overhead-bound engine
-    # (calibrated on real vLLM 0.26.0, H200: docs/advisor.md).
-    store_critical_bytes_per_second: float = 2.5e9
+    # Bytes stored per second of other requests' stall on an engine bound by launch overhead
+    # (the TTFT model's one fitted constant: bench/ttft_accuracy.py fits it leaving each
+    # configuration out; 3–8 GB/s score alike on the real sets, docs/advisor.md).
+    store_critical_bytes_per_second: float = 4e9
+    # A reloaded request alone waits its copy and one idle scheduling pass (vLLM 0.26.0 on an
+    # H200, one client: 4.4–5.4 ms beyond the copy).
+    idle_reload_step_seconds: float = 0.005
+    # One short run's TTFT effect moves this much (SD) from run to run of the same
+    # configuration (reference/vllm-0.26-h200-ttft-2/README.md): every effect's range has it.
+    ttft_run_to_run_seconds: float = 0.0042
     # Store attempts per second finding no free CPU-tier slot above which the tier is too small.
     min_allocation_failures_per_second: float = 0.0
     # The KV-event curve sizes a tier only from a stream that has covered a steady state:
@@ -89,6 +96,10 @@ class Recommendation:
     ttft_change_range_seconds: list[float] | None = None
     # Set when the advice could not be judged (too little data): the verdict leaves it alone.
     insufficient_data: bool = False
+    # Which rule decided (counters < curve < estimate < fleet / before_after, each able to
+    # overrule the ones before it) and the steps that led there, with their evidence.
+    decided_by: str = "counters"
+    trace: list[dict[str, object]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -164,7 +175,7 @@ def advise(
         )
     rec.evidence = {k: figures.get(k) for k in EVIDENCE_KEYS}
     _memory_check(rec, figures, offloading, memory_limit_bytes, t, max(engines, 1))
-    return rec
+    return decided(rec, "counters", rec.reasons[0] if rec.reasons else "")
 
 
 _BYTE_TOTALS = ("gpu_capacity_bytes", "cpu_capacity_bytes")
@@ -350,7 +361,7 @@ def refine_with_curve(
                 f"the KV-event curve agrees: achievable offload hit ratio "
                 f"{achievable:.3f} < {t.low_reuse_ratio:g}"
             )
-            return rec
+            return decided(rec, "curve", "no reuse a CPU tier could serve")
         action = "disable" if offloading else "leave_off"
         new = Recommendation(
             action,
@@ -359,8 +370,8 @@ def refine_with_curve(
                 f"ratio {achievable:.3f} < {t.low_reuse_ratio:g}"
             ],
         )
-        new.evidence = rec.evidence
-        return new
+        new.evidence, new.trace = rec.evidence, rec.trace
+        return decided(new, "curve", "no reuse a CPU tier could serve")
     size_bytes = max(right_size_bytes, floor)
     size = round_size_gib(size_bytes)
     warnings: list[str] = []
@@ -397,7 +408,8 @@ def refine_with_curve(
         warnings,
         rec.evidence,
     )
-    return new
+    new.trace = rec.trace
+    return decided(new, "curve", curve_note)
 
 
 def _memory_check(
@@ -477,17 +489,53 @@ def _ms(seconds: float) -> str:
 def _effect_words(effect: Effect) -> str:
     parts = effect.parts
     wait = _ms(parts["reload_wait_seconds"])
+    recompute = (
+        f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per request "
+        f"would cost ~{_ms(parts['recompute_saved_seconds'])}"
+        if parts.get("cost_measured")
+        else f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per "
+        "request costs nothing this server can measure"
+    )
     return (
-        f"a reloaded request waits for the asynchronous load (~{wait}"
-        f" per request), the offload path costs ~{_ms(parts['store_seconds'])}, and "
-        f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per "
-        f"request would cost ~{_ms(parts['recompute_saved_seconds'])}"
+        f"a reloaded request waits for the asynchronous load (~{wait} per request), the offload "
+        f"path's stores stall others by ~{_ms(parts['store_seconds'])}, and {recompute}"
     )
 
 
 def _range(effect: Effect, sign: float = 1.0) -> list[float]:
     low, high = sorted((sign * effect.low, sign * effect.high))
     return [low, high]
+
+
+def decided(rec: Recommendation, stage: str, why: str) -> Recommendation:
+    """Note in the trace that `stage` decided (or confirmed) the advice, and why."""
+    rec.decided_by = stage
+    rec.trace.append(
+        {
+            "stage": stage,
+            "action": rec.action,
+            "kv_offloading_size_gib": rec.kv_offloading_size_gib,
+            "why": why,
+        }
+    )
+    return rec
+
+
+def _replace(rec: Recommendation, action: str, reasons: list[str], **kw: object) -> Recommendation:
+    """A new advice that keeps the earlier one's warnings, evidence and trace."""
+    new = Recommendation(action, reasons=reasons, warnings=rec.warnings, evidence=rec.evidence)
+    new.trace = rec.trace
+    for key, value in kw.items():
+        setattr(new, key, value)
+    return new
+
+
+# What would settle an effect one server cannot tell from noise.
+_SETTLE = (
+    "one short run cannot tell an effect this small from run-to-run noise: a longer window "
+    "narrows the range; a canary replica {other} (or a restart {other}, compared before and "
+    "after) measures it"
+)
 
 
 def judge_ttft(
@@ -504,69 +552,30 @@ def judge_ttft(
     """Re-decide by the TTFT the tier saves or costs (analysis.ttft), not by its hit ratio.
 
     now: the tier's effect on this server (offloading on). effect_at(size in bytes): the
-    effect of a tier of that size against none, predicted. enable / keep / grow stand only
-    when the saving exceeds its uncertainty and max(min_ttft_saving_seconds,
-    min_ttft_saving_ratio × mean TTFT); a tier that costs TTFT is disabled (or left off).
-    best_case_only: effect_at is the bound where every GPU-missed token reloads (no KV
-    events: the hit ratio at a size is unknown); it can rule a tier out, not size its gain."""
+    effect of a tier of that size against none, predicted. A change (enable, grow, disable
+    for TTFT) is advised only when the effect's range clears the threshold, max(
+    min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT); an effect within its noise
+    is said so, and the other costs decide. best_case_only: effect_at is the bound where every
+    GPU-missed token reloads (no KV events): it can rule a tier out, not size its gain."""
     if rec.insufficient_data or mean_ttft is None:
         return rec
     floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
 
-    def pays(effect: Effect) -> bool:
+    def saves(effect: Effect) -> bool:
         return effect.high < 0 and -effect.seconds >= floor
 
-    def verdict_note(effect: Effect) -> str:
+    def costs(effect: Effect) -> bool:
+        return effect.low > 0
+
+    def note(effect: Effect) -> str:
         return (
             f"mean TTFT {_ms(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
             f" than recomputing (range {effect.low * 1000:+.0f} … "
-            f"{effect.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)"
+            f"{effect.high * 1000:+.0f} ms; a change needs ≥ {_ms(floor)} saved beyond it)"
         )
 
     if not offloading:
-        size = rec.kv_offloading_size_gib
-        if rec.action != "enable" or size is None or effect_at is None:
-            return rec
-        effect = effect_at(size * GIB)
-        if effect is None:
-            return rec
-        if best_case_only and pays(effect):
-            rec.reasons.append(
-                f"even at best (every GPU-missed token reloaded) the tier would make "
-                f"{verdict_note(effect)}; the hit ratio at {size:g} GiB is unknown without KV "
-                "events, so the saving is not predicted"
-            )
-            return rec
-        if best_case_only:
-            return Recommendation(
-                "leave_off",
-                reasons=[
-                    f"even if every GPU-missed token reloaded from CPU, {_effect_words(effect)}: "
-                    f"{verdict_note(effect)}"
-                ],
-                warnings=rec.warnings,
-                evidence=rec.evidence,
-            )
-        if pays(effect):
-            rec.ttft_change_seconds = effect.seconds
-            rec.ttft_change_basis = "predicted"
-            rec.ttft_change_range_seconds = _range(effect)
-            rec.reasons.append(
-                f"a {size:g} GiB tier is predicted to make {verdict_note(effect)}:"
-                f" {_effect_words(effect)}"
-            )
-            return rec
-        new = Recommendation(
-            "leave_off",
-            reasons=[
-                f"a {size:g} GiB tier would hit, but {_effect_words(effect)}: predicted "
-                f"{verdict_note(effect)}"
-            ],
-            warnings=rec.warnings,
-            evidence=rec.evidence,
-        )
-        return new
-
+        return _judge_off(rec, effect_at, best_case_only, saves, note)
     if now is None:
         return rec
     size = rec.kv_offloading_size_gib
@@ -591,109 +600,235 @@ def judge_ttft(
         if hit_ratio_now is not None
         else ""
     )
-    if not pays(now):
-        if rec.action == "grow" and at_size is not None and pays(at_size):
+    grow_pays = rec.action == "grow" and at_size is not None and saves(at_size)
+    if costs(now) and not grow_pays:
+        return decided(
+            _replace(
+                rec,
+                "disable",
+                [f"the CPU tier costs TTFT: {hit}{_effect_words(now)}: {note(now)}"],
+                ttft_change_seconds=-now.seconds,
+                ttft_change_basis="measured",
+                ttft_change_range_seconds=_range(now, -1.0),
+            ),
+            "estimate",
+            "the effect's range is a cost",
+        )
+    if grow_pays and at_size is not None and not saves(now):
+        rec.reasons.append(
+            f"too small to pay now ({note(now)}), but a {size:g} GiB tier is predicted to make "
+            f"{note(at_size)}"
+        )
+        predicted(change_to(at_size))
+        return decided(rec, "estimate", "the bigger tier's predicted range is a saving")
+    if not saves(now):
+        if rec.action == "grow" and at_size is not None and at_size.seconds < 0:
+            # Too small to show an effect: the bigger tier leans to a saving, so grow and
+            # judge again there.
             rec.reasons.append(
-                f"too small to pay now ({verdict_note(now)}), but a {size:g} GiB tier is "
-                f"predicted to make {verdict_note(at_size)}"
+                f"too small to show an effect now ({note(now)}); a {size:g} GiB tier is "
+                f"predicted to make {note(at_size)}"
             )
             predicted(change_to(at_size))
-            return rec
-        store = now.parts.get("store_seconds", 0.0)
-        if rec.action == "store_threshold" and now.seconds < floor:
-            # Stores without reloads: what the tier costs is its stores (PCIe traffic, pinned
-            # memory, and ~store of TTFT); storing a prefix only when it comes back cuts them.
-            rec.reasons.append(
-                f"the stores cost ~{_ms(store)} of mean TTFT per request now ({verdict_note(now)})"
-            )
-            predicted(Effect(-store, -1.5 * store, -0.5 * store, {}))
-            return rec
-        why = "costs TTFT" if now.seconds > 0 else "saves too little to show"
-        return Recommendation(
-            "disable",
-            reasons=[f"the CPU tier {why}: {hit}{_effect_words(now)}: {verdict_note(now)}"],
-            warnings=rec.warnings,
-            evidence=rec.evidence,
-            ttft_change_seconds=-now.seconds,
-            ttft_change_basis="measured",
-            ttft_change_range_seconds=_range(now, -1.0),
-        )
-    rec.reasons.append(f"the CPU tier pays: {verdict_note(now)}: {_effect_words(now)}")
+            return decided(rec, "estimate", "the bigger tier leans to a saving")
+        return _judge_on_unmeasurable(rec, now, hit, note, change_to, saves, predicted)
+    rec.reasons.append(
+        f"the CPU tier pays: it saves at least {_ms(-now.high)} per request ({note(now)}: "
+        f"{_effect_words(now)}); the other requests it spares a convoy of recomputes do not "
+        "show on this server, so the saving may be larger"
+    )
     if rec.action == "disable":
         rec.action, rec.kv_offloading_size_gib = "keep", None
-        return rec
+        return decided(rec, "estimate", "the effect's range is a saving")
     if rec.action in ("grow", "shrink") and at_size is not None and base is not None:
         change = change_to(at_size)
-        if (
-            rec.action == "grow"
-            and not best_case_only
-            and not (change.high < 0 and -change.seconds >= floor)
-        ):
+        if rec.action == "grow" and not best_case_only and not saves(change):
             rec.reasons.append(
                 f"growing to {size:g} GiB would change mean TTFT by only "
                 f"{change.seconds * 1000:+.0f} ms (range {change.low * 1000:+.0f} … "
                 f"{change.high * 1000:+.0f}): keep the current size"
             )
             rec.action, rec.kv_offloading_size_gib = "keep", None
-            return rec
+            return decided(rec, "estimate", "growing saves nothing beyond its range")
         predicted(change)
-    return rec
+    return decided(rec, "estimate", "the effect's range is a saving")
+
+
+def _judge_off(
+    rec: Recommendation,
+    effect_at: Callable[[float], Effect | None] | None,
+    best_case_only: bool,
+    saves: Callable[[Effect], bool],
+    note: Callable[[Effect], str],
+) -> Recommendation:
+    """Offloading off: enable stands only where the predicted range is a saving."""
+    size = rec.kv_offloading_size_gib
+    if rec.action != "enable" or size is None or effect_at is None:
+        return rec
+    effect = effect_at(size * GIB)
+    if effect is None:
+        return rec
+    if best_case_only:
+        if saves(effect):
+            rec.reasons.append(
+                f"even at best (every GPU-missed token reloaded) the tier would make "
+                f"{note(effect)}; the hit ratio at {size:g} GiB is unknown without KV "
+                "events, so the saving is not predicted"
+            )
+            return decided(rec, "estimate", "the best case saves beyond its range")
+        return decided(
+            _replace(
+                rec,
+                "leave_off",
+                [
+                    f"even if every GPU-missed token reloaded from CPU, {_effect_words(effect)}: "
+                    f"{note(effect)}"
+                ],
+            ),
+            "estimate",
+            "not even the best case saves beyond its range",
+        )
+    if saves(effect):
+        rec.ttft_change_seconds = effect.seconds
+        rec.ttft_change_basis = "predicted"
+        rec.ttft_change_range_seconds = _range(effect)
+        rec.reasons.append(
+            f"a {size:g} GiB tier is predicted to make {note(effect)}: {_effect_words(effect)}"
+        )
+        return decided(rec, "estimate", "the predicted range is a saving")
+    verdict = (
+        f"a {size:g} GiB tier would hit, but {_effect_words(effect)}: predicted {note(effect)}"
+    )
+    if effect.high >= 0 and effect.seconds < 0:
+        verdict += "; " + _SETTLE.format(other="with the tier")
+    return decided(
+        _replace(rec, "leave_off", [verdict]),
+        "estimate",
+        "the predicted range is no saving beyond the threshold",
+    )
+
+
+def _judge_on_unmeasurable(
+    rec: Recommendation,
+    now: Effect,
+    hit: str,
+    note: Callable[[Effect], str],
+    change_to: Callable[[Effect], Effect],
+    saves: Callable[[Effect], bool],
+    predicted: Callable[[Effect], None],
+) -> Recommendation:
+    """Offloading on, an effect within its noise: say so, and let the other costs decide."""
+    unmeasurable = (
+        f"no measurable TTFT effect: {hit}{_effect_words(now)}: {note(now)}; "
+        + _SETTLE.format(other="without the tier")
+    )
+    if rec.action in ("store_threshold", "shrink"):
+        rec.reasons.append(unmeasurable)
+        return decided(rec, "estimate", "no measurable effect: the cheaper tier stands")
+    if now.seconds >= 0 or rec.action == "disable":
+        # No saving to show for it, while its costs are certain: pinned memory that cannot
+        # swap, and every prompt block copied over PCIe.
+        return decided(
+            _replace(
+                rec,
+                "disable",
+                [
+                    unmeasurable,
+                    "its costs are certain (pinned host memory, every computed block copied "
+                    "out): disable it, or keep it only where a canary shows a saving",
+                ],
+                ttft_change_seconds=-now.seconds,
+                ttft_change_basis="measured",
+                ttft_change_range_seconds=_range(now, -1.0),
+            ),
+            "estimate",
+            "no measurable effect, and no saving in the estimate",
+        )
+    rec.reasons.append(unmeasurable + f"; the estimate leans to a saving ({_ms(now.seconds)})")
+    if rec.action == "grow":
+        rec.action, rec.kv_offloading_size_gib = "keep", None
+    return decided(rec, "estimate", "no measurable effect: what is there is kept")
 
 
 def judge_fleet(
     rec: Recommendation, offloading: bool, mean_ttft: float, fleet: Effect, t: Thresholds
 ) -> Recommendation:
-    """Re-decide from replicas of the same model with and without a tier (kvoffload.analysis.fleet):
-    measured TTFT, not a model of it, so it outranks judge_ttft's estimate."""
-    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
+    """Re-decide from replicas of the same model with and without a tier (analysis.fleet)."""
     n = int(fleet.parts.get("replicas_compared", 0))
     seen = (
         f"{n} comparable replica(s) of this model {'without' if offloading else 'with'} a "
         f"tier answer in {fleet.parts['other_mean_ttft_seconds'] * 1000:.1f} ms on average "
         f"against {mean_ttft * 1000:.1f} ms here"
     )
+    return judge_ab(rec, offloading, mean_ttft, fleet, t, "fleet", seen)
+
+
+def judge_ab(
+    rec: Recommendation,
+    offloading: bool,
+    mean_ttft: float,
+    ab: Effect,
+    t: Thresholds,
+    basis: str,
+    seen: str,
+) -> Recommendation:
+    """Re-decide from a measured A/B (basis "fleet": replicas with and without a tier;
+    "before_after": this engine before and after its tier changed). Measured TTFT outranks
+    the estimate; an A/B within its noise says so and leaves the estimate's advice."""
+    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
     note = (
-        f"with a tier, mean TTFT is {_ms(fleet.seconds)} "
-        f"{'worse' if fleet.seconds > 0 else 'better'} (range {fleet.low * 1000:+.0f} … "
-        f"{fleet.high * 1000:+.0f} ms; needs ≥ {_ms(floor)} saved beyond it)"
+        f"with a tier, mean TTFT is {_ms(ab.seconds)} "
+        f"{'worse' if ab.seconds > 0 else 'better'} (range {ab.low * 1000:+.0f} … "
+        f"{ab.high * 1000:+.0f} ms; a change needs ≥ {_ms(floor)} saved beyond it)"
     )
-    pays = fleet.high < 0 and -fleet.seconds >= floor
+    pays = ab.high < 0 and -ab.seconds >= floor
+    costs = ab.low > 0
+    what = "the fleet" if basis == "fleet" else "before and after the tier changed,"
+    if not pays and not costs:
+        rec.reasons.insert(0, f"{what} cannot tell yet: {seen}: {note}")
+        rec.trace.append({"stage": basis, "action": rec.action, "why": "within its noise"})
+        return rec
     if offloading:
         if pays:
-            rec.reasons.insert(0, f"the fleet shows the tier pays: {seen}: {note}")
+            rec.reasons.insert(0, f"{what} shows the tier pays: {seen}: {note}")
             if rec.action == "disable":
                 rec.action, rec.kv_offloading_size_gib = "keep", None
                 rec.ttft_change_seconds = rec.ttft_change_basis = None
                 rec.ttft_change_range_seconds = None
-            return rec
-        return Recommendation(
-            "disable",
-            reasons=[f"the fleet shows the tier does not pay: {seen}: {note}"],
-            warnings=rec.warnings,
-            evidence=rec.evidence,
-            ttft_change_seconds=-fleet.seconds,
-            ttft_change_basis="fleet",
-            ttft_change_range_seconds=[-fleet.high, -fleet.low],
+            return decided(rec, basis, "the measured range is a saving")
+        return decided(
+            _replace(
+                rec,
+                "disable",
+                [f"{what} shows the tier does not pay: {seen}: {note}"],
+                ttft_change_seconds=-ab.seconds,
+                ttft_change_basis=basis,
+                ttft_change_range_seconds=[-ab.high, -ab.low],
+            ),
+            basis,
+            "the measured range is a cost",
         )
-    if not pays:
-        return Recommendation(
-            "leave_off",
-            reasons=[f"the fleet shows a tier would not pay: {seen}: {note}"],
-            warnings=rec.warnings,
-            evidence=rec.evidence,
+    if costs:
+        return decided(
+            _replace(rec, "leave_off", [f"{what} shows a tier would not pay: {seen}: {note}"]),
+            basis,
+            "the measured range is a cost",
         )
     size = rec.kv_offloading_size_gib if rec.action == "enable" else None
-    tier = fleet.parts.get("tier_bytes_per_engine")
+    tier = ab.parts.get("tier_bytes_per_engine")
     if size is None and tier:
         size = round_size_gib(tier)
-    return Recommendation(
-        "enable",
-        size,
-        reasons=[f"the fleet shows a tier pays: {seen}: {note}"]
-        + ([] if rec.action != "enable" else rec.reasons),
-        warnings=rec.warnings,
-        evidence=rec.evidence,
-        ttft_change_seconds=fleet.seconds,
-        ttft_change_basis="fleet",
-        ttft_change_range_seconds=[fleet.low, fleet.high],
+    reasons = [f"{what} shows a tier pays: {seen}: {note}"]
+    return decided(
+        _replace(
+            rec,
+            "enable",
+            reasons + ([] if rec.action != "enable" else rec.reasons),
+            kv_offloading_size_gib=size,
+            ttft_change_seconds=ab.seconds,
+            ttft_change_basis=basis,
+            ttft_change_range_seconds=[ab.low, ab.high],
+        ),
+        basis,
+        "the measured range is a saving",
     )

@@ -121,6 +121,30 @@ def analyze_group(
     return entry
 
 
+def predicted_effect(
+    window: Window,
+    group: GroupKey,
+    settings: Settings,
+    size_bytes: float,
+    events: TargetEvents | None = None,
+) -> ttft.Effect | None:
+    """The TTFT model's effect of a tier of `size_bytes` per engine against none, for one
+    group: at the KV-event curve's hit ratio for that size, or without events at the best
+    case (every GPU-missed token reloaded). What-ifs and the accuracy benchmark use it."""
+    entry, ctx = _group_entry(window, group, settings, False)
+    if ctx is None:
+        return None
+    hit_at: Callable[[float], float] | None = None
+    if events is not None and events.messages() and _events_belong_to(window, group, False):
+        missed = _missed_tokens(window, group, ctx, None)
+        hit_at = _add_event_evidence(entry, window.static(group), events, missed, settings)
+    obs = ttft.observe(ctx, entry.figures.get("kv_bytes_per_token"))
+    if obs is None:
+        return None
+    hit = hit_at(size_bytes) if hit_at is not None else 1.0
+    return ttft.predict(obs, hit * obs.missed_tokens, ttft_constants(settings.thresholds))
+
+
 def add_fleet_evidence(
     groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
 ) -> None:
@@ -214,21 +238,15 @@ def _add_ttft_verdict(
     if obs is None:
         return
     t = settings.thresholds
-    rate = t.store_critical_bytes_per_second
-    recompute = figures.get("recompute_tokens_per_second")
-    now = ttft.effect_now(obs, rate, recompute) if offloading else None
+    k = ttft_constants(t)
+    now = ttft.effect_now(obs, k) if offloading else None
 
     def effect_at(size_bytes: float) -> ttft.Effect | None:
         hit = hit_at(size_bytes) if hit_at is not None else 1.0
-        return ttft.predict(obs, hit * obs.missed_tokens, rate, recompute)
+        return ttft.predict(obs, hit * obs.missed_tokens, k)
 
     if now is not None:
         figures["offload_ttft_effect_seconds"] = now.seconds
-        if obs.waiting_for_capacity > 0:
-            rec.warnings.append(
-                f"requests also wait for KV capacity ({obs.waiting_for_capacity:.2f} on "
-                "average): the queue time read as the reload wait overstates it"
-            )
     proposed = rec.kv_offloading_size_gib
     capacity = figures.get("cpu_capacity_bytes")
     engines = max(len(ctx.static.engines), 1)
@@ -258,6 +276,16 @@ def _add_ttft_verdict(
         cost,
         now.to_json() if now else None,
         predicted,
+    )
+
+
+def ttft_constants(t: Thresholds) -> ttft.Constants:
+    """The TTFT model's constants, from the thresholds (docs/advisor.md)."""
+    return ttft.Constants(
+        t.store_critical_bytes_per_second,
+        t.idle_reload_step_seconds,
+        t.ttft_run_to_run_seconds,
+        t.assumed_load_bytes_per_second,
     )
 
 

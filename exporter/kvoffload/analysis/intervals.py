@@ -1,17 +1,17 @@
 """Marginal costs from the variation between scrape intervals.
 
-Totals cannot say what one more recomputed token costs: `prefill_time_sum ÷ local_compute`
-is dominated by per-step overhead on small models (15,262 tok/s on one real server, 2,380–6,834
-on its offloading twins). Between scrapes the mix changes — some intervals recompute whole
-documents, others hit the GPU cache or reload from CPU — and the mean TTFT moves with it. A
-least-squares fit over the intervals of a window, one row per scrape interval,
+Totals cannot say what one more recomputed token costs: `prefill_time_sum ÷ computed tokens`
+is dominated by per-step overhead on small models. Between scrapes the mix changes (some
+intervals recompute whole documents, others hit a cache) and the prefill time moves with it.
+A least-squares fit over the intervals of a window, one row per scrape interval,
 
-    Δttft_sum = a · Δrequests + β · Δrecomputed_tokens + γ · Δloads
+    Δprefill_time_sum = a · Δfinished + c · Δcomputed_tokens
 
-gives β: the TTFT (summed over requests) that one more recomputed prompt token costs, with the
-engine's batching, queueing and step overhead included. Loads join the fit only where the
-window has some; left out on an offloading server, a reload's wait would be read as "less
-recompute, more TTFT" and bias β down.
+gives c: the prefill time one more computed prompt token costs, batching, convoys and (with a
+CPU tier) its store included. Both sides are counted together, at request finish
+(`request_prefill_time_seconds` and `request_prefill_kv_computed_tokens`), so a reload's wait
+(queue time) and requests still running do not leak in. Where vLLM has no computed-tokens
+histogram, the prompt tokens by source stand in (counted at scheduling, a little earlier).
 
 The fit is kept as running sums (XᵀX, Xᵀy, yᵀy, row count) in every window point, so any
 window's fit is a subtraction of two points and memory does not grow with the window.
@@ -22,9 +22,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-_X = ("ttft_count", "src_local_compute", "load_jobs")
-_Y = ("ttft_sum",)
-_REQUESTS, _TOKENS, _LOADS = 0, 1, 2
+_X = ("prefill_time_count", "computed_tokens")
+_Y = ("prefill_time_sum",)
+_REQUESTS, _TOKENS = 0, 1
+# Older vLLM has no computed-tokens histogram: the tokens recomputed by source stand in.
+_TOKENS_FALLBACK = "src_local_compute"
 # Layout of the running sums: xx (upper triangle of XᵀX), xy (Xᵀy per response), yy per
 # response, rows.
 _PAIRS = tuple((i, j) for i in range(len(_X)) for j in range(i, len(_X)))
@@ -39,6 +41,8 @@ def add_interval(
     """The running sums with one more interval (between two scrapes' adjusted totals).
     Intervals with no finished request carry no information and are skipped."""
     x = [max(after.get(k, 0.0) - before.get(k, 0.0), 0.0) for k in _X]
+    if "computed_tokens" not in after:
+        x[_TOKENS] = max(after.get(_TOKENS_FALLBACK, 0.0) - before.get(_TOKENS_FALLBACK, 0.0), 0.0)
     if x[_REQUESTS] <= 0:
         return fit
     y = [max(after.get(k, 0.0) - before.get(k, 0.0), 0.0) for k in _Y]
@@ -60,6 +64,12 @@ class Coefficient:
     value: float
     standard_error: float
     intervals: int
+
+    def t(self) -> float:
+        """The t-statistic: the value over its standard error (inf for an exact fit)."""
+        if self.standard_error <= 0:
+            return math.inf if self.value > 0 else 0.0
+        return self.value / self.standard_error
 
     def shrunk(self, z: float = 3.0) -> float:
         """The estimate pulled towards zero as much as its noise warrants: value · t²/(t² +
@@ -84,8 +94,9 @@ class Coefficient:
         }
 
 
-# Fewer intervals than this cannot separate a per-request from a per-token cost.
-MIN_INTERVALS = 5
+# Fewer intervals than this cannot separate a per-request from a per-token cost (two
+# coefficients and at least two degrees of freedom left for their noise).
+MIN_INTERVALS = 4
 
 
 def _solve(a: list[list[float]], b: list[float]) -> tuple[list[float], list[list[float]]] | None:
@@ -110,18 +121,14 @@ def _solve(a: list[list[float]], b: list[float]) -> tuple[list[float], list[list
 def _fit(
     fit: tuple[float, ...], response: int, columns: tuple[int, ...], wanted: int
 ) -> Coefficient | None:
-    """The least-squares coefficient of column `wanted` for one response over `columns`
-    (dropping the loads column when the window has none, or when it cannot be separated)."""
+    """The least-squares coefficient of column `wanted` for one response over `columns`."""
     rows = int(fit[-1])
     if rows < MIN_INTERVALS:
         return None
     xx = {pair: fit[n] for n, (i, j) in enumerate(_PAIRS) for pair in ((i, j), (j, i))}
     xy = [fit[_XY + response * len(_X) + i] for i in range(len(_X))]
     yy = fit[_YY + response]
-    tries = [columns]
-    if _LOADS in columns and wanted != _LOADS:
-        tries.append(tuple(c for c in columns if c != _LOADS))
-    for cols in tries:
+    for cols in (columns,):
         cols = tuple(c for c in cols if xx[(c, c)] > 0)
         if wanted not in cols or rows <= len(cols):
             return None
@@ -146,6 +153,6 @@ def _fit(
 
 
 def marginal_recompute_cost(fit: tuple[float, ...]) -> Coefficient | None:
-    """β: seconds of TTFT (summed over requests) per recomputed prompt token; None when the
-    window has too few intervals or no variation in the mix."""
-    return _fit(fit, 0, (_REQUESTS, _TOKENS, _LOADS), _TOKENS)
+    """c: seconds of prefill time per computed prompt token; None when the window has too
+    few intervals or no variation in the mix."""
+    return _fit(fit, 0, (_REQUESTS, _TOKENS), _TOKENS)

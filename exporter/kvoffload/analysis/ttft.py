@@ -1,43 +1,60 @@
 """The TTFT verdict: what the CPU tier does to mean time-to-first-token, now or at another size.
 
-Hit ratio is not payoff. Measured on real vLLM 0.26.0 (H200, docs/advisor.md): a request whose
-prefix is reloaded from CPU waits for the asynchronous load — it is scheduled again only about
-one engine step later, and that wait lands in vLLM's queue time (0.02 ms → 10–17 ms per request)
-— while the prefill it saves is worth tens of ms on an 8B model and a few ms on a 0.6B one. The
-model, per request, with x = tokens reloaded from CPU:
+Hit ratio is not payoff. What vLLM 0.26.0 does with a CPU hit (its source and the H200 runs in
+../shared/reference agree): the request waits in WAITING_FOR_REMOTE_KVS for the copy and is
+promoted a few scheduling passes later, so the whole wait lands in `request_queue_time`; the
+compute it saves shows as shorter prefill time. Per request, x = tokens reloaded from CPU:
 
-    effect = L · W  +  store  −  x · β
-    L      reloads per request (load jobs ÷ requests; predicted: x ÷ tokens per reload)
-    W      the wait of one reload: measured as queue time ÷ reloads (all of the queue time is the
-           tier's: without one vLLM queued 0.02 ms); predicted as one prefill
-           step of this engine (its mean prefill time), plus the store cost, less the saving
-    store  the offload path's cost on the critical path: bytes stored per request ÷
-           `store_critical_bytes_per_second` (every computed block is copied out)
-    β      the marginal TTFT of one recomputed token, fitted over scrape intervals
-           (kvoffload.analysis.intervals): batching, queueing and step overhead included; shrunk by
-           its noise and × κ = 1.5, local to global (a tier changes every request at once)
+    effect = W + store − x · c_compute
 
-Negative = faster with the tier. Every estimate carries a range: β ± 2 standard errors with κ
-from 1 to 2, the store term ± 50%, a predicted wait ± 30%.
+    W        the reload wait. Measured (tier on): queue time less capacity queueing, which a
+             server without a tier has too (Little's law: mean requests waiting for capacity ÷
+             request rate). Predicted: reloads × (copy + one idle scheduling pass) when the
+             request is alone; about one prefill time when the engine is busy with others.
+    c        the prefill time one more computed token costs (analysis.intervals: fitted over
+             scrape intervals on what is counted together at request finish; batching and
+             convoys included). Measured only at t ≥ 2, shrunk by its noise; else 0 ("not
+             measured": recompute costs nothing this server can show).
+    store    the offload path's stall of other requests: on an engine bound by per-step launch
+             overhead (a step costs as much as 400 computed tokens, or recompute costs
+             nothing measurable) each stored token costs bytes ÷ `store_critical_bytes_per_second`,
+             in proportion to how often another request is in flight. On a tier-on server c
+             includes the store (every computed block is copied out): c_compute = c − store.
+
+Negative = faster with the tier. Every effect has a range: ±2σ of the fitted cost, the store
+split (±50%), a predicted wait (±30%), and the run-to-run noise of one short run
+(`ttft_run_to_run_seconds`, measured on the reference sets), so that an effect under about
+10 ms reads as "not measurable" rather than as a verdict.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kvoffload.analysis.intervals import Coefficient, marginal_recompute_cost
 from kvoffload.analysis.signals import Context, loaded_tokens
 
-# β is fitted on local variation (one interval recomputes more than the next); a tier changes
-# every request at once, and the engine's queueing feeds that back: on real vLLM the TTFT
-# moved 1.0–1.8× as much per token between servers as within one (docs/advisor.md).
-_GLOBAL_FACTOR = 1.5
-_GLOBAL_RANGE = (1.0, 2.0)
-# Ranges on the assumed parts of the model (docs/advisor.md).
-_STORE_SPREAD = 0.5
-_WAIT_SPREAD = 0.3
-# A predicted wait is never below this share of a prefill step (a reload waits ≥ one step).
-_MIN_WAIT_STEPS = 0.5
+# A fitted cost counts only at this t-statistic; it is shrunk by its noise with this z.
+MIN_COST_T = 2.0
+_SHRINK_Z = 2.0
+# An engine whose step, when it never idles, costs as much as this many computed tokens is bound
+# by per-step launch overhead, not by its tokens (eager 0.6B on an H200: ~580; CUDA graphs,
+# 0.6B to 32B: 40–250).
+_LAUNCH_BOUND_TOKENS = 400.0
+# Spreads of the assumed parts (one standard deviation, as a share of the part).
+_STORE_SD = 0.25
+_WAIT_SD = 0.15
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The model's few constants (advisor.Thresholds carries them; docs/advisor.md)."""
+
+    store_critical_bytes_per_second: float
+    idle_reload_step_seconds: float
+    run_to_run_seconds: float
+    assumed_load_bytes_per_second: float
 
 
 @dataclass(frozen=True)
@@ -45,22 +62,50 @@ class Observed:
     """What the window shows, per request (one TTFT observation each)."""
 
     requests: float
+    seconds: float
     mean_ttft: float
     mean_queue: float
     mean_prefill: float
     prompt_tokens: float
-    computed_tokens: float  # prompt tokens recomputed on the GPU
+    computed_tokens: float  # prompt tokens computed on the GPU
     loaded_tokens: float  # prompt tokens reloaded from the CPU tier
     loads: float  # load jobs per request
-    stored_bytes: float | None  # bytes copied to the CPU tier per request (offloading on)
+    load_seconds_per_job: float | None  # the copy, measured
     bytes_per_token: float | None
-    waiting_for_capacity: float
-    cost: Coefficient | None  # β: TTFT per recomputed token (kvoffload.analysis.intervals)
+    capacity_queue: float  # seconds per request waiting for KV capacity (Little's law)
+    in_system: float  # mean requests in the engine (Little's law: rate × mean e2e)
+    step_seconds: float | None  # one engine step, where the engine never idled
+    tokens_per_step: float | None
+    cost: Coefficient | None  # c: prefill time per computed token (analysis.intervals)
 
     @property
     def missed_tokens(self) -> float:
-        """GPU-missed prompt tokens per request: recomputed or reloaded."""
+        """GPU-missed prompt tokens per request: computed or reloaded."""
         return self.computed_tokens + self.loaded_tokens
+
+    @property
+    def tier_on(self) -> bool:
+        return self.loads > 0 and self.loaded_tokens > 0
+
+    @property
+    def cost_measured(self) -> bool:
+        cost = self.cost
+        return cost is not None and cost.t() >= MIN_COST_T
+
+    @property
+    def overlap(self) -> float:
+        """How often another request is in flight: 0 alone, 1 with at least one more."""
+        return min(max(self.in_system - 1.0, 0.0), 1.0)
+
+    @property
+    def launch_bound(self) -> bool:
+        if self.cost is None:
+            return False  # too few intervals to tell
+        if not self.cost_measured:
+            return True  # recompute costs nothing measurable: per-step overhead dominates
+        if self.step_seconds is None:
+            return False
+        return self.step_seconds >= _LAUNCH_BOUND_TOKENS * self.cost.value
 
 
 def observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
@@ -70,19 +115,38 @@ def observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
         return None
     queue_n = ctx.inc("queue_time_count") or n
     prefill_n = ctx.inc("prefill_time_count") or n
+    seconds = ctx.delta.seconds
     on = ctx.static.offload_families
+    rate = n / seconds if seconds > 0 else 0.0
+    gauges = ctx.delta.gauge_avg
+    mean_ttft = ctx.inc("ttft_sum") / n
+    e2e_n = ctx.inc("e2e_count")
+    mean_e2e = ctx.inc("e2e_sum") / e2e_n if e2e_n > 0 else mean_ttft
+    computed_n = ctx.inc("computed_count")
+    computed = (
+        ctx.inc("computed_tokens") / computed_n
+        if computed_n > 0
+        else ctx.inc("src_local_compute") / n
+    )
+    steps = ctx.inc("steps")
+    busy = gauges.get("running", 0.0) >= 1.0 and steps > 0 and seconds > 0
+    jobs = ctx.inc("load_jobs") if on else 0.0
     return Observed(
         requests=n,
-        mean_ttft=ctx.inc("ttft_sum") / n,
+        seconds=seconds,
+        mean_ttft=mean_ttft,
         mean_queue=ctx.inc("queue_time_sum") / queue_n,
         mean_prefill=ctx.inc("prefill_time_sum") / prefill_n,
         prompt_tokens=ctx.inc("prompt_tokens") / n,
-        computed_tokens=ctx.inc("src_local_compute") / n,
+        computed_tokens=computed,
         loaded_tokens=loaded_tokens(ctx) / n if on else 0.0,
-        loads=ctx.inc("load_jobs") / n if on else 0.0,
-        stored_bytes=ctx.inc("store_bytes") / n if on else None,
+        loads=jobs / n,
+        load_seconds_per_job=ctx.inc("load_time") / jobs if jobs > 0 else None,
         bytes_per_token=bytes_per_token,
-        waiting_for_capacity=ctx.delta.gauge_avg.get("waiting_capacity", 0.0),
+        capacity_queue=gauges.get("waiting_capacity", 0.0) / rate if rate > 0 else 0.0,
+        in_system=rate * mean_e2e,
+        step_seconds=seconds / steps if busy else None,
+        tokens_per_step=ctx.inc("step_tokens") / steps if steps > 0 else None,
         cost=marginal_recompute_cost(ctx.delta.fit),
     )
 
@@ -104,90 +168,84 @@ class Effect:
         }
 
 
-def _beta(obs: Observed, fallback_rate: float | None) -> tuple[float, float, float] | None:
-    """(point, low, high) of the marginal TTFT per recomputed token. Without a fit, one
-    request's own recompute at the window's token rate, with a range of half to twice it."""
-    if obs.cost is not None:
-        low, high = obs.cost.bounds()
-        return (obs.cost.shrunk() * _GLOBAL_FACTOR, low * _GLOBAL_RANGE[0], high * _GLOBAL_RANGE[1])
-    if fallback_rate:
-        per_token = 1.0 / fallback_rate
-        return per_token, 0.5 * per_token, 2 * per_token
-    return None
+@dataclass(frozen=True)
+class _Costs:
+    compute: float  # c_compute: seconds per recomputed token
+    compute_sd: float
+    store: float  # seconds of others' stall per stored token
 
 
-def _store_seconds(obs: Observed, stored_bytes: float | None, rate: float, beta: float) -> float:
-    """The offload path copies every computed block out; that work sits on the critical path
-    of an engine bound by per-step overhead (eager, small models: on real vLLM the prefill got
-    8–12 ms slower with a tier while recomputing less) and hides behind compute on one bound
-    by arithmetic. Weight: the share of the prefill time that recomputing the GPU-missed tokens
-    does not explain."""
-    if not stored_bytes or rate <= 0:
-        return 0.0
-    # Without a tier every GPU-missed token is recomputed: the share of the prefill that
-    # recomputing them would explain.
-    explained = beta * obs.missed_tokens / obs.mean_prefill if obs.mean_prefill > 0 else 0.0
-    return stored_bytes / rate * min(max(1.0 - explained, 0.0), 1.0)
+def _costs(obs: Observed, k: Constants) -> _Costs:
+    """The per-token costs: the fit, split into compute and store (module docstring)."""
+    cost = obs.cost
+    store = 0.0
+    if obs.launch_bound and obs.bytes_per_token and k.store_critical_bytes_per_second > 0:
+        store = obs.bytes_per_token / k.store_critical_bytes_per_second * obs.overlap
+    if cost is None:
+        # Too few intervals: the cost is somewhere between nothing and all of the prefill
+        # time spent on its tokens.
+        ceiling = obs.mean_prefill / obs.computed_tokens if obs.computed_tokens > 0 else 0.0
+        return _Costs(0.0, ceiling / 2, store)
+    if not obs.cost_measured:
+        return _Costs(0.0, cost.standard_error, store)
+    c = cost.shrunk(_SHRINK_Z)
+    if obs.tier_on:
+        # Every computed block was stored: the fit holds the store too (at most all of it).
+        store = min(store, c)
+        c -= store
+    return _Costs(c, cost.standard_error, store)
 
 
-def _effect(
-    reloads: float,
-    wait: float,
-    wait_spread: float,
-    store: float,
-    x: float,
-    beta: tuple[float, float, float],
-    loads: float,
-) -> Effect:
-    """effect = reloads · wait + store − x · β, and its range (module docstring)."""
-    point, b_low, b_high = beta
-    waited = reloads * wait
-    return Effect(
-        waited + store - x * point,
-        waited * (1 - wait_spread) + store * (1 - _STORE_SPREAD) - x * b_high,
-        waited * (1 + wait_spread) + store * (1 + _STORE_SPREAD) - x * b_low,
-        {
-            "reload_wait_seconds": waited,
-            "store_seconds": store,
-            "recompute_saved_seconds": x * point,
-            "reloads_per_request": loads,
-            "reloaded_tokens_per_request": x,
-        },
-    )
+def _combine(point: float, sds: dict[str, float], parts: dict[str, float]) -> Effect:
+    sigma = math.sqrt(sum(v * v for v in sds.values()))
+    parts = {**parts, **{f"sd_{name}_seconds": v for name, v in sds.items()}}
+    return Effect(point, point - 2 * sigma, point + 2 * sigma, parts)
 
 
-def effect_now(obs: Observed, store_rate: float, recompute_rate: float | None) -> Effect | None:
+def effect_now(obs: Observed, k: Constants) -> Effect:
     """The tier's effect on this server now, from its own measurements (offloading on)."""
-    beta = _beta(obs, recompute_rate)
-    if beta is None:
-        return None
-    store = _store_seconds(obs, obs.stored_bytes, store_rate, beta[0])
-    # Without a tier the queue was ~0 on real vLLM (0.02 ms); with one, every request's queue
-    # time rose (not only the reloaded ones'), so all of it is the tier's.
-    return _effect(1.0, obs.mean_queue, 0.0, store, obs.loaded_tokens, beta, obs.loads)
+    return predict(obs, obs.loaded_tokens, k)
 
 
-def predict(
-    obs: Observed, reloaded_tokens: float, store_rate: float, recompute_rate: float | None
-) -> Effect | None:
+def predict(obs: Observed, reloaded_tokens: float, k: Constants) -> Effect:
     """The effect per request of a tier that reloads `reloaded_tokens` per request, against no
-    tier at all. With offloading on, the wait per reload and tokens per reload are this
-    server's; with it off, a reload waits about one prefill step and brings a whole prompt."""
-    beta = _beta(obs, recompute_rate)
-    if beta is None:
-        return None
+    tier at all. On a tier-on server the wait and tokens per reload are its own; without a
+    tier a reload waits copy + an idle pass alone, about the new prefill time when busy."""
     x = max(reloaded_tokens, 0.0)
-    computed = max(obs.missed_tokens - x, 0.0)
-    store = _store_seconds(
-        obs, computed * obs.bytes_per_token if obs.bytes_per_token else None, store_rate, beta[0]
-    )
-    if obs.loads > 0 and obs.loaded_tokens > 0:
-        # A tier that barely hits now reloads scraps; a bigger one brings whole prefixes.
-        per_reload = max(obs.loaded_tokens / obs.loads, obs.missed_tokens)
-        wait, wait_spread = obs.mean_queue / obs.loads, 0.0
+    costs = _costs(obs, k)
+    computed_after = max(obs.missed_tokens - x, 0.0)
+    saved = x * costs.compute
+    store = computed_after * costs.store
+    bpt = obs.bytes_per_token or 0.0
+    if obs.tier_on:
+        per_reload = max(obs.loaded_tokens / obs.loads, 1.0)
+        wait = max(obs.mean_queue - obs.capacity_queue, 0.0) / obs.loads
+        wait_sd = 0.0  # measured: its noise is the run-to-run spread
     else:
         per_reload = max(obs.prompt_tokens, 1.0)
-        wait = max(obs.mean_prefill + store - x * beta[0], _MIN_WAIT_STEPS * obs.mean_prefill)
-        wait_spread = _WAIT_SPREAD
+        copy = per_reload * bpt / k.assumed_load_bytes_per_second
+        prefill_after = max(obs.mean_prefill - saved + store, copy)
+        o = obs.overlap
+        wait = (1 - o) * (copy + k.idle_reload_step_seconds) + o * prefill_after
+        wait_sd = _WAIT_SD
     reloads = x / per_reload
-    return _effect(reloads, wait, wait_spread, store, x, beta, reloads)
+    waited = reloads * wait
+    point = waited + store - saved
+    sds = {
+        "recompute": x * costs.compute_sd,
+        "store": _STORE_SD * store,
+        "wait": wait_sd * waited,
+        "run_to_run": k.run_to_run_seconds,
+    }
+    parts = {
+        "reload_wait_seconds": waited,
+        "store_seconds": store,
+        "recompute_saved_seconds": saved,
+        "reloads_per_request": reloads,
+        "reloaded_tokens_per_request": x,
+        "compute_seconds_per_token": costs.compute,
+        "store_seconds_per_token": costs.store,
+        "capacity_queue_seconds": obs.capacity_queue,
+        "cost_measured": 1.0 if obs.cost_measured else 0.0,
+    }
+    return _combine(point, sds, parts)

@@ -36,6 +36,15 @@ CORE_COUNTERS: dict[str, _CounterSource] = {
     "queue_time_count": ("vllm:request_queue_time_seconds_count", None, None),
     "ttft_sum": ("vllm:time_to_first_token_seconds_sum", None, None),
     "ttft_count": ("vllm:time_to_first_token_seconds_count", None, None),
+    # Counted together at request finish, so one scrape interval holds a request's prefill
+    # time with its computed tokens (the TTFT model's marginal cost: analysis.intervals).
+    "computed_tokens": ("vllm:request_prefill_kv_computed_tokens_sum", None, None),
+    "computed_count": ("vllm:request_prefill_kv_computed_tokens_count", None, None),
+    "e2e_sum": ("vllm:e2e_request_latency_seconds_sum", None, None),
+    "e2e_count": ("vllm:e2e_request_latency_seconds_count", None, None),
+    # Engine steps and the tokens they ran: a step's length when the engine never idles.
+    "steps": ("vllm:iteration_tokens_total_count", None, None),
+    "step_tokens": ("vllm:iteration_tokens_total_sum", None, None),
 }
 
 # Offload transfer counters: flat source, legacy source, and the flat family that decides.
@@ -74,10 +83,11 @@ OFFLOAD_COUNTERS: dict[str, tuple[str, _CounterSource, _CounterSource]] = {
 GAUGES: dict[str, _CounterSource] = {
     "gpu_kv_usage": ("vllm:kv_cache_usage_perc", None, None),
     "waiting_capacity": ("vllm:num_requests_waiting_by_reason", "reason", "capacity"),
+    "running": ("vllm:num_requests_running", None, None),
 }
 
 # Gauges that count requests are summed over engines; ratios are averaged.
-SUMMED_GAUGES = frozenset({"waiting_capacity"})
+SUMMED_GAUGES = frozenset({"waiting_capacity", "running"})
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
