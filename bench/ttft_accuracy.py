@@ -24,18 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ttft_sets import Case, all_cases  # noqa: E402
+from ttft_sets import Case, all_cases
 
-from kvoffload.analysis.advisor import Thresholds  # noqa: E402
-from kvoffload.analysis.analyze import (  # noqa: E402
+from kvoffload.analysis.advisor import Thresholds
+from kvoffload.analysis.analyze import (
     Settings,
     analyze_groups,
     predicted_effect,
     window_from_recording,
 )
-from kvoffload.analysis.window import Window  # noqa: E402
-from kvoffload.kvevents.eventfile import read_event_file  # noqa: E402
-from kvoffload.kvevents.state import TargetEvents  # noqa: E402
+from kvoffload.analysis.window import Window
+from kvoffload.kvevents.eventfile import read_event_file
+from kvoffload.kvevents.state import TargetEvents
 
 RESULTS = Path(__file__).parent / "results.json"
 GIB = 2**30

@@ -181,6 +181,13 @@ def _xz_cached(path: Path, out: Path) -> Path:
     return out
 
 
+def _real_files(base: Path, out: Path, server: str) -> tuple[Path, Path | None]:
+    """A bench/real server's recording and KV events, unpacked once into the cache."""
+    rec = _xz_cached(base / "rec" / f"{server}.om.xz", out / f"{server}.om")
+    kvev = base / "rec" / f"{server}.om.kvev.xz"
+    return rec, _xz_cached(kvev, out / f"{server}.kvev") if kvev.exists() else None
+
+
 def real_cases(runs: dict[str, tuple[str, str, dict[str, float]]] | None = None) -> list[Case]:
     """bench/real's runs, kept aside (the model was not judged on them when it was built)."""
     cases = []
@@ -189,16 +196,10 @@ def real_cases(runs: dict[str, tuple[str, str, dict[str, float]]] | None = None)
         if not (base / "requests.csv").exists():
             continue
         out = CACHE / "bench-real" / folder
-
-        def files(server: str) -> tuple[Path, Path | None]:
-            rec = _xz_cached(base / "rec" / f"{server}.om.xz", out / f"{server}.om")
-            kvev = base / "rec" / f"{server}.om.kvev.xz"
-            return rec, _xz_cached(kvev, out / f"{server}.kvev") if kvev.exists() else None
-
-        twin_rec, twin_ev = files(twin)
+        twin_rec, twin_ev = _real_files(base, out, twin)
         for server, gib in servers.items():
             effect, sigma = client_effect(base / "requests.csv", server, twin)
-            rec, ev = files(server)
+            rec, ev = _real_files(base, out, server)
             cases.append(
                 Case(
                     "bench/real",

@@ -13,7 +13,9 @@ CASES = {
     "buffer-too-small": ("grow", [2, 4, 6, 8, 12, 16, 24]),
     "buffer-oversized": ("shrink", [1, 1.5, 2, 3, 4, 6, 8]),
     "pressure-without-offloading": ("enable", [2, 4, 6, 8, 12, 16, 24]),
-    "laptop-eviction-nooffload": ("enable", [0.25, 0.5, 1]),
+    # the curve sizes it, but a predicted 8 ms within ±8 ms of run-to-run noise is not a
+    # measurable saving: the verdict says so and leaves it off (docs/advisor.md)
+    "laptop-eviction-nooffload": ("leave_off", [0.25, 0.5, 1]),
     # counters alone say keep here (scenarios.py): only the curve sees the lost reuse
     "agent-sessions": ("grow", [16, 24, 32, 48, 64, 96, 128]),
 }
@@ -26,9 +28,15 @@ def test_curve_sizes_match_the_oracle(name):
     (group,) = analyze_window(window, events={INSTANCE: state})
     rec = group["recommendation"]
     assert rec["action"] == action, rec["reasons"]
-    assert any("KV-event curve decided" in r for r in rec["reasons"])
+    unmeasurable = action == "leave_off"
+    if unmeasurable:
+        assert any("canary replica with the tier" in r for r in rec["reasons"])
+        assert [step["stage"] for step in rec["trace"]] == ["counters", "curve", "estimate"]
+    else:
+        assert any("KV-event curve decided" in r for r in rec["reasons"])
+    size = group["ttft"]["predicted"]["kv_offloading_size_gib"]
     right = sweep(scenarios.get(name), sizes)["right_size_gib"]
-    assert rec["kv_offloading_size_gib"] == pytest.approx(right, rel=0.25), (rec, right)
+    assert size == pytest.approx(right, rel=0.25), (rec, right)
     achievable = group["kv_events"]["achievable_hit_ratio"]
     assert group["curve"] and group["predicted_offload_hit_ratio"] >= 0.9 * achievable
     assert group["kv_events"]["lost_messages"] == 0
@@ -37,10 +45,9 @@ def test_curve_sizes_match_the_oracle(name):
     # verdict, calibrated on real vLLM, reads savings up to ~1.8x larger here).
     predicted = group["ttft"]["predicted"]["seconds"]
     sc = scenarios.get(name)
-    size = rec["kv_offloading_size_gib"]
     measured = run_point(sc, size)["mean_ttft_s"] - run_point(sc, 0)["mean_ttft_s"]
     assert measured < 0 and measured * 2 <= predicted <= measured / 2, (predicted, measured)
-    if action != "shrink":
+    if action not in ("shrink", "leave_off"):
         assert rec["ttft_change_basis"] == "predicted" and rec["ttft_change_seconds"] < 0
 
 

@@ -622,9 +622,10 @@ def judge_ttft(
         predicted(change_to(at_size))
         return decided(rec, "estimate", "the bigger tier's predicted range is a saving")
     if not saves(now):
-        if rec.action == "grow" and at_size is not None and at_size.seconds < 0:
-            # Too small to show an effect: the bigger tier leans to a saving, so grow and
-            # judge again there.
+        barely_reloads = hit_ratio_now is not None and hit_ratio_now < t.low_reuse_ratio
+        if rec.action == "grow" and barely_reloads and at_size is not None and at_size.seconds < 0:
+            # A tier that reloads almost nothing cannot show an effect; the bigger one leans
+            # to a saving, so grow and judge again there.
             rec.reasons.append(
                 f"too small to show an effect now ({note(now)}); a {size:g} GiB tier is "
                 f"predicted to make {note(at_size)}"

@@ -221,6 +221,11 @@ def predict(obs: Observed, reloaded_tokens: float, k: Constants) -> Effect:
         per_reload = max(obs.loaded_tokens / obs.loads, 1.0)
         wait = max(obs.mean_queue - obs.capacity_queue, 0.0) / obs.loads
         wait_sd = 0.0  # measured: its noise is the run-to-run spread
+        if x > obs.loaded_tokens:
+            # A tier that barely hits reloads scraps; the tokens a bigger one adds come as
+            # whole prefixes.
+            extra = (x - obs.loaded_tokens) / max(per_reload, obs.missed_tokens)
+            per_reload = x / (obs.loads + extra)
     else:
         per_reload = max(obs.prompt_tokens, 1.0)
         copy = per_reload * bpt / k.assumed_load_bytes_per_second
