@@ -203,13 +203,13 @@ def totals(rows: list[dict], twins: list[dict]) -> dict:
         "best_case_within": sum(within(r["best_case_ms"], r) for r in rows),
         "estimate_sign_right": f"{sum(signs)}/{len(signs)}",
         "predicted_sign_right": f"{sum(pred_signs)}/{len(pred_signs)}",
-        "actions_right": sum(on_action_right_row(r) for r in rows),
+        "actions_right": sum(action_right(r) for r in rows),
         "twins": len(twins),
         "twin_actions_right": sum(t["right"] for t in twins),
     }
 
 
-def on_action_right_row(row: dict) -> bool:
+def action_right(row: dict) -> bool:
     truth = row["decidable"]
     action = row["action"]
     if truth < 0:
@@ -237,7 +237,7 @@ def print_table(rows: list[dict], twins: list[dict]) -> None:
             f"{_ms(r['estimate_ms']):>8} {rng_s} {'✓' if within(r['estimate_ms'], r) else '✗'}  | "
             f"{_ms(r['predicted_ms'])} {'✓' if within(r['predicted_ms'], r) else '✗'}  | "
             f"{_ms(r['best_case_ms'])} | {r['action']} ({r['decided_by']}) "
-            f"{'✓' if on_action_right_row(r) else '✗'}"
+            f"{'✓' if action_right(r) else '✗'}"
         )
     print()
     for t in twins:
@@ -277,7 +277,7 @@ def main() -> None:
         print("kept aside (*):", json.dumps(result["aside"]))
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     data["ttft_accuracy"] = result
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -632,7 +632,7 @@ def judge_ttft(
             )
             predicted(change_to(at_size))
             return decided(rec, "estimate", "the bigger tier leans to a saving")
-        return _judge_on_unmeasurable(rec, now, hit, note, change_to, saves, predicted)
+        return _judge_on_unmeasurable(rec, now, hit, note)
     rec.reasons.append(
         f"the CPU tier pays: it saves at least {_ms(-now.high)} per request ({note(now)}: "
         f"{_effect_words(now)}); the other requests it spares a convoy of recomputes do not "
@@ -714,9 +714,6 @@ def _judge_on_unmeasurable(
     now: Effect,
     hit: str,
     note: Callable[[Effect], str],
-    change_to: Callable[[Effect], Effect],
-    saves: Callable[[Effect], bool],
-    predicted: Callable[[Effect], None],
 ) -> Recommendation:
     """Offloading on, an effect within its noise: say so, and let the other costs decide."""
     unmeasurable = (

@@ -107,16 +107,8 @@ def analyze_group(
         return None  # instance-level series only (cache_config_info); no model to judge
     entry, ctx = _group_entry(window, group, settings, lifetime)
     target_events = (events or {}).get(group[0])
-    hit_at: Callable[[float], float] | None = None
-    if (
-        ctx is not None
-        and target_events is not None
-        and target_events.messages()
-        and _events_belong_to(window, group, entry.offloading)
-    ):
-        missed = _missed_tokens(window, group, ctx, event_baselines)
-        hit_at = _add_event_evidence(entry, window.static(group), target_events, missed, settings)
     if ctx is not None:
+        hit_at = _curve_hit_at(entry, window, group, ctx, target_events, event_baselines, settings)
         _add_ttft_verdict(entry, ctx, settings, hit_at)
     return entry
 
@@ -134,15 +126,31 @@ def predicted_effect(
     entry, ctx = _group_entry(window, group, settings, False)
     if ctx is None:
         return None
-    hit_at: Callable[[float], float] | None = None
-    if events is not None and events.messages() and _events_belong_to(window, group, False):
-        missed = _missed_tokens(window, group, ctx, None)
-        hit_at = _add_event_evidence(entry, window.static(group), events, missed, settings)
+    hit_at = _curve_hit_at(entry, window, group, ctx, events, None, settings)
     obs = ttft.observe(ctx, entry.figures.get("kv_bytes_per_token"))
     if obs is None:
         return None
     hit = hit_at(size_bytes) if hit_at is not None else 1.0
     return ttft.predict(obs, hit * obs.missed_tokens, ttft_constants(settings.thresholds))
+
+
+def _curve_hit_at(
+    entry: GroupAnalysis,
+    window: Window,
+    group: GroupKey,
+    ctx: Context,
+    events: TargetEvents | None,
+    baselines: dict[GroupKey, dict[str, float]] | None,
+    settings: Settings,
+) -> Callable[[float], float] | None:
+    """The KV-event evidence joins the entry (the curve re-decides its advice); returns the
+    curve's hit ratio at a size, or None without events of this group."""
+    if events is None or not events.messages():
+        return None
+    if not _events_belong_to(window, group, entry.offloading):
+        return None
+    missed = _missed_tokens(window, group, ctx, baselines)
+    return _add_event_evidence(entry, window.static(group), events, missed, settings)
 
 
 def add_fleet_evidence(
