@@ -492,7 +492,7 @@ def _effect_words(effect: Effect) -> str:
     recompute = (
         f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per request "
         f"would cost ~{_ms(parts['recompute_saved_seconds'])}"
-        if parts.get("cost_measured")
+        if parts.get("compute_seconds_per_token")
         else f"recomputing the {parts['reloaded_tokens_per_request']:.0f} reloaded tokens per "
         "request costs nothing this server can measure"
     )

@@ -183,9 +183,9 @@ def _costs(obs: Observed, k: Constants) -> _Costs:
         store = obs.bytes_per_token / k.store_critical_bytes_per_second * obs.overlap
     if cost is None:
         # Too few intervals: the cost is somewhere between nothing and all of the prefill
-        # time spent on its tokens.
+        # time spent on its tokens; the middle, with that whole span as its range.
         ceiling = obs.mean_prefill / obs.computed_tokens if obs.computed_tokens > 0 else 0.0
-        return _Costs(0.0, ceiling / 2, store)
+        return _Costs(ceiling / 2, ceiling / 4, store)
     if not obs.cost_measured:
         return _Costs(0.0, cost.standard_error, store)
     c = cost.shrunk(_SHRINK_Z)
