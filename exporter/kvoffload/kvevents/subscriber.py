@@ -14,7 +14,20 @@ A hostile or broken publisher cannot wedge it: sequence numbers out of range are
 replays that fail (silence past the timeout, cut at the cap, an error) are rate-limited
 (REPLAY_BURST, then one per REPLAY_EVERY_SECONDS): a publisher whose every message is a gap or
 a restart, with a ROUTER that never answers, gets the rest counted as lost, not a timeout
-each. Replays that vLLM answers cost nothing of that rate.
+each. Replays that vLLM answers cost nothing of that rate. A replay also ends at
+REPLAY_DEADLINE_SECONDS whatever comes (a ROUTER dripping one duplicate every 1.5 s kept the
+old silence-only timeout from firing for hours).
+
+Memory: a message is at most MAX_MESSAGE_BYTES (libzmq drops the connection on a bigger one)
+and each socket queues at most RCVHWM messages, so what libzmq holds for us is bounded in bytes
+(QUEUE_BUDGET_BYTES a socket); vLLM's PUB keeps the rest on its side (its high-water mark is
+100,000) and a gap is replayed. A message's work yields to the event loop in bounded steps.
+
+The publisher going away (a vLLM restart) must never reach libzmq's `!_more` assertion
+(fq.cpp:80, an abort of the whole sidecar): polling a SUB socket pre-reads the first frame of
+the next message, and `disconnect()` on that socket terminates its pipe under the rest of it.
+So a dropped connection is never disconnected in place: the socket is drained, closed with
+linger 0 and a new one opened (tests/kvevents/test_publisher_vanishing.py).
 """
 
 from __future__ import annotations
@@ -23,8 +36,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -35,7 +48,15 @@ from kvoffload.kvevents.state import SEQUENCE_LIMIT
 
 log = logging.getLogger("kvoffload.kvevents")
 END_SEQ = -1
-MAX_MESSAGE_BYTES = 64 * 2**20
+# The largest message of the real H200 captures is 75 KB (5,853 messages, mean 3.4 KB); 4 MiB
+# is a step of ~800k new tokens. Decoding costs up to ~15x the bytes in Python objects.
+MAX_MESSAGE_BYTES = 4 * 2**20
+RCVHWM = 16  # messages libzmq queues per socket: with the size cap, QUEUE_BUDGET_BYTES
+QUEUE_BUDGET_BYTES = RCVHWM * MAX_MESSAGE_BYTES
+# A replay, however its ROUTER answers, ends after this long (besides the frame cap).
+REPLAY_DEADLINE_SECONDS = 10.0
+# Message work gives the event loop a turn at least this often (/healthz, scrapes).
+YIELD_EVERY_SECONDS = 0.01
 # After a dropped connection, this long before connecting again.
 RECONNECT_SECONDS = 0.5
 REPLAY_MAX_MESSAGES = 20_000  # vLLM buffers 10,000
@@ -74,16 +95,44 @@ class SubscriberState:
     rejected: int = 0  # messages that could not be placed (sequence numbers out of range)
     replays_skipped: int = 0  # gaps or restarts not replayed: over the replay rate
     drops: int = 0  # connections dropped (a publisher gone, or a message over MAXMSGSIZE)
+    # The sequence went back (vLLM restarted), and a line saying what of it was recovered.
+    publisher_restarts: int = 0
+    last_restart: str | None = None
+    # Replays that did not bring all they asked for, by reason (timeout: silence; deadline:
+    # REPLAY_DEADLINE_SECONDS; cap: REPLAY_MAX_MESSAGES; error: a socket error), and the
+    # messages they asked for and did not bring (counted lost, or unseen after a restart).
+    replay_failures: dict[str, int] = field(default_factory=dict)
+    unreplayed: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "endpoint": self.endpoint,
+            "rank": self.rank,
+            "connected": self.connected,
+            "last_seq": self.last_seq,
+            "replayed": self.replayed,
+            "rejected": self.rejected,
+            "drops": self.drops,
+            "publisher_restarts": self.publisher_restarts,
+            "last_restart": self.last_restart,
+            "replays_skipped": self.replays_skipped,
+            "replay_failures": dict(self.replay_failures),
+            "unreplayed": self.unreplayed,
+            "last_error": self.last_error,
+        }
 
 
 class Subscriber:
-    """One SUB socket for one DP rank; `on_message` gets every message in sequence order."""
+    """One SUB socket for one DP rank; `on_message` gets every message in sequence order.
+
+    `on_message` may return an iterator: its work is then done in steps, the event loop
+    getting a turn between them (TargetEvents.ingest_message_steps)."""
 
     def __init__(
         self,
         endpoint: str,
         rank: int,
-        on_message: Callable[[RawMessage], None],
+        on_message: Callable[[RawMessage], Iterator[None] | None],
         replay_endpoint: str | None = None,
         topic: str = "",
         replay_timeout_seconds: float = 2.0,
@@ -111,87 +160,138 @@ class Subscriber:
         self._ctx = zmq.asyncio.Context.instance()
         self._replay_tokens = float(REPLAY_BURST)
         self._replay_refilled = time.monotonic()
+        self._turn_at = time.monotonic()  # when the event loop last had a turn
 
     async def run(self) -> None:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
-        # A hostile or broken publisher cannot make us hold a huge message: libzmq drops the
-        # connection instead (it reconnects). vLLM's batches are kilobytes to a few megabytes.
-        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        watch = asyncio.create_task(self._reconnect_when_dropped(sub))
         try:
-            sub.connect(self.state.endpoint)
             while True:
-                frames = await sub.recv_multipart()
-                self.state.connected = True
-                if len(frames) != 3 or len(frames[1]) != 8:
-                    self.state.last_error = (
-                        f"{self.state.endpoint}: malformed message ({len(frames)} frames)"
-                    )
-                    continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
-                if not 0 <= seq < SEQUENCE_LIMIT:
-                    # vLLM numbers from 0; a negative number cannot be placed in the stream
-                    # (and would make a replay request from it impossible to encode), a huge
-                    # one would make the gap and history figures absurd.
-                    self.state.rejected += 1
-                    what = "negative" if seq < 0 else "out-of-range"
-                    self.state.last_error = f"{self.state.endpoint}: {what} sequence {seq}"
-                    if self.on_rejected is not None:
-                        self.on_rejected(self.state.rank, seq)
-                    continue
-                last = self.state.last_seq
-                if self.replay_endpoint:
-                    if last is None or seq <= last:
-                        # Our start, or vLLM's (it numbers from 0 again): ask for everything
-                        # it still holds, up to 10,000 messages of history.
-                        self.state.history_from_seq = None
-                        if seq > 0 and self._may_replay():
-                            self._replayed(await self._replay(0, seq))
-                    elif seq > last + 1 and self._may_replay():
-                        self._replayed(await self._replay(last + 1, seq))
-                self._deliver(seq, frames[0], frames[2])
+                await self._connection()
+                # A publisher sending oversized messages gets one connection a RECONNECT_SECONDS.
+                await asyncio.sleep(RECONNECT_SECONDS)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            sub.close(linger=0)
             self.state.connected = False
 
-    async def _reconnect_when_dropped(self, sub: zmq.asyncio.Socket) -> None:
-        """libzmq drops a connection whose message is over MAXMSGSIZE and, that being a
-        protocol error, does not connect again: one oversized message from a hostile
-        publisher would stop ingestion for good. Connect again when the connection drops (a
-        publisher that went away is connected again by libzmq too: harmless)."""
+    def _open(self) -> zmq.asyncio.Socket:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, RCVHWM)
+        # A hostile or broken publisher cannot make us hold a huge message: libzmq drops the
+        # connection instead (and, that being a protocol error, never connects again: a new
+        # socket does).
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        return sub
+
+    async def _connection(self) -> None:
+        """One SUB socket until its connection drops; then the whole messages it holds are
+        taken and it is closed (never disconnected in place: see the module's docstring)."""
         from zmq.utils.monitor import recv_monitor_message
 
+        sub = self._open()
         monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        dropped = asyncio.ensure_future(recv_monitor_message(monitor))
         try:
-            while True:
-                await recv_monitor_message(monitor)
-                self.state.drops += 1
-                self.state.last_error = (
-                    f"{self.state.endpoint}: connection dropped (the publisher went away, or "
-                    f"sent a message over {MAX_MESSAGE_BYTES // 2**20} MiB): connecting again"
-                )
-                await asyncio.sleep(RECONNECT_SECONDS)
-                with contextlib.suppress(zmq.ZMQError):
-                    sub.disconnect(self.state.endpoint)
-                sub.connect(self.state.endpoint)
+            sub.connect(self.state.endpoint)
+            while not dropped.done():
+                try:  # a burst is taken without a wait per message
+                    frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    received = sub.recv_multipart()
+                    await asyncio.wait((received, dropped), return_when=asyncio.FIRST_COMPLETED)
+                    if not received.done():
+                        received.cancel()  # not started: nothing of a message is read
+                        break
+                    frames = received.result()
+                await self._take(frames)
+            # libzmq's own reconnect never cuts a pipe under a message: what the socket holds
+            # (at most RCVHWM messages) is whole, and taken before the socket goes.
+            for _ in range(RCVHWM + 1):
+                try:
+                    frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                await self._take(frames)
+            self.state.drops += 1
+            self.state.last_error = (
+                f"{self.state.endpoint}: connection dropped (the publisher went away, or "
+                f"sent a message over {MAX_MESSAGE_BYTES // 2**20} MiB): connecting again"
+            )
         finally:
+            dropped.cancel()
+            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+                await dropped
             with contextlib.suppress(zmq.ZMQError):
                 sub.disable_monitor()
             monitor.close(linger=0)
+            sub.close(linger=0)
 
-    def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
+    async def _take(self, frames: list[bytes]) -> None:
+        """One live message: checked, any gap or restart before it replayed, delivered."""
+        self.state.connected = True
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.state.last_error = (
+                f"{self.state.endpoint}: malformed message ({len(frames)} frames)"
+            )
+            return
+        seq = int.from_bytes(frames[1], "big", signed=True)
+        if not 0 <= seq < SEQUENCE_LIMIT:
+            # vLLM numbers from 0; a negative number cannot be placed in the stream (and
+            # would make a replay request from it impossible to encode), a huge one would
+            # make the gap and history figures absurd.
+            self.state.rejected += 1
+            what = "negative" if seq < 0 else "out-of-range"
+            self.state.last_error = f"{self.state.endpoint}: {what} sequence {seq}"
+            if self.on_rejected is not None:
+                self.on_rejected(self.state.rank, seq)
+            return
+        last = self.state.last_seq
+        restarted = last is not None and seq <= last
+        if restarted:
+            self.state.publisher_restarts += 1
+        if self.replay_endpoint:
+            if last is None or restarted:
+                # Our start, or vLLM's (it numbers from 0 again): ask for everything it
+                # still holds, up to 10,000 messages of history.
+                self.state.history_from_seq = None
+                if seq > 0 and self._may_replay():
+                    self._replayed(await self._replay(0, seq))
+            elif seq > last + 1 and self._may_replay():
+                self._replayed(await self._replay(last + 1, seq))
+        if restarted:
+            self._note_restart(last, seq)
+        await self._deliver(seq, frames[0], frames[2])
+
+    def _note_restart(self, last: int | None, seq: int) -> None:
+        """The status line of a restart: what of the new publisher's history we hold."""
+        held_from = self.state.history_from_seq if self.state.history_from_seq is not None else seq
+        missing = held_from
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.state.last_restart = f"{when}: publisher restarted (sequence {seq} after {last}); " + (
+            "its whole history replayed"
+            if missing == 0
+            else f"{missing:,} of its earlier messages not replayed"
+            + ("" if self.replay_endpoint else " (no replay endpoint)")
+        )
+        log.warning("kv events: %s: %s", self.state.endpoint, self.state.last_restart)
+
+    async def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
         if self.state.history_from_seq is None or (
             self.state.last_seq is not None and seq <= self.state.last_seq
         ):
             self.state.history_from_seq = seq
         self.state.last_seq = seq
-        self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
+        steps = self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
+        if steps is not None:
+            for _ in steps:
+                await self._turn()
+        await self._turn()
+
+    async def _turn(self) -> None:
+        """Give the event loop a turn when message work has held it YIELD_EVERY_SECONDS."""
+        now = time.monotonic()
+        if now - self._turn_at >= YIELD_EVERY_SECONDS:
+            await asyncio.sleep(0)
+            self._turn_at = time.monotonic()
 
     def _replayed(self, answered: bool) -> None:
         """A replay that was answered gives its token back: only failures use up the rate."""
@@ -212,29 +312,54 @@ class Subscriber:
         self._replay_tokens -= 1
         return True
 
+    def _replay_failed(self, reason: str, message: str) -> None:
+        failures = self.state.replay_failures
+        failures[reason] = failures.get(reason, 0) + 1
+        self.state.last_error = f"{self.replay_endpoint}: {message}"
+
     async def _replay(self, start: int, stop: int) -> bool:
         """Fetch messages [start, stop) from vLLM's replay buffer, in order; at most
-        REPLAY_MAX_MESSAGES frames are read, whatever the ROUTER sends. Returns whether it
-        was answered (its end marker, or the gap's last message, came)."""
+        REPLAY_MAX_MESSAGES frames are read and REPLAY_DEADLINE_SECONDS spent, whatever the
+        ROUTER sends. Returns whether it was answered (its end marker, or the gap's last
+        message, came); what it did not bring is counted in `unreplayed`."""
+        replayed_before = self.state.replayed
+        try:
+            return await self._fetch(start, stop)
+        finally:
+            self.state.unreplayed += (stop - start) - (self.state.replayed - replayed_before)
+
+    async def _fetch(self, start: int, stop: int) -> bool:
         assert self.replay_endpoint is not None
+        # A socket per replay: nothing of one replay (a late frame) is read by the next.
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        # vLLM's ROUTER holds what we have not read yet on its side (its send high-water
+        # mark): a small queue here bounds our memory, not the replay.
+        dealer.setsockopt(zmq.RCVHWM, RCVHWM)
+        deadline = time.monotonic() + REPLAY_DEADLINE_SECONDS
         try:
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
             asked_from, continuations = start, 0
             for _ in range(REPLAY_MAX_MESSAGES):
-                # The timeout is for silence, not for the whole replay: a long replay that
-                # keeps coming (thousands of messages, each ingested as it arrives, on a busy
-                # machine) is not vLLM failing to answer.
-                if not await dealer.poll(self.replay_timeout * 1000):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._replay_failed(
+                        "deadline", f"replay stopped after {REPLAY_DEADLINE_SECONDS:g} s"
+                    )
+                    return False
+                # The timeout is for silence; the deadline bounds the whole replay (a long
+                # one that keeps coming is ingested as it arrives).
+                if not await dealer.poll(min(self.replay_timeout, left) * 1000):
+                    if time.monotonic() >= deadline:
+                        continue  # the deadline's failure, above
                     # vLLM's ROUTER sends a whole replay at once and drops what is over its
                     # send limit (1,000 messages by default): when this request brought some
                     # of the gap, ask again from where it stopped.
                     resume = self._resume_from(asked_from, stop)
                     if resume is None or continuations == REPLAY_CONTINUATIONS:
-                        self.state.last_error = f"{self.replay_endpoint}: replay timed out"
+                        self._replay_failed("timeout", "replay timed out")
                         return False
                     continuations += 1
                     asked_from = resume
@@ -260,15 +385,14 @@ class Subscriber:
                     fresh or self.state.last_seq is None or seq > self.state.last_seq
                 ):
                     self.state.replayed += 1
-                    self._deliver(seq, topic, payload)
+                    await self._deliver(seq, topic, payload)
                     if seq == stop - 1:
                         return True  # all of the gap: the rest would be live messages again
-            else:
-                self.state.last_error = (
-                    f"{self.replay_endpoint}: replay cut after {REPLAY_MAX_MESSAGES:,} messages"
-                )
+                else:
+                    await self._turn()  # a ROUTER repeating itself still lets the loop run
+            self._replay_failed("cap", f"replay cut after {REPLAY_MAX_MESSAGES:,} messages")
         except zmq.ZMQError as exc:
-            self.state.last_error = f"{self.replay_endpoint}: {exc}"
+            self._replay_failed("error", str(exc))
         finally:
             dealer.close(linger=0)
         return False
