@@ -16,6 +16,7 @@ counted as losses.
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -55,6 +56,17 @@ PREFIX_ALLOWANCE_PER_EVENT = 64
 PREFIX_ALLOWANCE_PER_BLOCK = 16
 PREFIX_ALLOWANCE_PER_SECOND = 20_000
 PREFIX_ALLOWANCE_MAX = 1 << 16
+
+# vLLM's block sizes are 1 to a few hundred tokens; a BlockStored claiming more than
+# MAX_BLOCK_SIZE (or a negative one) is refused, counted (`refused_events`), so that it never
+# scales a token figure (9.2e20 and -3,200 reached /metrics). 0 means "not given".
+MAX_BLOCK_SIZE = 1 << 20
+# A message's work is done in steps of at most STEP_BLOCKS blocks, the event loop getting a
+# turn between them (a 4 MiB batch holds ~450k hashes: seconds of work). An event with more
+# blocks is taken in pieces: the pieces after the first walk no prefix (the first piece is
+# it) and their distances restart the running maximum; no real event comes near (a 100k-token
+# context is ~6,000 blocks).
+STEP_BLOCKS = 8192
 
 
 class ParentMap(dict[int, int | None]):
@@ -113,6 +125,10 @@ class EngineEvents:
     sequence_rejected: int = 0
     # GPU-hit prefixes whose walk stopped at the allowance (see PREFIX_ALLOWANCE_MAX)
     prefix_walks_cut: int = 0
+    # the sequence went back: a new publisher (vLLM restarted)
+    publisher_restarts: int = 0
+    # events not taken, by reason (block_size: out of 0..MAX_BLOCK_SIZE)
+    refused_events: dict[str, int] = field(default_factory=dict)
     # receive time of the previous message (not saved: a resumed state uses GAP_FALLBACK)
     last_received: float | None = None
     first_ts: float | None = None
@@ -172,6 +188,7 @@ class EngineEvents:
         if self.last_seq is not None and seq <= self.last_seq:
             # A new publisher: vLLM restarted (it sends no AllBlocksCleared for that), so the
             # GPU cache and the CPU tier are empty again.
+            self.publisher_restarts += 1
             self.clear()
             self.history_from_seq = None
         if self.history_from_seq is None:
@@ -182,6 +199,11 @@ class EngineEvents:
         return lost
 
     def ingest(self, batch: Batch, received: float | None = None) -> None:
+        for _ in self.ingest_steps(batch, received):
+            pass
+
+    def ingest_steps(self, batch: Batch, received: float | None = None) -> Iterator[None]:
+        """Take in a batch, yielding after each STEP_BLOCKS blocks of work."""
         if received is not None:
             if self._allowance_at is not None and received > self._allowance_at:
                 earned = PREFIX_ALLOWANCE_PER_SECOND * (received - self._allowance_at)
@@ -190,11 +212,27 @@ class EngineEvents:
         self.unknown_events += batch.unknown
         self.first_ts = batch.ts if self.first_ts is None else self.first_ts
         self.last_ts = batch.ts
+        work = 0
         for ev in batch.events:
-            if ev.kind == STORED and ev.medium in GPU_MEDIA:
+            if work >= STEP_BLOCKS:
+                yield
+                work = 0
+            work += len(ev.block_hashes) + 1
+            if ev.kind == STORED and not 0 <= ev.block_size <= MAX_BLOCK_SIZE:
+                self.refused_events["block_size"] = self.refused_events.get("block_size", 0) + 1
+            elif ev.kind == STORED and ev.medium in GPU_MEDIA:
                 if ev.block_size:
                     self.block_size = ev.block_size
-                self._gpu_stored(ev.block_hashes, ev.parent_block_hash)
+                hashes = ev.block_hashes
+                if len(hashes) <= STEP_BLOCKS:
+                    self._gpu_stored(hashes, ev.parent_block_hash)
+                    continue
+                loading = self._gpu_stored(hashes[:STEP_BLOCKS], ev.parent_block_hash)
+                for at in range(STEP_BLOCKS, len(hashes), STEP_BLOCKS):
+                    yield
+                    piece = hashes[at : at + STEP_BLOCKS]
+                    loading = self._gpu_stored(piece, hashes[at - 1], True, loading)
+                work = 0
             elif ev.kind == STORED and ev.medium in CPU_MEDIA:
                 store = self.cpu_resident.store
                 for h in ev.block_hashes:
@@ -221,8 +259,16 @@ class EngineEvents:
         self.cpu_resident.clear()
         self.gpu_parent.clear()
 
-    def _gpu_stored(self, hashes: tuple[int, ...], parent: int | None) -> None:
+    def _gpu_stored(
+        self,
+        hashes: tuple[int, ...],
+        parent: int | None,
+        continued: bool = False,
+        loading: bool = True,
+    ) -> bool:
         """A request's blocks that missed the GPU (computed, or loaded from the CPU tier).
+        continued: a later piece of a long event (STEP_BLOCKS), whose prefix is the pieces
+        before it; loading: whether those were all loaded. Returns whether all of these were.
 
         vLLM's offloading scheduler looks each new request up in the CPU tier and touches all
         of its blocks — the GPU-hit prefix too — so that the first blocks are the most recent.
@@ -239,7 +285,7 @@ class EngineEvents:
         parents = self.gpu_parent
         chain: list[int] = []
         seen: set[int] = set()
-        p = parent
+        p = None if continued else parent
         while p is not None and p in parents and p not in seen:  # a loop ends the walk
             if len(chain) >= allowance:
                 self.prefix_walks_cut += 1
@@ -257,12 +303,15 @@ class EngineEvents:
         # The same rule says which blocks were really loaded: one still in the CPU tier after
         # the first absent one is recomputed (on the real H200 captures, counting every
         # present block overcounts vLLM's loads by up to 1%; the leading run matches them).
-        if len(self.cpu_resident):
+        if loading and len(self.cpu_resident):
             load = self.cpu_resident.load
             for h in hashes:
                 if not load(h):  # absent: this block and the rest are recomputed
+                    loading = False
                     break
                 self.cpu_loaded_blocks += 1  # missed on GPU, loaded from the CPU tier
+        else:
+            loading = False
         self._checkpoint()
         prev = parent
         for h in hashes:
@@ -271,6 +320,7 @@ class EngineEvents:
             prev = h
         if parents.limit is not None and len(parents) > parents.limit:
             parents.trim()
+        return loading
 
     @property
     def resident_never_loaded_blocks(self) -> int:
@@ -300,13 +350,28 @@ class TargetEvents:
     def ingest_message(self, msg: RawMessage) -> bool:
         """Decode one received message and take it in; a payload that does not decode is
         counted and remembered (one line), never raised. Returns whether it was taken."""
+        steps = self.ingest_message_steps(msg)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return bool(done.value)
+
+    def ingest_message_steps(self, msg: RawMessage) -> Generator[None, None, bool]:
+        """ingest_message in steps of bounded work (EngineEvents.ingest_steps): the caller
+        gives the event loop a turn between them. Returns (StopIteration) whether taken."""
         try:
             batch = decode_batch(msg.payload, msg.dp_rank)
         except InputError as exc:
             self.decode_errors += 1
             self.last_error = f"rank {msg.dp_rank} message {msg.seq}: {exc}"
             return False
-        return self.ingest(batch, msg.seq, msg.dp_rank, msg.received_at)
+        yield  # decoding a big batch is work too
+        eng = self._placed(batch, msg.seq, msg.dp_rank, msg.received_at)
+        if eng is None:
+            return False
+        yield from eng.ingest_steps(batch, msg.received_at)
+        return True
 
     def ingest(
         self,
@@ -317,15 +382,24 @@ class TargetEvents:
     ) -> bool:
         """Take in a decoded batch; False (counted, nothing changed) when its sequence number
         is out of range."""
+        eng = self._placed(batch, seq, publisher_rank, received)
+        if eng is None:
+            return False
+        eng.ingest(batch, received)
+        return True
+
+    def _placed(
+        self, batch: Batch, seq: int | None, publisher_rank: int | None, received: float | None
+    ) -> EngineEvents | None:
+        """The engine a batch goes to, its sequence number accounted; None when rejected."""
         rank = publisher_rank if publisher_rank is not None else batch.dp_rank
         eng = self.engine(rank)
         if seq is not None:
             if not 0 <= seq < SEQUENCE_LIMIT:
                 self.reject_sequence(rank, seq)
-                return False
+                return None
             eng.sequence(seq, received)
-        eng.ingest(batch, received)
-        return True
+        return eng
 
     def reject_sequence(self, rank: int, seq: int) -> None:
         """A message of `rank` whose sequence number is out of range: counted, not taken."""
@@ -425,6 +499,17 @@ class TargetEvents:
             "rejected": sum(e.sequence_rejected for e in self.engines.values()),
             "jump": sum(e.sequence_jumps for e in self.engines.values()),
         }
+
+    def publisher_restarts(self) -> int:
+        return sum(e.publisher_restarts for e in self.engines.values())
+
+    def refused_events(self) -> dict[str, int]:
+        """Events not taken, by reason, over all engines."""
+        out = {"block_size": 0}
+        for e in self.engines.values():
+            for reason, n in e.refused_events.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
 
     def prefix_walks_cut(self) -> int:
         return sum(e.prefix_walks_cut for e in self.engines.values())

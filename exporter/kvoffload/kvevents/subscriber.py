@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -132,7 +133,7 @@ class Subscriber:
         self,
         endpoint: str,
         rank: int,
-        on_message: Callable[[RawMessage], Iterator[None] | None],
+        on_message: Callable[[RawMessage], object],
         replay_endpoint: str | None = None,
         topic: str = "",
         replay_timeout_seconds: float = 2.0,
@@ -196,7 +197,7 @@ class Subscriber:
                 try:  # a burst is taken without a wait per message
                     frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
                 except zmq.Again:
-                    received = sub.recv_multipart()
+                    received = cast("asyncio.Future[list[bytes]]", sub.recv_multipart())
                     await asyncio.wait((received, dropped), return_when=asyncio.FIRST_COMPLETED)
                     if not received.done():
                         received.cancel()  # not started: nothing of a message is read
@@ -281,7 +282,7 @@ class Subscriber:
             self.state.history_from_seq = seq
         self.state.last_seq = seq
         steps = self.on_message(RawMessage(self.state.rank, seq, time.time(), topic, payload))
-        if steps is not None:
+        if isinstance(steps, Iterator):  # other callables' results (a count) are not steps
             for _ in steps:
                 await self._turn()
         await self._turn()

@@ -129,6 +129,18 @@ KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
         "KV-event messages with an implausible sequence number: rejected (out of range, not "
         "taken) or jump (a forward gap no publisher could have made: not counted as lost).",
     ),
+    "kvoffload_kv_events_publisher_restarts": (
+        "counter",
+        ["target"],
+        "KV-event publishers seen to restart (the sequence went back: vLLM restarted); what "
+        "of its history was not replayed shows in kvoffload_kv_events_unseen_messages.",
+    ),
+    "kvoffload_kv_events_refused_events": (
+        "counter",
+        ["target", "reason"],
+        "KV events not taken, by reason (block_size: a BlockStored whose block_size is "
+        "negative or over 2^20 tokens).",
+    ),
     "kvoffload_kv_events_unseen_messages": (
         "gauge",
         ["target"],
@@ -337,7 +349,12 @@ class SidecarCollector(Collector):
         rate = _gauge("kvoffload_kv_events_sample_ratio")
         evicted = _counter("kvoffload_kv_events_evicted_blocks")
         anomalies = _counter("kvoffload_kv_events_sequence_anomalies")
+        restarts = _counter("kvoffload_kv_events_publisher_restarts")
+        refused = _counter("kvoffload_kv_events_refused_events")
         for name, state in sc.events.items():
+            restarts.add_metric([name], state.publisher_restarts())
+            for reason, count in state.refused_events().items():
+                refused.add_metric([name, reason], count)
             for kind, count in state.evicted_blocks().items():
                 evicted.add_metric([name, kind], count)
             for reason, count in state.sequence_anomalies().items():
@@ -347,7 +364,7 @@ class SidecarCollector(Collector):
             errors.add_metric([name], state.decode_errors)
             unseen.add_metric([name], state.unseen_before_start())
             rate.add_metric([name], state.sample_rate_now())
-        yield from (messages, lost, errors, unseen, rate, evicted, anomalies)
+        yield from (messages, lost, errors, unseen, rate, evicted, anomalies, restarts, refused)
 
         hist = _histogram("kvoffload_reuse_distance_bytes")
         resident = _gauge("kvoffload_cpu_resident_bytes")

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -100,6 +100,10 @@ class EventCounts(Protocol):
     def evicted_blocks(self) -> dict[str, int]: ...
 
     def sequence_anomalies(self) -> dict[str, int]: ...
+
+    def publisher_restarts(self) -> int: ...
+
+    def refused_events(self) -> dict[str, int]: ...
 
 
 class Service(Protocol):
@@ -256,9 +260,12 @@ class Sidecar:
                 log.warning("kv events: %s", sub.state.last_error)
             await asyncio.sleep(1.0)
 
-    def _on_event_message(self, name: str, state: TargetEvents) -> Callable[[RawMessage], None]:
-        def handle(msg: RawMessage) -> None:
-            if state.ingest_message(msg):
+    def _on_event_message(
+        self, name: str, state: TargetEvents
+    ) -> Callable[[RawMessage], Iterator[None]]:
+        # Steps of bounded work: the subscriber gives the event loop a turn between them.
+        def handle(msg: RawMessage) -> Iterator[None]:
+            if (yield from state.ingest_message_steps(msg)):
                 self._generation += 1
                 self._event_generation[name] = self._event_generation.get(name, 0) + 1
 
@@ -513,18 +520,7 @@ class Sidecar:
             [_target_copy(t) for t in self.targets],
             {name: EventFigures.of(state) for name, state in self.events.items()},
             self.groups(),
-            [
-                {
-                    "endpoint": s.state.endpoint,
-                    "rank": s.state.rank,
-                    "connected": s.state.connected,
-                    "last_seq": s.state.last_seq,
-                    "replayed": s.state.replayed,
-                    "rejected": s.state.rejected,
-                    "last_error": s.state.last_error,
-                }
-                for s in self.subscribers
-            ],
+            [s.state.to_json() for s in self.subscribers],
             self.config.window_seconds,
             self.config.interval_seconds,
             self.ready,
@@ -569,6 +565,8 @@ class EventFigures:
     _sample_rate_now: float
     _evicted_blocks: dict[str, int] = field(default_factory=dict)
     _sequence_anomalies: dict[str, int] = field(default_factory=dict)
+    _publisher_restarts: int = 0
+    _refused_events: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: EventCounts) -> EventFigures:
@@ -581,6 +579,8 @@ class EventFigures:
             state.sample_rate_now(),
             state.evicted_blocks(),
             state.sequence_anomalies(),
+            state.publisher_restarts(),
+            state.refused_events(),
         )
 
     def messages(self) -> int:
@@ -600,6 +600,12 @@ class EventFigures:
 
     def sequence_anomalies(self) -> dict[str, int]:
         return self._sequence_anomalies
+
+    def publisher_restarts(self) -> int:
+        return self._publisher_restarts
+
+    def refused_events(self) -> dict[str, int]:
+        return self._refused_events
 
 
 class SidecarView:
