@@ -333,3 +333,72 @@ def test_a_replay_cut_by_the_routers_send_limit_is_asked_again_from_where_it_sto
     got, sub = asyncio.run(run())
     assert got == list(range(501))
     assert sub.state.replayed == 499 and starts == [1, 101, 201, 301, 401]
+
+
+def test_a_replay_dripping_duplicates_without_an_end_ends_at_its_deadline(monkeypatch):
+    """#25 item 9: a lying ROUTER sending one duplicate frame every 0.3 s (inside the silence
+    timeout) and never its end marker held a replay for up to 20,000 frames (8.3 h at 1.5 s);
+    now the replay ends at REPLAY_DEADLINE_SECONDS (lowered to 1.5 s here), counted, and the
+    live stream goes on."""
+    import time
+
+    from kvoffload.kvevents import subscriber
+
+    monkeypatch.setattr(subscriber, "REPLAY_DEADLINE_SECONDS", 1.5)
+
+    async def dripping(router: Any, ident: bytes, start: int) -> None:
+        for _ in range(1000):  # cancelled with the test's tasks
+            await router.send_multipart([ident, b"", b"kv", (0).to_bytes(8, "big"), _payload(0)])
+            await asyncio.sleep(0.3)
+
+    async def run() -> tuple[list[int], Subscriber, float]:
+        async with _publisher_with_replays(dripping, 1.0) as (pub, got, sub):
+            for _ in range(200):  # the slow joiner
+                if got:
+                    break
+                await pub.send_multipart([b"kv", (0).to_bytes(8, "big"), _payload(0)])
+                await asyncio.sleep(0.03)
+            started = time.monotonic()
+            await pub.send_multipart([b"kv", (50).to_bytes(8, "big"), _payload(50)])
+            for _ in range(200):
+                if got and got[-1] == 50:
+                    break
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - started
+        return got, sub, took
+
+    got, sub, took = asyncio.run(run())
+    assert got[-1] == 50 and took < 6  # the deadline, not 20,000 frames
+    assert sub.state.replay_failures == {"deadline": 1}
+    assert sub.state.unreplayed == 49  # 1..49 never came
+    assert "replay stopped after 1.5 s" in (sub.state.last_error or "")
+
+
+def test_a_block_size_out_of_range_is_refused_and_never_scales_a_figure():
+    """#25 item 9: a BlockStored with block_size 2^63 or -3,200 set the target's block size,
+    which scales every token figure (9.2e20 and -3,200 reached /metrics): refused, counted."""
+    state = TargetEvents()
+
+    def stored(i: int, size: int) -> bytes:
+        return encode_batch(
+            1.0,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [i],
+                    "parent_block_hash": None,
+                    "token_ids": [],
+                    "block_size": size,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                }
+            ],
+            0,
+        )
+
+    for seq, size in enumerate((2**63, -3200, 2**20 + 1, 16)):
+        state.ingest_message(RawMessage(0, seq, 1.0, b"", stored(seq, size)))
+    assert state.block_size == 16
+    assert state.refused_events() == {"block_size": 3}
+    assert state.missed_tokens_from_events() == 16  # only the valid block

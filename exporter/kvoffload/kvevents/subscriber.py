@@ -58,6 +58,7 @@ QUEUE_BUDGET_BYTES = RCVHWM * MAX_MESSAGE_BYTES
 REPLAY_DEADLINE_SECONDS = 10.0
 # Message work gives the event loop a turn at least this often (/healthz, scrapes).
 YIELD_EVERY_SECONDS = 0.01
+RESTART_LOG_SECONDS = 10.0
 # After a dropped connection, this long before connecting again.
 RECONNECT_SECONDS = 0.5
 REPLAY_MAX_MESSAGES = 20_000  # vLLM buffers 10,000
@@ -162,6 +163,7 @@ class Subscriber:
         self._replay_tokens = float(REPLAY_BURST)
         self._replay_refilled = time.monotonic()
         self._turn_at = time.monotonic()  # when the event loop last had a turn
+        self._restart_logged: float | None = None
 
     async def run(self) -> None:
         try:
@@ -273,7 +275,12 @@ class Subscriber:
             else f"{missing:,} of its earlier messages not replayed"
             + ("" if self.replay_endpoint else " (no replay endpoint)")
         )
-        log.warning("kv events: %s: %s", self.state.endpoint, self.state.last_restart)
+        # One line a RESTART_LOG_SECONDS at most: a publisher flapping between restarts (each
+        # message numbered 0) must not flood the log; the counter and the status have them all.
+        now = time.monotonic()
+        if self._restart_logged is None or now - self._restart_logged >= RESTART_LOG_SECONDS:
+            self._restart_logged = now
+            log.warning("kv events: %s: %s", self.state.endpoint, self.state.last_restart)
 
     async def _deliver(self, seq: int, topic: bytes, payload: bytes) -> None:
         if self.state.history_from_seq is None or (
