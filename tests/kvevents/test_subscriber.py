@@ -262,7 +262,7 @@ def test_a_message_over_the_size_limit_is_refused_and_the_stream_goes_on(monkeyp
     """A hostile publisher's huge message (the issue: a 1 GiB one was taken whole, RSS 1.09 GB)
     is refused by ZMQ itself (MAXMSGSIZE: the connection is dropped before the message is
     held); libzmq does not connect again after that, the subscriber does: later messages
-    arrive (without it, none did). The limit is lowered to 1 MiB here: 2 MiB, not 64, sent."""
+    arrive (without it, none did). The limit is lowered to 1 MiB here: 2 MiB, not 4, sent."""
     import zmq
     import zmq.asyncio
 
