@@ -323,8 +323,10 @@ def _tracker(raw: _Engine, sample_rate: float, sample_budget: int | None) -> Sta
     h.cold, h.total, h.finite_sum = totals.cold, totals.total, totals.finite_sum
     # Every access is counted once (cold, or at one distance): more than the total would
     # publish hit ratios above 1 (a cold of -1e12 gave an achievable ratio of 396,209).
+    # (each node of the exact part's tree is a partial sum: none is above the whole)
     counted = h.cold + h._fw.prefix(DistanceHistogram.EXACT) + math.fsum(h._coarse)
-    if counted > h.total * (1 + 1e-9) + 1e-6:
+    most = h.total * (1 + 1e-9) + 1e-6
+    if counted > most or max(h._fw.tree) > most:
         raise StateError("its histogram counts more accesses than its total")
     return t
 
