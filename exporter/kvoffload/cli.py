@@ -23,6 +23,7 @@ from kvoffload.conventions import (
     ENV_HELP,
     ExporterGroup,
     WebFlags,
+    describe_option,
     log_options,
     run_app,
     web_options,
@@ -231,7 +232,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
             click.core.ParameterSource.DEFAULT,
             None,
         ):
-            out.append(param.opts[0])
+            out.append(describe_option(ctx, param))
     return out
 
 
