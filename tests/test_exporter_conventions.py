@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from kvoffload.cli import cli
-from kvoffload.conventions import DEFAULT_PORT, JSONFormatter, LogfmtFormatter
+from kvoffload.conventions import DEFAULT_PORT, SHARED_FLAGS, JSONFormatter, LogfmtFormatter
 
 from helpers import SAMPLE, free_port
 
@@ -107,8 +107,10 @@ def test_every_flag_of_every_command_has_an_environment_variable() -> None:
             want = flag[2:].replace(".", "_").replace("-", "_").upper()
             if param.name in ("log_level", "log_format"):
                 assert envvars == [f"KVOFFLOAD_{want}"]
-            else:
+            elif flag in SHARED_FLAGS:
                 assert envvars == [f"KVOFFLOAD_{name.upper()}_{want}", f"KVOFFLOAD_{want}"]
+            else:  # scoped to its command: another command's variable never reaches it
+                assert envvars == [f"KVOFFLOAD_{name.upper()}_{want}"]
             assert not seen & set(envvars), (name, envvars)
             seen |= set(envvars)
     serve = {p.name: p for p in _subcommands()["serve"].params}
@@ -118,8 +120,6 @@ def test_every_flag_of_every_command_has_an_environment_variable() -> None:
 
 def test_environment_sets_flags_and_the_command_line_wins() -> None:
     r = kvo("analyze", str(SAMPLE), env={"KVOFFLOAD_ANALYZE_JSON": "1"})
-    assert r.returncode == 0 and json.loads(r.stdout)["groups"], r.stderr
-    r = kvo("analyze", str(SAMPLE), env={"KVOFFLOAD_JSON": "true"})
     assert r.returncode == 0 and json.loads(r.stdout)["groups"], r.stderr
     # The Downward API's value of vLLM's limits.memory (bytes) reaches the memory check.
     low = {"KVOFFLOAD_MEMORY_LIMIT": str(2**20), "KVOFFLOAD_ANALYZE_JSON": "1"}
@@ -133,7 +133,35 @@ def test_environment_sets_flags_and_the_command_line_wins() -> None:
     assert not group["recommendation"]["warnings"]
     # A bad value in the environment is the flag's one-line error.
     r = kvo("analyze", str(SAMPLE), env={"KVOFFLOAD_MEMORY_LIMIT": "lots"})
-    assert r.returncode == 2 and "--memory-limit" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "'--memory-limit' (from KVOFFLOAD_MEMORY_LIMIT)" in r.stderr, r.stderr
+
+
+def test_a_variable_meant_for_one_command_does_not_change_another() -> None:
+    """Issue #25: KVOFFLOAD_DURATION or KVOFFLOAD_RECORD_DURATION set for `record` changed
+    `analyze --duration` too (and KVOFFLOAD_JSON its output); now only the command's own
+    variable is read, and an error about it names it."""
+    others = {
+        "KVOFFLOAD_DURATION": "bogus",
+        "KVOFFLOAD_RECORD_DURATION": "bogus",
+        "KVOFFLOAD_SIM_DURATION": "bogus",
+        "KVOFFLOAD_JSON": "true",
+        "KVOFFLOAD_KV_EVENTS": "tcp://127.0.0.1:1",
+    }
+    r = kvo("analyze", str(SAMPLE), env=others)
+    assert r.returncode == 0 and not r.stdout.lstrip().startswith("{"), r.stderr
+    r = kvo("analyze", str(SAMPLE), env={**others, "KVOFFLOAD_ANALYZE_DURATION": "soon"})
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert any("'--duration' (from KVOFFLOAD_ANALYZE_DURATION)" in line for line in lines), lines
+    # An error raised after parsing names the variable too.
+    r = kvo(
+        "serve",
+        "--prometheus",
+        "http://127.0.0.1:1",
+        env={"KVOFFLOAD_SERVE_WINDOW": "5m", "KVOFFLOAD_WINDOW": "7m"},
+    )
+    assert r.returncode == 2 and "--window (from KVOFFLOAD_SERVE_WINDOW)" in r.stderr, r.stderr
 
 
 def test_repeatable_flags_from_the_environment() -> None:

@@ -23,6 +23,7 @@ from kvoffload.conventions import (
     ENV_HELP,
     ExporterGroup,
     WebFlags,
+    describe_option,
     log_options,
     run_app,
     web_options,
@@ -231,7 +232,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
             click.core.ParameterSource.DEFAULT,
             None,
         ):
-            out.append(param.opts[0])
+            out.append(describe_option(ctx, param))
     return out
 
 
@@ -538,7 +539,9 @@ def _run(service: Service, doing: str, web: WebFlags) -> None:
     help="Scrape nothing: turn the journal of a killed recording (OUT.partial, cut at any "
     "byte) into the OpenMetrics file OUT (or --output), then remove it; a recording cut "
     "short (a copy, a full disk) is rewritten in place (or into --output). The last, "
-    "possibly partial scrape is dropped; promtool reads the result.",
+    "possibly partial scrape is dropped; promtool reads the result. Anything that is not "
+    "a recording (not a regular file, or not beginning like one) is refused and left as it "
+    "is, and the result replaces its input only once it reads as a recording.",
 )
 def record(
     targets: tuple[str, ...],
@@ -557,7 +560,8 @@ def record(
     import asyncio
 
     from kvoffload.ingest.record import record_targets
-    from kvoffload.ingest.recording import JOURNAL_SUFFIX, Recording, finalize_journal
+    from kvoffload.ingest.recording import JOURNAL_SUFFIX, Recording
+    from kvoffload.ingest.repair import repair
     from kvoffload.kvevents.eventfile import open_writer
     from kvoffload.sidecar.service import target_name
 
@@ -567,7 +571,7 @@ def record(
         journal = finalize.endswith(JOURNAL_SUFFIX)
         if output is None:
             output = finalize[: -len(JOURNAL_SUFFIX)] if journal else finalize
-        scrapes = finalize_journal(finalize, output)
+        scrapes = repair(finalize, output)
         if not journal or os.path.abspath(output) == os.path.abspath(finalize):
             click.echo(f"wrote {scrapes} timestamps to {output}", err=True)
             return

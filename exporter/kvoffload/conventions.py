@@ -30,11 +30,27 @@ from kvoffload.errors import InputError
 DEFAULT_PORT = 19400
 ENV_PREFIX = "KVOFFLOAD"
 ENV_HELP = (
-    "Every flag also reads the environment: --web.listen-address of `serve` from "
-    "KVOFFLOAD_SERVE_WEB_LISTEN_ADDRESS, then KVOFFLOAD_WEB_LISTEN_ADDRESS (the flag's name in "
-    "capitals, dots and dashes as underscores; the command line wins). Repeatable flags take "
-    "a whitespace-separated list (--header: one per line). --log.level and --log.format go "
-    "before or after the subcommand (KVOFFLOAD_LOG_LEVEL, KVOFFLOAD_LOG_FORMAT)."
+    "Every flag also reads the environment, scoped to its command: --duration of `record` "
+    "from KVOFFLOAD_RECORD_DURATION (the flag's name in capitals, dots and dashes as "
+    "underscores; the command line wins). The --web.*, --log.* and --memory-limit flags also "
+    "read the unscoped name (KVOFFLOAD_WEB_LISTEN_ADDRESS, KVOFFLOAD_MEMORY_LIMIT) after the "
+    "scoped one. Repeatable flags take a whitespace-separated list (--header: one per line). "
+    "--log.level and --log.format go before or after the subcommand (KVOFFLOAD_LOG_LEVEL, "
+    "KVOFFLOAD_LOG_FORMAT)."
+)
+# Flags that mean the same to every command that has them (the exporter conventions and the
+# vLLM container's memory): KVOFFLOAD_<FLAG> is read too, after KVOFFLOAD_<COMMAND>_<FLAG>.
+# Every other flag reads only its command's variable: a KVOFFLOAD_DURATION meant for `record`
+# changed `sim` and `analyze` too.
+SHARED_FLAGS = frozenset(
+    {
+        "--log.level",
+        "--log.format",
+        "--memory-limit",
+        "--web.listen-address",
+        "--web.telemetry-path",
+        "--web.config.file",
+    }
 )
 # Repeatable flags whose values contain spaces: one value per line in the environment.
 _LINE_LISTS = {"--header"}
@@ -174,7 +190,8 @@ class _LineList(click.types.StringParamType):
 
 
 def name_envvars(command: click.Command, command_name: str) -> None:
-    """KVOFFLOAD_<COMMAND>_<FLAG>, then KVOFFLOAD_<FLAG>, for each of `command`'s flags."""
+    """KVOFFLOAD_<COMMAND>_<FLAG> for each of `command`'s flags, then KVOFFLOAD_<FLAG> for
+    the SHARED_FLAGS; errors about a value from the environment name its variable."""
     prefix = f"{ENV_PREFIX}_{command_name.replace('-', '_').upper()}"
     for param in command.params:
         if not isinstance(param, click.Option) or param.envvar is not None:
@@ -182,9 +199,36 @@ def name_envvars(command: click.Command, command_name: str) -> None:
         flag = _flag_env(param.opts)
         if flag is None:
             continue
-        param.envvar = [f"{prefix}_{flag}", f"{ENV_PREFIX}_{flag}"]
+        shared = bool(SHARED_FLAGS & set(param.opts))
+        param.envvar = [f"{prefix}_{flag}", *([f"{ENV_PREFIX}_{flag}"] if shared else [])]
         if param.multiple and _LINE_LISTS & set(param.opts):
             param.type = _LineList()
+        param.get_error_hint = functools.partial(_error_hint, param)  # type: ignore[method-assign]
+
+
+def env_source(ctx: click.Context, param: click.Parameter) -> str | None:
+    """The variable `param`'s value came from, None when it did not come from the
+    environment (click takes the first of its names that is set and not empty)."""
+    if param.name is None or ctx.get_parameter_source(param.name) is not (
+        click.core.ParameterSource.ENVIRONMENT
+    ):
+        return None
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+    return next((n for n in names if os.environ.get(n)), None)
+
+
+def describe_option(ctx: click.Context, param: click.Parameter) -> str:
+    """`--flag`, or `--flag (from KVOFFLOAD_…)` when the environment gave it: an error about
+    a variable someone set for another purpose must say which one to unset."""
+    flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+    var = env_source(ctx, param)
+    return f"{flag} (from {var})" if var else flag
+
+
+def _error_hint(param: click.Parameter, ctx: click.Context) -> str:
+    hint = " / ".join(f"'{o}'" for o in param.opts)
+    var = env_source(ctx, param)
+    return f"{hint} (from {var})" if var else hint
 
 
 class ExporterGroup(click.Group):

@@ -303,3 +303,17 @@ def test_regenerated_rules_and_dashboards_flow_into_the_manifests(rendered, tmp_
     assert 'job="llm", namespace="prod"' in rule and 'job="vllm"' not in rule
     maps = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap")
     assert maps == ["llm-dashboard-fleet", "llm-dashboard-overview"]
+
+
+def test_no_service_link_variables_reach_vllm(rendered) -> None:
+    """A Service named `vllm` makes Kubernetes inject VLLM_PORT=tcp://IP:8000, which vLLM
+    reads as its own setting and rejects at start (a crash loop): the pod turns service links
+    off, and no VLLM_* variable is set by hand either."""
+    for name, docs in rendered.items():
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod.get("enableServiceLinks") is False, name
+        assert one(docs, "Service", "vllm")  # the name that needs it
+        for container in pod["containers"]:
+            env = [e["name"] for e in container.get("env", [])]
+            assert not [e for e in env if e.startswith("VLLM_PORT")], (name, env)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -300,7 +301,12 @@ _LE_RE = re.compile(r'(?:^|,)le="[^"]*"')
 _QUANTILE_RE = re.compile(r'(?:^|,)quantile="[^"]*"')
 
 
-def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
+def finalize_journal(
+    journal: str,
+    out: str,
+    tmp_dir: str | None = None,
+    verify: Callable[[str, int], None] | None = None,
+) -> int:
     """Rewrite a scrape-ordered recording (a journal) into `out` as strict OpenMetrics: each
     family once, contiguous, under one TYPE line; each series' points contiguous and in time
     order; `# EOF`. Memory stays bounded (an on-disk sort; temporary files in `tmp_dir`,
@@ -308,7 +314,8 @@ def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
     all (written aside, then renamed). A journal without '# EOF' (its recorder was killed,
     cut at any byte) loses its last, possibly partial scrape; a strict file cut short (`record
     --repair`), its last, possibly partial point. Returns the number of timestamps written
-    (a journal's scrapes)."""
+    (a journal's scrapes). `verify(tmp, timestamps)` may refuse the result (raising) before
+    it is renamed to `out`."""
     from kvoffload.ingest.extsort import sorted_lines
 
     try:
@@ -320,9 +327,10 @@ def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
     families: list[tuple[str, str]] = []
     scan = _JournalScan(families)
     directory = os.path.dirname(os.path.abspath(out))
-    tmp = os.path.join(directory, f".{os.path.basename(out)}.{os.getpid()}.tmp")
+    tmp = ""
     try:
-        with fh, open(tmp, "w", encoding="utf-8") as dst:
+        tmp, dst_fd = _exclusive_tmp(directory, os.path.basename(out))
+        with fh, open(dst_fd, "w", encoding="utf-8") as dst:
             fam = -1
             write = dst.write
             for keyed in sorted_lines(scan.keyed(fh, journal), tmp_dir=tmp_dir or directory):
@@ -338,15 +346,31 @@ def finalize_journal(journal: str, out: str, tmp_dir: str | None = None) -> int:
             write("# EOF\n")
             dst.flush()
             os.fsync(dst.fileno())
+        if verify is not None:
+            verify(tmp, scan.scrapes)
         os.replace(tmp, out)
     except UnicodeDecodeError:
         raise InputError(f"{journal}: not a text file (invalid UTF-8)") from None
     except OSError as exc:
         raise InputError(f"{out}: {exc.strerror}") from None
     finally:
-        if os.path.exists(tmp):
+        fh.close()
+        if tmp and os.path.lexists(tmp):
             os.unlink(tmp)
     return scan.scrapes
+
+
+def _exclusive_tmp(directory: str, base: str) -> tuple[str, int]:
+    """A new file beside the output, created exclusively and never through a symlink: a
+    name planted in the directory is not written through."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, "no free temporary name beside it")
 
 
 class _JournalScan:

@@ -7,32 +7,41 @@ atomically (temporary file, fsync, rename) every few seconds and at shutdown. A 
 sidecar loads it and asks vLLM to replay from the last sequence it holds, so a SIGKILL costs
 nothing that vLLM's replay buffer (10,000 messages) still has.
 
-The format is msgpack (msgspec) with a format name and a version. Block hashes can be 128-bit
-(folded bytes hashes), beyond msgpack's integers, so hash lists travel as packed 17-byte
-signed big-endian blobs; float arrays as packed doubles. A file that does not decode, is of
-another format or version, belongs to another target or was built with other sampling
-settings is set aside (renamed `*.bad`) with one line, and the sidecar starts fresh.
+The format is msgpack (msgspec) with a format name and a version, framed with its length and
+SHA-256 (kvevents.statefile, which also opens and writes the files safely). Block hashes can be
+128-bit (folded bytes hashes), beyond msgpack's integers, so hash lists travel as packed 17-byte
+signed big-endian blobs; float arrays as packed doubles. Loading trusts nothing that decodes:
+every field is range-checked by a typed schema (counts non-negative integers below 2^63,
+sequence numbers below the live limit, `block_size` at most 2^20 as for events, figures finite
+and non-negative, the histogram no larger than its total), and block lists are held to the
+budget before they are unpacked. A file that fails any of it, is of another format or version,
+belongs to another target or was built with other sampling settings is set aside (renamed
+`*.bad`) with one line, and the sidecar starts fresh. Version 1 files (no frame) are still
+read, with the same checks.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
+from kvoffload.kvevents import statefile
 from kvoffload.kvevents.stackdist import _SPACE, DistanceHistogram, StackDistanceTracker
-from kvoffload.kvevents.state import EngineEvents, TargetEvents
+from kvoffload.kvevents.state import SEQUENCE_LIMIT, EngineEvents, TargetEvents
 
 log = logging.getLogger("kvoffload.kvevents")
 
 FORMAT = "kvoffload.kv-events-state"
-VERSION = 1
+VERSION = 2  # 2: framed with a checksum (statefile); 1: bare msgpack, still read
 _HASH_BYTES = 17  # signed: int hashes may be negative, folded bytes hashes use 128 bits
 
 _ENGINE_SCALARS = (
@@ -167,13 +176,7 @@ def encode(snap: Snapshot) -> bytes:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Never leaves a half-written file: a kill mid-write keeps the previous state."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    statefile.write_atomic(path, data)
 
 
 def write_snapshot(path: Path, snap: Snapshot) -> None:
@@ -190,50 +193,160 @@ def save(
 
 
 # -- loading ----------------------------------------------------------------------------------
-def _floats(blob: Any, n: int, what: str) -> list[float]:
-    if not isinstance(blob, bytes) or len(blob) != 8 * n:
+# What a file may hold. The bounds are the live ones (state.SEQUENCE_LIMIT, the KV-event
+# block_size bound) or far above any real stream, so a file the sidecar wrote always loads
+# and one that was edited or damaged cannot make a figure absurd or wedge ingestion.
+BLOCK_SIZE_LIMIT = 1 << 20  # tokens a block; the KV-event decoder refuses larger ones too
+MAX_ENGINES = 1024  # DP ranks of one target
+MAX_CHECKPOINTS = 128  # one each time the accesses double: 64 reach 2^63
+MAX_BASELINE_GROUPS = 4096
+MAX_BASELINE_NAMES = 256
+BYTES_PER_BLOCK_LIMIT = float(1 << 48)
+_LAST_ERROR_CHARS = 1000
+
+_Count = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
+_Seq = Annotated[int, Meta(ge=0, lt=SEQUENCE_LIMIT)]
+_Figure = Annotated[float, Meta(ge=0.0, le=1e300)]
+
+
+class _Scalars(msgspec.Struct):
+    block_size: Annotated[int, Meta(ge=0, le=BLOCK_SIZE_LIMIT)]
+    gpu_missed_blocks: _Count
+    cpu_stored_blocks: _Count
+    cpu_loaded_blocks: _Count
+    cpu_evicted_never_loaded_blocks: _Count
+    cpu_evicted_blocks: _Count
+    clears: _Count
+    last_seq: _Seq | None
+    history_from_seq: _Seq | None
+    messages: _Count
+    lost_messages: _Count
+    unknown_events: _Count
+    first_ts: float | None
+    last_ts: float | None
+    # added since the first files of version 1
+    sequence_jumps: _Count = 0
+    sequence_rejected: _Count = 0
+    prefix_walks_cut: _Count = 0
+    gpu_parents_evicted: _Count = 0
+    cpu_resident_evicted: _Count = 0
+
+
+class _TrackerMeta(msgspec.Struct):
+    threshold: Annotated[int, Meta(gt=0, le=_SPACE)]
+    sampled: bool
+    budget: Annotated[int, Meta(gt=0)] | None
+    accesses: _Count
+
+
+class _HistogramTotals(msgspec.Struct):
+    cold: _Figure
+    total: _Figure
+    finite_sum: _Figure
+
+
+class _Engine(msgspec.Struct):
+    rank: Annotated[int, Meta(ge=0, lt=MAX_ENGINES)]
+    scalars: _Scalars
+    checkpoints: Annotated[list[tuple[_Figure, _Figure]], Meta(max_length=MAX_CHECKPOINTS)]
+    cpu_resident: bytes
+    cpu_loaded: bytes
+    gpu_blocks: bytes
+    gpu_has_parent: bytes
+    gpu_parents: bytes
+    tracker: _TrackerMeta
+    tracker_blocks: bytes
+    histogram_exact: bytes
+    histogram_coarse: bytes
+    histogram: _HistogramTotals
+
+
+class _Head(msgspec.Struct):
+    """What is read first, to say why a file is someone else's (the rest is skipped)."""
+
+    format: Any = None
+    version: Any = None
+    instance: Any = None
+
+
+class _File(msgspec.Struct):
+    format: str
+    version: int
+    instance: str
+    decode_errors: _Count
+    last_error: str | None
+    bytes_per_block: Annotated[float, Meta(gt=0.0, le=BYTES_PER_BLOCK_LIMIT)] | None
+    baselines: Annotated[
+        dict[str, Annotated[dict[str, float], Meta(max_length=MAX_BASELINE_NAMES)]],
+        Meta(max_length=MAX_BASELINE_GROUPS),
+    ]
+    engines: Annotated[list[_Engine], Meta(max_length=MAX_ENGINES)]
+
+
+_HEAD_DECODER = msgspec.msgpack.Decoder(_Head)
+_FILE_DECODER = msgspec.msgpack.Decoder(_File)
+
+
+def _floats(blob: bytes, n: int, what: str) -> list[float]:
+    if len(blob) != 8 * n:
         raise StateError(f"{what} has the wrong size")
-    return array("d", blob).tolist()
+    values = array("d", blob).tolist()
+    if not all(0.0 <= v <= 1e300 for v in values):  # NaN fails too
+        raise StateError(f"{what} holds a negative, infinite or NaN count")
+    return values
 
 
-def _tracker(
-    raw: dict[str, Any], sample_rate: float, sample_budget: int | None
-) -> StackDistanceTracker:
+def _hashes(blob: bytes, budget: int | None, what: str) -> list[int]:
+    """A packed hash list, held to the budget before it is unpacked (5 M blocks over a
+    10,000 budget took 160 s to load)."""
+    if budget is not None and len(blob) > budget * _HASH_BYTES:
+        raise StateError(f"{what} holds {len(blob) // _HASH_BYTES:,} blocks, over the budget")
+    return _unpack_hashes(blob)
+
+
+def _tracker(raw: _Engine, sample_rate: float, sample_budget: int | None) -> StackDistanceTracker:
     t = StackDistanceTracker(sample_rate, sample_budget)
-    meta = raw["tracker"]
-    if (
-        bool(meta["sampled"]) != t.sampled
-        or meta["budget"] != t.budget
-        or int(meta["threshold"]) > t.threshold
-    ):
+    meta = raw.tracker
+    if meta.sampled != t.sampled or meta.budget != t.budget or meta.threshold > t.threshold:
         raise StateError("it was built with other --kv-events-sample-rate/-budget settings")
-    t.threshold = int(meta["threshold"])
-    t.accesses = int(meta["accesses"])
+    t.threshold = meta.threshold
+    t.accesses = meta.accesses
+    blocks = _hashes(raw.tracker_blocks, sample_budget, "the reuse-distance structure")
     try:
-        t.load_blocks(_unpack_hashes(raw["tracker_blocks"]))
+        t.load_blocks(blocks)
     except ValueError:
         raise StateError("a block appears twice in the reuse-distance structure") from None
     h = t.histogram
-    h._fw.tree = _floats(raw["histogram_exact"], DistanceHistogram.EXACT + 1, "the histogram")
-    h._coarse = _floats(raw["histogram_coarse"], len(h._coarse), "the histogram")
-    h.cold = float(raw["histogram"]["cold"])
-    h.total = float(raw["histogram"]["total"])
-    h.finite_sum = float(raw["histogram"]["finite_sum"])
-    if not 0 < t.threshold <= _SPACE:
-        raise StateError("its sampling threshold is out of range")
+    h._fw.tree = _floats(raw.histogram_exact, DistanceHistogram.EXACT + 1, "the histogram")
+    h._coarse = _floats(raw.histogram_coarse, len(h._coarse), "the histogram")
+    totals = raw.histogram
+    h.cold, h.total, h.finite_sum = totals.cold, totals.total, totals.finite_sum
+    # Every access is counted once (cold, or at one distance): more than the total would
+    # publish hit ratios above 1 (a cold of -1e12 gave an achievable ratio of 396,209).
+    # (each node of the exact part's tree is a partial sum: none is above the whole)
+    counted = h.cold + h._fw.prefix(DistanceHistogram.EXACT) + math.fsum(h._coarse)
+    most = h.total * (1 + 1e-9) + 1e-6
+    if counted > most or max(h._fw.tree) > most:
+        raise StateError("its histogram counts more accesses than its total")
     return t
 
 
-def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None) -> EngineEvents:
+def _engine(raw: _Engine, sample_rate: float, sample_budget: int | None) -> EngineEvents:
     e = EngineEvents(sample_rate, sample_budget)
-    scalars = raw["scalars"]
-    for key in _ENGINE_SCALARS:
-        setattr(e, key, scalars[key])
-    for key in _ENGINE_COUNTERS:
-        setattr(e, key, int(scalars.get(key, 0)))
-    e.checkpoints = [(float(t), float(c)) for t, c in raw["checkpoints"]]
-    resident = _unpack_hashes(raw["cpu_resident"])
-    loaded = raw["cpu_loaded"]
+    sc = raw.scalars
+    for key in _ENGINE_SCALARS + _ENGINE_COUNTERS:
+        setattr(e, key, getattr(sc, key))
+    # Timestamps are the publisher's and only shown: one that is not a number is dropped.
+    e.first_ts = sc.first_ts if sc.first_ts is not None and math.isfinite(sc.first_ts) else None
+    e.last_ts = sc.last_ts if sc.last_ts is not None and math.isfinite(sc.last_ts) else None
+    first, last = e.history_from_seq, e.last_seq
+    if (first is None) != (last is None) or (first or 0) > (last or 0):
+        raise StateError("its sequence numbers are inconsistent")
+    if any(cold > total for total, cold in raw.checkpoints):
+        raise StateError("a checkpoint counts more first touches than accesses")
+    e.checkpoints = [(total, cold) for total, cold in raw.checkpoints]
+    resident = _hashes(raw.cpu_resident, sample_budget, "the CPU tier's residency")
+    loaded = raw.cpu_loaded
     if len(loaded) != len(resident):
         raise StateError("the CPU tier's residency is inconsistent")
     for block, flag in zip(resident, loaded, strict=True):
@@ -242,18 +355,28 @@ def _engine(raw: dict[str, Any], sample_rate: float, sample_budget: int | None) 
         e.cpu_resident.store(block)
         if flag:
             e.cpu_resident.load(block)
-    blocks = _unpack_hashes(raw["gpu_blocks"])
-    parents = _unpack_hashes(raw["gpu_parents"])
-    has_parent = raw["gpu_has_parent"]
+    blocks = _hashes(raw.gpu_blocks, sample_budget, "the GPU prefix chains")
+    parents = _unpack_hashes(raw.gpu_parents)
+    has_parent = raw.gpu_has_parent
     if not len(blocks) == len(parents) == len(has_parent):
         raise StateError("the GPU prefix chains are inconsistent")
     for b, p, flag in zip(blocks, parents, has_parent, strict=True):
         e.gpu_parent[b] = p if flag else None
     e.gpu_parent.trim()
-    e.gpu_parent.evicted = int(scalars.get("gpu_parents_evicted", 0))
-    e.cpu_resident.evicted = int(scalars.get("cpu_resident_evicted", 0))
+    e.gpu_parent.evicted = sc.gpu_parents_evicted
+    e.cpu_resident.evicted = sc.cpu_resident_evicted
     e.tracker = _tracker(raw, sample_rate, sample_budget)
     return e
+
+
+def _baselines(raw: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Counter totals per group; a group with a total that is not a finite non-negative
+    number loses its baseline (its missed tokens unknown until one is taken again)."""
+    return {
+        group: totals
+        for group, totals in raw.items()
+        if all(0.0 <= v <= 1e300 for v in totals.values())
+    }
 
 
 @dataclass
@@ -264,43 +387,49 @@ class Loaded:
 
 
 def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded:
+    """A state file's bytes (framed, or a version-1 file) into a target's events, every field
+    checked; StateError (one line) for anything else."""
     try:
-        raw = msgspec.msgpack.decode(data)
+        payload = statefile.unframe(data) if data.startswith(statefile.MAGIC) else data
+        legacy = payload is data
+    except statefile.StateFileError as exc:
+        raise StateError(str(exc)) from None
+    try:
+        head = _HEAD_DECODER.decode(payload)
     except msgspec.DecodeError as exc:
         raise StateError(f"not a state file ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    if head.format != FORMAT:
         raise StateError("not a kvoffload KV-event state file")
-    if raw.get("version") != VERSION:
+    if head.version != (1 if legacy else VERSION):
         raise StateError(
-            f"state format version {raw.get('version')!r}, this release reads {VERSION}"
+            f"state format version {head.version!r}, this release reads {VERSION} (and 1)"
         )
-    if raw.get("instance") != instance:
-        raise StateError(f"it belongs to target {raw.get('instance')!r}, not {instance!r}")
+    if head.instance != instance:
+        raise StateError(f"it belongs to target {head.instance!r}, not {instance!r}")
     try:
-        events = TargetEvents(sample_rate, sample_budget)
-        events.decode_errors = int(raw["decode_errors"])
-        events.last_error = raw["last_error"]
-        bpb = raw["bytes_per_block"]
-        events.bytes_per_block = float(bpb) if bpb is not None else None
-        for eng in raw["engines"]:
-            events.engines[int(eng["rank"])] = _engine(eng, sample_rate, sample_budget)
-        baselines = {
-            str(k): {str(n): float(v) for n, v in d.items()} for k, d in raw["baselines"].items()
-        }
-    except StateError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StateError(f"malformed state ({type(exc).__name__}: {exc})") from None
-    return Loaded(events, baselines, events.messages())
+        raw = _FILE_DECODER.decode(payload)
+    except msgspec.DecodeError as exc:  # ValidationError too: a field out of range
+        raise StateError(f"malformed state ({exc})") from None
+    events = TargetEvents(sample_rate, sample_budget)
+    events.decode_errors = raw.decode_errors
+    events.last_error = raw.last_error[:_LAST_ERROR_CHARS] if raw.last_error else raw.last_error
+    events.bytes_per_block = raw.bytes_per_block
+    for eng in raw.engines:
+        if eng.rank in events.engines:
+            raise StateError(f"rank {eng.rank} appears twice")
+        events.engines[eng.rank] = _engine(eng, sample_rate, sample_budget)
+    return Loaded(events, _baselines(raw.baselines), events.messages())
 
 
 def load(path: Path, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded | None:
-    """The saved state, or None when there is none; an unusable file is renamed `*.bad`
-    (replacing an older one) with a one-line warning, never raised."""
+    """The saved state, or None when there is none; an unusable file (a link, a device, a
+    FIFO, one over the size limit, damaged, out of range) is renamed `*.bad` (replacing an
+    older one) with a one-line warning, never raised."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
+        data = statefile.read(path)
+        if data is None:
+            return None
+        return decode(data, instance, sample_rate, sample_budget)
     except OSError as exc:
         log.warning(
             "kv events: cannot read %s (%s); starting without saved state",
@@ -308,14 +437,7 @@ def load(path: Path, instance: str, sample_rate: float, sample_budget: int | Non
             exc.strerror or exc,
         )
         return None
-    try:
-        return decode(data, instance, sample_rate, sample_budget)
-    except StateError as exc:
-        bad = path.with_name(path.name + ".bad")
-        try:
-            os.replace(path, bad)
-            where = f"moved to {bad}"
-        except OSError:
-            where = "left in place"
+    except (StateError, statefile.StateFileError) as exc:
+        where = statefile.set_aside(path)
         log.warning("kv events: %s: %s; %s, starting fresh", path, exc, where)
         return None

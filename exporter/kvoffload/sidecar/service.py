@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import IO, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -28,7 +28,7 @@ from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
 from kvoffload.ingest.parse import Limits
 from kvoffload.ingest.scrape import OFF_LOOP_BYTES, Scrape, ScrapeLimitError, off_loop, scrape
-from kvoffload.kvevents import persist
+from kvoffload.kvevents import persist, statefile
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
@@ -196,6 +196,15 @@ class Sidecar:
         # Counter totals per group when its events started: the curve's denominator runs
         # from there.
         self.event_baselines: dict[GroupKey, dict[str, float]] = {}
+        self._state_lock: IO[bytes] | None = None
+        if config.state_dir and config.kv_events:
+            # Two sidecars on one directory would overwrite each other's files in turn.
+            try:
+                self._state_lock = statefile.lock_directory(Path(config.state_dir))
+            except statefile.DirectoryInUse as exc:
+                raise InputError(f"--state-dir: {exc}") from None
+            except OSError as exc:
+                raise InputError(f"--state-dir {config.state_dir}: {exc.strerror or exc}") from None
         for source in config.kv_events:
             name = by_url.get(source.target)
             if name is None:
@@ -279,6 +288,9 @@ class Sidecar:
         if self.config.state_dir:
             for name in self.events:
                 self._save(name)
+        if self._state_lock is not None:
+            self._state_lock.close()  # the next sidecar on this directory may start
+            self._state_lock = None
 
     # -- the event state on disk ------------------------------------------------------------
     def _state_path(self, name: str) -> Path:
