@@ -255,6 +255,7 @@ def _refused(args: tuple[str, ...], cfg: Path) -> str:
         ({"tls_server_config": {"cert_file": "a.pem"}}, "needs both cert_file and key_file"),
         ({"tls_server_config": {"cert_file": "x.pem", "key_file": "x.key"}}, "No such file"),
         ({"basic_auth_users": {"u": "plaintext"}}, "basic_auth_users.u is not a bcrypt hash"),
+        ({"basic_auth_users": {"u": "$2b$99$" + "a" * 53}}, "basic_auth_users.u is not a bcrypt"),
         ({"basic_auth_user": {}}, "unknown field(s) in the file: basic_auth_user"),
         ({"tls_server_config": {"cipher_suites": ["x"]}}, "cipher_suites is not supported"),
         ({"http_server_config": {"headers": {"Server": "x"}}}, "header Server cannot be set"),
@@ -508,3 +509,56 @@ def test_stalled_tls_handshakes_are_bounded(pki: dict[str, Path], tmp_path: Path
     said = log.read_text()
     assert f"{MAX_HANDSHAKES} TLS handshakes pending" in said and "Traceback" not in said
     print(f"RSS growth over 2 waves of 300 stalled handshakes: peaks {peaks}, after {after:.1f} MB")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "\n", "basic_auth_users:\n", "http_server_config: {headers: {X-Frame-Options: deny}}\n"],
+    ids=["empty", "blank", "users-null", "cut-before-users"],
+)
+def test_a_reload_that_names_no_users_keeps_them(tmp_path: Path, text: str) -> None:
+    cfg = _config(tmp_path / "web.yml", {"basic_auth_users": {"u": _hash("pw")}})
+    security = WebSecurity(str(cfg))
+    cfg.write_text(text)
+    security.refresh()
+    assert list(security.config.users) == ["u"]
+    # On purpose: an explicit empty mapping turns auth off without a restart.
+    cfg.write_text("basic_auth_users: {}\n")
+    security.refresh()
+    assert not security.config.users
+
+
+def test_remembered_results_follow_the_users(tmp_path: Path) -> None:
+    """A result is remembered per credential and hash: a repeated wrong password is not
+    checked again, an unknown user never passes on a remembered result, and new hashes
+    forget them."""
+    cfg = _config(tmp_path / "web.yml", {"basic_auth_users": {"u": _hash("pw")}})
+    security = WebSecurity(str(cfg))
+
+    async def verdicts(*credentials: tuple[str, str]) -> list[Verdict]:
+        return [await security._authorized(_basic(u, p)["Authorization"]) for u, p in credentials]
+
+    assert asyncio.run(verdicts(("u", "pw"), ("u", "no"), ("nobody", "pw"))) == [
+        Verdict.OK,
+        Verdict.BAD,
+        Verdict.BAD,
+    ]
+    checks = security.passwords
+    assert (len(checks._ok), len(checks._bad)) == (1, 2)
+    assert asyncio.run(verdicts(("u", "no"), ("u", "pw"))) == [Verdict.BAD, Verdict.OK]
+    assert (len(checks._ok), len(checks._bad)) == (1, 2)  # answered from what was remembered
+    _config(cfg, {"basic_auth_users": {"u": _hash("new")}})
+    security.refresh()
+    assert (len(checks._ok), len(checks._bad)) == (0, 0)
+    assert asyncio.run(verdicts(("u", "pw"), ("u", "new"))) == [Verdict.BAD, Verdict.OK]
+
+
+def test_the_dummy_hash_has_the_users_cost(tmp_path: Path) -> None:
+    hashes = {
+        "a": bcrypt.hashpw(b"x", bcrypt.gensalt(5)).decode(),
+        "b": bcrypt.hashpw(b"x", bcrypt.gensalt(6)).decode(),
+        "c": bcrypt.hashpw(b"x", bcrypt.gensalt(6)).decode(),
+    }
+    security = WebSecurity(str(_config(tmp_path / "web.yml", {"basic_auth_users": hashes})))
+    assert security._dummy.startswith(b"$2b$06$") and len(security._dummy) == 60
+    assert not bcrypt.checkpw(b"x", security._dummy)
