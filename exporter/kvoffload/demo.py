@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from kvoffload import serving
 from kvoffload.analysis.analyze import Settings
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.conventions import listen_socket, url
@@ -97,9 +98,11 @@ async def run_demo(
         )
     )
     side_app = security.install(make_sidecar_app(sidecar, metrics_path=metrics_path))
-    side_runner = web.AppRunner(side_app, access_log=None)
+    # Behind the same accept loop as serve's (kvoffload.serving): stalled TLS handshakes and
+    # connection floods bounded alike.
+    side_runner = serving.runner(side_app)
     await side_runner.setup()
-    await web.SockSite(side_runner, side_sock, ssl_context=security.ssl_context()).start()
+    await serving.ListenerSite(side_runner, side_sock, security.ssl_context()).start()
     echo(
         f"simulated vLLM ({scenario.name}, {speed:g}x real time): {target}"
         + (f", KV events {events_endpoint}" if events_endpoint else "")

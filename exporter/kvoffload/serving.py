@@ -14,6 +14,12 @@ behind an accept loop of our own, so that clients nobody authenticated cannot ta
 - A rejected request (oversized, malformed, too many headers): one warning line, its status
   and reason, where aiohttp logs a traceback at error level (a bad method on a connection's
   first request, TLS sent to plain HTTP: aiohttp's one debug line).
+- TLS handshakes that never finish (connections that send no ClientHello, or half of one):
+  asyncio gives each TLS connection a 256 KiB read buffer at once, and the glibc heap kept it
+  after close: 1,000 such connections took the sidecar from 52 to 352 MB (#25). Here a
+  connection's buffer is `TLS_READ_BYTES`, a handshake has `TLS_HANDSHAKE_SECONDS`, and at most
+  `MAX_HANDSHAKES` go on at once: one more closes the oldest (a stalled one, while an honest
+  client's takes milliseconds).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import resource
 import socket
 import ssl
 import time
+from asyncio import sslproto
 from typing import Any
 
 from aiohttp import web
@@ -44,7 +51,16 @@ PAUSE_MIN, PAUSE_MAX = 0.05, 1.0
 # just connected (a probe) has its request on the way.
 IDLE_AGE = 1.0
 KEEPALIVE_SECONDS = 75.0  # aiohttp's default for run_app; Prometheus scrapes every 15-60 s
-TLS_HANDSHAKE_SECONDS = 10.0
+TLS_HANDSHAKE_SECONDS = 5
+MAX_HANDSHAKES = 128
+TLS_READ_BYTES = 16 * 1024  # one TLS record's payload; asyncio's default is 256 KiB
+
+
+class _ServerTLS(sslproto.SSLProtocol):
+    """asyncio's TLS protocol with a read buffer of one record's size (its own 256 KiB, taken
+    for every connection before its handshake, was most of what a stalled one cost)."""
+
+    max_size = TLS_READ_BYTES
 
 
 _QUOTED = re.compile(r":? (?:bytearray\()?b['\"]")
@@ -103,6 +119,7 @@ class Listener(asyncio.AbstractServer):
         self._resume_handle: asyncio.TimerHandle | None = None
         self._born: dict[Any, float] = {}  # handler → when its connection was accepted
         self._pending: dict[asyncio.Task[None], float] = {}  # connections being set up
+        self.handshakes_dropped = 0  # pending handshakes closed to make room (MAX_HANDSHAKES)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -134,26 +151,61 @@ class Listener(asyncio.AbstractServer):
                 return
             self.pause = PAUSE_MIN
             conn.setblocking(False)
+            if self.ssl_context is not None and len(self._pending) >= MAX_HANDSHAKES:
+                self._drop_oldest_handshake()
             task = loop.create_task(self._connect(conn))
             self._pending[task] = time.monotonic()
             task.add_done_callback(self._connected)
         if len(self._born) > 2 * len(self.server.connections) + 256:
             self._forget_closed()
 
+    def _drop_oldest_handshake(self) -> None:
+        oldest = next(iter(self._pending))  # in the order they were accepted
+        del self._pending[oldest]
+        oldest.cancel()
+        self.handshakes_dropped += 1
+        log.warning(
+            "%d TLS handshakes pending: the oldest closed to make room (clients that never "
+            "finish one?)",
+            MAX_HANDSHAKES,
+        )
+
     async def _connect(self, conn: socket.socket) -> None:
         assert self._loop is not None
         try:
-            _transport, handler = await self._loop.connect_accepted_socket(
-                self.server,
-                conn,
-                ssl=self.ssl_context,
-                ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS if self.ssl_context else None,
-            )
+            if self.ssl_context is None:
+                _transport, handler = await self._loop.connect_accepted_socket(self.server, conn)
+            else:
+                handler = await self._handshake(conn, self.ssl_context)
         except Exception as exc:  # a failed handshake: the client's business
             log.debug("connection not set up: %s", exc)
             conn.close()
             return
         self._born[handler] = time.monotonic()
+
+    async def _handshake(self, conn: socket.socket, context: ssl.SSLContext) -> Any:
+        """What connect_accepted_socket(ssl=...) does, on `_ServerTLS`: the handler once
+        the handshake is done; the connection closed when it fails, times out or is dropped."""
+        assert self._loop is not None
+        handler = self.server()
+        done = self._loop.create_future()
+        tls = _ServerTLS(
+            self._loop,
+            handler,
+            context,
+            done,
+            server_side=True,
+            ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS,
+        )
+        transport: asyncio.Transport | None = None
+        try:
+            transport, _ = await self._loop.connect_accepted_socket(lambda: tls, conn)
+            await done
+        except BaseException:
+            if transport is not None:
+                transport.abort()
+            raise
+        return handler
 
     def _connected(self, task: asyncio.Task[None]) -> None:
         self._pending.pop(task, None)

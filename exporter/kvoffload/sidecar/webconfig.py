@@ -15,29 +15,35 @@ file serves every exporter of a node.
 
 Like exporter-toolkit, the files are re-read when they change (a renewed certificate, a new
 password) without a restart: checked at each TLS handshake and each request. A change that does
-not load (a half-written key) is logged and the last good configuration stays in force.
+not load (a half-written key) is logged and the last good configuration stays in force. Nor
+does a reload ever turn basic auth off by accident: a file that is empty or names no users
+(half rewritten, say) keeps the users in force; only `basic_auth_users: {}` turns it off.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import hashlib
 import logging
 import os
 import ssl
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import bcrypt
 import yaml
 from aiohttp import web
 
+from kvoffload import logrepeat
 from kvoffload.errors import InputError
+from kvoffload.sidecar.passwords import PasswordChecks, Verdict
 
 log = logging.getLogger(__name__)
+# A file rewritten in place fails to load many times over: the same error once a minute.
+log.addFilter(logrepeat.RepeatFilter(60.0))
+RETRY_SECONDS = 1.0  # a file that did not load is read again this often, changed or not
 
 _VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -76,8 +82,9 @@ _HEADERS = {
 # Kubelet probes carry no credentials and these say only "alive"/"ready": left open so a pod
 # with basic auth keeps its probes (a client certificate is asked at the handshake, for all).
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-# A user that does not exist costs a bcrypt check all the same (no timing oracle of names).
-_DUMMY_HASH = b"$2b$10$03NEP5N9GSBbfSK5lK9GluiYD0TBeQxr5tdhLnF9d9hySB2lhP0Rq"
+# A user that does not exist costs a bcrypt check all the same (no timing oracle of names),
+# against this salt and digest at the users' cost (`dummy_hash`); no known password matches.
+_DUMMY_TAIL = b"03NEP5N9GSBbfSK5lK9GluiYD0TBeQxr5tdhLnF9d9hySB2lhP0Rq"
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class WebConfig:
     max_version: ssl.TLSVersion | None = None
     users: Mapping[str, bytes] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
+    # `basic_auth_users` given as a mapping, `{}` included (not absent, not left empty).
+    users_given: bool = False
 
     @property
     def tls(self) -> bool:
@@ -97,6 +106,13 @@ class WebConfig:
 
     def files(self) -> tuple[str, ...]:
         return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
+
+    def dummy_hash(self) -> bytes:
+        """A hash no password matches, at the cost most users' hashes have (the highest of
+        those as common): an unknown name then takes as long as a known one."""
+        costs = Counter(int(h[4:6]) for h in self.users.values())
+        cost = max(costs, key=lambda c: (costs[c], c)) if costs else 10
+        return b"$2b$%02d$" % cost + _DUMMY_TAIL
 
 
 def _mapping(path: str, where: str, value: object, known: set[str] | None) -> dict[str, Any]:
@@ -176,7 +192,13 @@ def parse_web_config(path: str) -> WebConfig:
         path, "basic_auth_users", top.get("basic_auth_users"), None
     ).items():
         raw = str(hashed).encode()
-        if not raw.startswith((b"$2a$", b"$2b$", b"$2y$")) or len(raw) != 60:
+        if (
+            not raw.startswith((b"$2a$", b"$2b$", b"$2y$"))
+            or len(raw) != 60
+            or raw[6:7] != b"$"
+            or not raw[4:6].isdigit()
+            or not 4 <= int(raw[4:6]) <= 31
+        ):
             raise InputError(f"{path}: basic_auth_users.{user} is not a bcrypt hash")
         users[str(user)] = raw
     return WebConfig(
@@ -188,6 +210,7 @@ def parse_web_config(path: str) -> WebConfig:
         _version(path, "max_version", tls["max_version"]) if "max_version" in tls else None,
         users,
         headers,
+        isinstance(top.get("basic_auth_users"), dict),
     )
 
 
@@ -237,7 +260,9 @@ class WebSecurity:
         self.config = parse_web_config(path) if path else WebConfig()
         self._context = tls_context(self.config) if self.config.tls else None
         self._stamp = self._files_stamp()
-        self._verified: set[bytes] = set()  # digests of credentials bcrypt accepted
+        self._retry_at: float | None = None  # set while the files on disk did not load
+        self.passwords = PasswordChecks()
+        self._dummy = self.config.dummy_hash()
 
     def _files_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
         return _stamp(((self.path,) if self.path else ()) + self.config.files())
@@ -263,9 +288,13 @@ class WebSecurity:
         if self.path is None:
             return
         stamp = self._files_stamp()
-        if stamp == self._stamp:
+        # Read again when a file changed, and now and then while the last read failed: a
+        # file rewritten twice within the clock's tick at one size would look unchanged.
+        retry = self._retry_at is not None and time.monotonic() >= self._retry_at
+        if stamp == self._stamp and not retry:
             return
         self._stamp = stamp
+        self._retry_at = time.monotonic() + RETRY_SECONDS
         try:
             config = parse_web_config(self.path)
             context = tls_context(config) if config.tls else None
@@ -275,36 +304,36 @@ class WebSecurity:
         if (context is None) != (self._context is None):
             log.error("web config not reloaded: turning TLS on or off needs a restart")
             return
+        if self.config.users and not config.users_given:
+            # An empty or half-written file must not let everyone in.
+            log.error(
+                "web config %s not reloaded: it names no basic_auth_users (empty or partly "
+                "written?), the last good users stay; 'basic_auth_users: {}' turns auth off",
+                self.path,
+            )
+            return
+        self._retry_at = None
+        if config.users != self.config.users:
+            self.passwords.forget()
         self.config, self._context = config, context
+        self._dummy = config.dummy_hash()
         self._stamp = self._files_stamp()  # the new config may name other files
-        self._verified.clear()
         log.info("web config %s reloaded", self.path)
 
-    async def _authorized(self, header: str | None) -> bool:
+    async def _authorized(self, header: str | None) -> Verdict:
         users = self.config.users
         scheme, _, encoded = (header or "").partition(" ")
         if scheme.lower() != "basic":
-            return False
+            return Verdict.BAD
         try:
             user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        hashed = users.get(user, _DUMMY_HASH)
-        digest = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
-        if digest in self._verified:
-            return True
-        try:
-            # bcrypt is slow on purpose (~50 ms at cost 10): off the event loop, once per
-            # credential (Prometheus sends the same one every scrape).
-            ok = await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed)
-        except ValueError:  # longer than bcrypt's 72 bytes
-            ok = False
-        if ok and sep and user in users:
-            if len(self._verified) > 1000:
-                self._verified.clear()
-            self._verified.add(digest)
-            return True
-        return False
+            return Verdict.BAD
+        hashed = users.get(user)
+        known = hashed is not None and bool(sep)
+        return await self.passwords.check(
+            user, password.encode(), hashed or self._dummy, known=known
+        )
 
     @web.middleware
     async def middleware(
@@ -313,18 +342,21 @@ class WebSecurity:
         self.refresh()
         config = self.config
         response: web.StreamResponse
-        if (
-            config.users
-            and request.path not in OPEN_PATHS
-            and not await self._authorized(request.headers.get("Authorization"))
-        ):
+        verdict = Verdict.OK
+        if config.users and request.path not in OPEN_PATHS:
+            verdict = await self._authorized(request.headers.get("Authorization"))
+        if verdict is Verdict.OK:
+            response = await handler(request)
+        elif verdict is Verdict.BUSY:  # too many passwords being checked: try again later
+            response = web.Response(
+                status=503, text="Too many password checks, retry\n", headers={"Retry-After": "1"}
+            )
+        else:
             response = web.Response(
                 status=401,
                 text="Unauthorized\n",
                 headers={"WWW-Authenticate": 'Basic realm="kvoffload"'},
             )
-        else:
-            response = await handler(request)
         response.headers.update(config.headers)
         return response
 
