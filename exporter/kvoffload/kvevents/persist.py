@@ -36,7 +36,7 @@ from msgspec import Meta
 
 from kvoffload.kvevents import statefile
 from kvoffload.kvevents.stackdist import _SPACE, DistanceHistogram, StackDistanceTracker
-from kvoffload.kvevents.state import SEQUENCE_LIMIT, EngineEvents, TargetEvents
+from kvoffload.kvevents.state import MAX_BLOCK_SIZE, SEQUENCE_LIMIT, EngineEvents, TargetEvents
 
 log = logging.getLogger("kvoffload.kvevents")
 
@@ -196,7 +196,6 @@ def save(
 # What a file may hold. The bounds are the live ones (state.SEQUENCE_LIMIT, the KV-event
 # block_size bound) or far above any real stream, so a file the sidecar wrote always loads
 # and one that was edited or damaged cannot make a figure absurd or wedge ingestion.
-BLOCK_SIZE_LIMIT = 1 << 20  # tokens a block; the KV-event decoder refuses larger ones too
 MAX_ENGINES = 1024  # DP ranks of one target
 MAX_CHECKPOINTS = 128  # one each time the accesses double: 64 reach 2^63
 MAX_BASELINE_GROUPS = 4096
@@ -210,7 +209,7 @@ _Figure = Annotated[float, Meta(ge=0.0, le=1e300)]
 
 
 class _Scalars(msgspec.Struct):
-    block_size: Annotated[int, Meta(ge=0, le=BLOCK_SIZE_LIMIT)]
+    block_size: Annotated[int, Meta(ge=0, le=MAX_BLOCK_SIZE)]
     gpu_missed_blocks: _Count
     cpu_stored_blocks: _Count
     cpu_loaded_blocks: _Count
