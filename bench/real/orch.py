@@ -31,6 +31,7 @@ import csv
 import gzip
 import json
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -88,9 +89,47 @@ CONFIGS = {
         ),
         [("nooffload", None, False), ("cpu4", 4, False), ("cpu2", 2, True)],
     ),
+    # Round 3's longer runs (>= 90 s and >= 400 requests per server; the workload's order is
+    # cycled with fresh suffixes, the same on every server): shapes the shared sets lack.
+    # Qwen3-4B, RAG, 16 clients, 3 GiB GPU KV (~20k tokens: 16 requests in flight fill most of
+    # it, so the GPU prefix cache evicts; 8 GiB of CPU holds all 40 documents).
+    "qwen3-4b-rag-c16-kv3g": (
+        dict(
+            model="qwen3-4b",
+            kv_gib=3.0,
+            maxlen=2048,
+            util=0.1,
+            eager=False,
+            wl="rag",
+            nreq=100000,
+            max_tokens=64,
+            conc=16,
+            cap_s=95,
+            est_s=95,
+        ),
+        [("nooffload", None, False), ("cpu8", 8, False)],
+    ),
+    # Qwen3-14B shape, long documents (6,144 ids), 4 clients, 6 GiB GPU KV (~38k tokens: ~6
+    # documents), 16 GiB of CPU (~16 of the 30 documents, most of the Zipf mass).
+    "qwen3-14b-long-c4-kv6g": (
+        dict(
+            model="qwen3-14b",
+            kv_gib=6.0,
+            maxlen=8192,
+            util=0.25,
+            eager=False,
+            wl="long",
+            nreq=100000,
+            max_tokens=32,
+            conc=4,
+            cap_s=95,
+            est_s=95,
+        ),
+        [("nooffload", None, False), ("cpu16", 16, False)],
+    ),
 }
 CFG = os.environ.get("CONFIG", "qwen3-8b-long-cudagraph-kv5g")
-SERVED = {"qwen3-8b": "qwen3-8b-dummy", "qwen3-0.6b": "qwen3-0.6b-dummy"}
+SERVED = {m: f"{m}-dummy" for m in ("qwen3-8b", "qwen3-0.6b", "qwen3-4b", "qwen3-14b")}
 COMMON, _PLAN = CONFIGS[CFG]
 SERVERS = {}
 
@@ -515,11 +554,25 @@ def write_requests():
             w.writerow(r)
 
 
+def cycled(order, n):
+    """The workload's order repeated to n requests (a time cap ends the run first)."""
+    return [order[i % len(order)] for i in range(n)]
+
+
+def suffix(suffixes, idx):
+    """Request idx's unique suffix: the workload's own, then fresh ids seeded by idx (the same
+    on every server, so the servers still get identical requests)."""
+    if idx < len(suffixes):
+        return suffixes[idx]
+    rng = random.Random(20261202 * 1000003 + idx)
+    return [rng.randrange(1000, 150000) for _ in range(len(suffixes[0]))]
+
+
 def run_server(s):
     n = s["name"]
     wl = WLS[s["wl"]]
     docs, suffixes = wl["docs"], wl["suffixes"]
-    order = wl["order"][: s["nreq"]]
+    order = cycled(wl["order"], s["nreq"])
     info = INFO[n]
     sess = requests.Session()
     # 1. warm-up: sequential, random prompts of the same length, not part of the measurement
@@ -553,7 +606,7 @@ def run_server(s):
             r = do_req(
                 ws,
                 s,
-                docs[doc] + suffixes[idx],
+                docs[doc] + suffix(suffixes, idx),
                 s["max_tokens"],
                 dict(phase="measure", req=idx, doc=doc, slot=slot),
             )

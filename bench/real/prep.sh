@@ -11,6 +11,9 @@ cmp -s $B/site.part2 .bundle2/site.part2 || cp $B/site.part2 .bundle2/
 rm -rf .bundle2/kvexp; mkdir -p .bundle2/kvexp
 git archive HEAD exporter/kvoffload | tar -x -C .bundle2/kvexp --strip-components=1
 git rev-parse HEAD > .bundle2/kvexp/COMMIT
+# the device image has no bcrypt (webconfig imports it for `serve`): the .venv's abi3 wheel
+# (CPython >= 3.7, x86_64 manylinux) runs on the device's Python 3.12 too
+cp -r .venv/lib/python3*/site-packages/bcrypt .bundle2/kvexp/
 (cd .bundle1 && sha256sum site.part1) ; (cd .bundle2 && sha256sum site.part2); cat $B/SHA256SUMS
 du -sh .bundle1 .bundle2
 echo "kvoffload snapshot $(cat .bundle2/kvexp/COMMIT)"

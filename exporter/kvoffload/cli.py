@@ -190,6 +190,8 @@ def cli() -> None:
 # serve's options that only scraping targets uses: refused with --prometheus.
 _SCRAPE_ONLY = (
     "window",
+    "advice_warmup",
+    "advice_dwell",
     "scrape_timeout",
     "max_payload",
     "sample_limit",
@@ -349,6 +351,22 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     show_default=True,
     help="How often the KV-event state is saved (and always at SIGTERM).",
 )
+@click.option(
+    "--advice-warmup",
+    callback=_duration,
+    default="2m",
+    show_default=True,
+    help="Data time after a start or a change of the tier before the advice is judged "
+    "(until then: keep / leave_off, saying so). 0 judges at once.",
+)
+@click.option(
+    "--advice-dwell",
+    callback=_duration,
+    default="3m",
+    show_default=True,
+    help="How long a new action (or a size more than 25%% / 1 GiB away) must hold before "
+    "it replaces the published one. 0 publishes each judgement as it comes.",
+)
 @settings_options
 @prometheus_options
 def serve(
@@ -369,6 +387,8 @@ def serve(
     kv_events_sample_budget: int | None,
     state_dir: str | None,
     state_interval: float,
+    advice_warmup: float,
+    advice_dwell: float,
     world_size: int,
     memory_limit: float | None,
     kv_bytes_per_token: float | None,
@@ -385,6 +405,7 @@ def serve(
 ) -> None:
     """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
     (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
+    from kvoffload.analysis.stability import StabilityRules
     from kvoffload.sidecar.fleet import FleetConfig, FleetService
     from kvoffload.sidecar.service import KVEventsSource, ScrapeLimits, Sidecar, SidecarConfig
 
@@ -464,6 +485,7 @@ def serve(
             state_dir,
             state_interval,
             ScrapeLimits(sample_limit, group_limit, label_value_length_limit),
+            StabilityRules(advice_warmup, advice_dwell) if advice_warmup or advice_dwell else None,
         )
     )
     _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", web)
@@ -1099,6 +1121,12 @@ def sim(
     show_default=True,
     help="Also publish and subscribe to KV events (the exact miss-ratio curve).",
 )
+@click.option(
+    "--memory-limit",
+    callback=_size,
+    default=None,
+    help="The simulated vLLM container's memory limit, for the OOM check (e.g. 16Gi).",
+)
 def demo(
     scenario: str,
     speed: float,
@@ -1106,6 +1134,7 @@ def demo(
     web: WebFlags,
     every: float,
     kv_events: bool,
+    memory_limit: float | None,
 ) -> None:
     """The simulator and the sidecar together, with a live summary (the quick start); the
     sidecar at --web.listen-address (port 0: a free one), the simulator on a free port."""
@@ -1129,6 +1158,7 @@ def demo(
                 kv_events,
                 metrics_path=web.telemetry_path,
                 security=security,
+                memory_limit=memory_limit,
             )
         )
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from aiohttp import web
 from kvoffload import serving
 from kvoffload.analysis.analyze import Settings
 from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.stability import StabilityRules
 from kvoffload.conventions import listen_socket, url
 from kvoffload.report import format_value
 from kvoffload.sidecar.http import make_app as make_sidecar_app
@@ -26,7 +27,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def summary_line(group: GroupAnalysis) -> str:
+def summary_line(group: GroupAnalysis, now: float | None = None) -> str:
+    """One line of the group's figures and advice; `now` (data time) says for how long the
+    advice has stood."""
     f = group.figures
     rec = group.recommendation
     size = rec.kv_offloading_size_gib
@@ -42,6 +45,14 @@ def summary_line(group: GroupAnalysis) -> str:
             else ""
         )
         + f" | advice: {action}"
+        + (
+            f" (stands {now - rec.since:.0f} s)"
+            if now is not None and rec.since is not None
+            else " (not judged yet)"
+            if rec.decided_by == "warmup"
+            else ""
+        )
+        + (f", {rec.pending['action']} pending" if rec.pending else "")
         + (
             f" (curve: {group.predicted_offload_hit_ratio:.2f} predicted)"
             if group.predicted_offload_hit_ratio is not None
@@ -61,6 +72,7 @@ async def run_demo(
     kv_events: bool = True,
     metrics_path: str = "/metrics",
     security: WebSecurity | None = None,
+    memory_limit: float | None = None,
 ) -> None:
     from kvoffload.sim import SimServer, scenarios
     from kvoffload.sim.server import make_app as make_sim_app
@@ -93,8 +105,10 @@ async def run_demo(
             [target],
             interval_seconds=max(0.1, min(5.0, every_virtual / speed)),
             window_seconds=300.0,
-            settings=Settings(),
+            settings=Settings(memory_limit_bytes=memory_limit),
             kv_events=sources,
+            # in the simulator's virtual time, like serve's defaults in real time
+            stability=StabilityRules(),
         )
     )
     side_app = security.install(make_sidecar_app(sidecar, metrics_path=metrics_path))
@@ -124,7 +138,8 @@ async def run_demo(
                 states = "; ".join(t.last_error or "waiting" for t in sidecar.targets)
                 echo(f"[{time.monotonic() - started:5.0f}s] no figures yet ({states})")
             for g in groups:
-                echo(f"[{time.monotonic() - started:5.0f}s] {summary_line(g)}")
+                now = sidecar.window.last_time(g.key)
+                echo(f"[{time.monotonic() - started:5.0f}s] {summary_line(g, now)}")
     finally:
         with contextlib.suppress(Exception):
             await side_runner.cleanup()

@@ -100,6 +100,13 @@ class Recommendation:
     # overrule the ones before it) and the steps that led there, with their evidence.
     decided_by: str = "counters"
     trace: list[dict[str, object]] = field(default_factory=list)
+    # Set by the sidecar's stability rules (analysis.stability): the data time since which this
+    # action and size stand, and a newer advice still waiting out its dwell time.
+    since: float | None = None
+    pending: dict[str, object] | None = None
+    # The TTFT range straddles zero: this advice is what the other costs say, not a measured
+    # effect, so it does not overturn a published one (the stability rules' hysteresis).
+    within_noise: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -703,7 +710,7 @@ def _judge_off(
     if effect.high >= 0 and effect.seconds < 0:
         verdict += "; " + _SETTLE.format(other="with the tier")
     return decided(
-        _replace(rec, "leave_off", [verdict]),
+        _replace(rec, "leave_off", [verdict], within_noise=effect.low < 0 < effect.high),
         "estimate",
         "the predicted range is no saving beyond the threshold",
     )
@@ -716,6 +723,7 @@ def _judge_on_unmeasurable(
     note: Callable[[Effect], str],
 ) -> Recommendation:
     """Offloading on, an effect within its noise: say so, and let the other costs decide."""
+    rec.within_noise = True
     unmeasurable = (
         f"no measurable TTFT effect: {hit}{_effect_words(now)}: {note(now)}; "
         + _SETTLE.format(other="without the tier")
@@ -738,6 +746,7 @@ def _judge_on_unmeasurable(
                 ttft_change_seconds=-now.seconds,
                 ttft_change_basis="measured",
                 ttft_change_range_seconds=_range(now, -1.0),
+                within_noise=True,
             ),
             "estimate",
             "no measurable effect, and no saving in the estimate",

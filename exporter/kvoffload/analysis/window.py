@@ -708,6 +708,11 @@ class Window:
     def static(self, group: GroupKey) -> GroupStatic:
         return self._static[group]
 
+    def last_time(self, group: GroupKey) -> float | None:
+        """The timestamp of the group's latest scrape (the data's own time)."""
+        points = self._points.get(group)
+        return _latest(points).t if points else None
+
     def latest(self, group: GroupKey) -> dict[str, float] | None:
         """Adjusted counter totals at the latest scrape (restart-proof, for baselines)."""
         points = self._points.get(group)

@@ -98,6 +98,18 @@ ADVICE_METRICS: dict[str, tuple[str, list[str], str]] = {
         GROUP_LABELS,
         "Recommended --kv-offloading-size in bytes, when the advice carries a size.",
     ),
+    "kvoffload_recommendation_since_timestamp_seconds": (
+        "gauge",
+        GROUP_LABELS,
+        "Data time (scrape timestamp) since which the published advice has stood; absent "
+        "while the first minutes after a start or a tier change are not judged.",
+    ),
+    "kvoffload_recommendation_pending": (
+        "gauge",
+        [*GROUP_LABELS, "action"],
+        "1 for a new advice that has not yet held for the dwell time (the published one "
+        "stands meanwhile).",
+    ),
 }
 
 KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
@@ -311,6 +323,8 @@ class SidecarCollector(Collector):
                 )
         rec = _gauge("kvoffload_recommendation")
         size = _gauge("kvoffload_recommended_size_bytes")
+        since = _gauge("kvoffload_recommendation_since_timestamp_seconds")
+        pending = _gauge("kvoffload_recommendation_pending")
         verdict = _TtftFamilies()
         for g in groups:
             if g.stale:
@@ -329,12 +343,18 @@ class SidecarCollector(Collector):
                 rec.add_metric([*key, action], 1.0 if recommendation.action == action else 0.0)
             if recommendation.kv_offloading_size_gib is not None:
                 size.add_metric(key, recommendation.kv_offloading_size_gib * GIB)
+            if recommendation.since is not None:
+                since.add_metric(key, recommendation.since)
+            if recommendation.pending is not None:
+                pending.add_metric([*key, str(recommendation.pending["action"])], 1.0)
             verdict.add(key, g)
         yield offloading
         yield window
         yield from families.values()
         yield rec
         yield size
+        yield since
+        yield pending
         yield from verdict.families.values()
         yield from self._kv_events(groups)
 

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -23,6 +23,7 @@ import aiohttp
 
 from kvoffload.analysis.analyze import Settings, add_fleet_evidence, analyze_group
 from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.stability import AdviceHolder, StabilityRules
 from kvoffload.analysis.window import GroupKey, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
@@ -175,6 +176,8 @@ class SidecarConfig:
     state_dir: str | None = None  # where the KV-event state survives restarts
     state_interval_seconds: float = 10.0
     limits: ScrapeLimits = field(default_factory=ScrapeLimits)
+    # None: every scrape's judgement is published as it is (analyze, tests of the judgement)
+    stability: StabilityRules | None = None
 
 
 class Sidecar:
@@ -232,6 +235,7 @@ class Sidecar:
         # made when the scrape lands: the work is spread over the interval as the scrapes
         # are, not done for every group at once when /metrics is asked for.
         self._analyses: dict[GroupKey, GroupAnalysis] = {}
+        self._holders: dict[GroupKey, AdviceHolder] = {}  # the stability rules' state
         self._unanalysed: set[GroupKey] = set()  # its analysis failed at the scrape: retried
         self._events_seen: dict[GroupKey, int] = {}  # the events' generation it was made with
         self._event_generation: dict[str, int] = {}  # per target with KV events
@@ -457,6 +461,7 @@ class Sidecar:
             self._unanalysed.discard(group)
             self._events_seen.pop(group, None)
             self.event_baselines.pop(group, None)
+            self._holders.pop(group, None)
 
     def _note_event_baselines(self, name: str) -> None:
         state = self.events.get(name)
@@ -517,11 +522,25 @@ class Sidecar:
         if self._analyses_changed:
             entries = [self._analyses[g] for g in sorted(self._analyses)]
             add_fleet_evidence(entries, self.config.settings, copy_changed=True)
+            entries = [self._stable(e) for e in entries]
             self._published = [_flagged(e, e.instance in down) for e in entries]
             self._analyses_changed = False
         elif any(g.stale != (g.instance in down) for g in self._published):
             self._published = [_flagged(g, g.instance in down) for g in self._published]
         return self._published
+
+    def _stable(self, entry: GroupAnalysis) -> GroupAnalysis:
+        """The entry with its advice as the stability rules publish it (a copy: the fresh
+        judgement stays in the cache, so each scrape's is judged against the same holder)."""
+        rules = self.config.stability
+        now = self.window.last_time(entry.key)
+        if rules is None or now is None:
+            return entry
+        holder = self._holders.setdefault(entry.key, AdviceHolder(rules))
+        rec = holder.update(
+            entry.recommendation, now, entry.offloading, entry.figures.get("cpu_capacity_bytes")
+        )
+        return replace(entry, recommendation=rec)
 
     @property
     def ready(self) -> bool:

@@ -1,0 +1,114 @@
+"""The stability rules: the published advice changes only when a new one has held."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from kvoffload.analysis.advisor import Recommendation
+from kvoffload.analysis.stability import AdviceHolder, StabilityRules
+
+GIB = 2**30
+RULES = StabilityRules(warmup_seconds=60, dwell_seconds=100)
+
+
+def rec(action: str, size: float | None = None, within_noise: bool = False) -> Recommendation:
+    return Recommendation(action, size, reasons=[f"fresh {action}"], within_noise=within_noise)
+
+
+def test_the_first_minutes_are_not_judged() -> None:
+    holder = AdviceHolder(RULES)
+    out = holder.update(rec("enable", 8), 1000, False, None)
+    assert out.action == "leave_off" and out.decided_by == "warmup"
+    assert "not judged yet" in out.reasons[0] and out.since is None
+    out = holder.update(rec("enable", 8), 1061, False, None)
+    assert (out.action, out.kv_offloading_size_gib, out.since) == ("enable", 8, 1061)
+
+
+def test_a_new_advice_is_published_only_after_its_dwell_time() -> None:
+    holder = AdviceHolder(RULES)
+    holder.update(rec("keep"), 0, True, 8 * GIB)
+    assert holder.update(rec("keep"), 60, True, 8 * GIB).since == 60
+    out = holder.update(rec("disable"), 100, True, 8 * GIB)
+    assert out.action == "keep" and out.pending and out.pending["action"] == "disable"
+    assert out.since == 60 and "has held for 0 s" in out.reasons[-1]
+    assert holder.update(rec("disable"), 199, True, 8 * GIB).action == "keep"
+    out = holder.update(rec("disable"), 200, True, 8 * GIB)
+    assert out.action == "disable" and out.since == 200 and out.pending is None
+
+
+def test_a_challenger_that_wavers_starts_its_dwell_again() -> None:
+    holder = AdviceHolder(RULES)
+    holder.update(rec("keep"), 0, True, 8 * GIB)
+    holder.update(rec("keep"), 60, True, 8 * GIB)
+    holder.update(rec("disable"), 100, True, 8 * GIB)
+    holder.update(rec("keep"), 150, True, 8 * GIB)  # back: the challenger is gone
+    assert holder.update(rec("disable"), 210, True, 8 * GIB).action == "keep"
+    assert holder.update(rec("disable"), 310, True, 8 * GIB).action == "disable"
+
+
+def test_sizes_within_the_margin_are_one_advice() -> None:
+    holder = AdviceHolder(RULES)
+    holder.update(rec("grow", 12), 0, True, 8 * GIB)
+    assert holder.update(rec("grow", 12), 60, True, 8 * GIB).kv_offloading_size_gib == 12
+    # 14 GiB is within 25% of 12: the published 12 stands, nothing pending
+    out = holder.update(rec("grow", 14), 70, True, 8 * GIB)
+    assert out.kv_offloading_size_gib == 12 and out.pending is None and out.since == 60
+    out = holder.update(rec("grow", 24), 80, True, 8 * GIB)
+    assert out.kv_offloading_size_gib == 12 and out.pending
+
+
+def test_a_judgement_within_the_noise_does_not_overturn_a_published_one() -> None:
+    holder = AdviceHolder(RULES)
+    holder.update(rec("enable", 12), 0, False, None)
+    holder.update(rec("enable", 12), 60, False, None)
+    for t in range(100, 1000, 50):
+        out = holder.update(rec("leave_off", within_noise=True), t, False, None)
+        assert (out.action, out.kv_offloading_size_gib, out.pending) == ("enable", 12, None)
+    assert "within the noise" in out.reasons[-1]
+    # one whose range clears the threshold does challenge it
+    holder.update(rec("leave_off"), 1000, False, None)
+    assert holder.update(rec("leave_off"), 1100, False, None).action == "leave_off"
+
+
+def test_a_change_of_the_tier_restarts_the_judgement() -> None:
+    holder = AdviceHolder(RULES)
+    holder.update(rec("enable", 8), 0, False, None)
+    assert holder.update(rec("enable", 8), 60, False, None).action == "enable"
+    out = holder.update(rec("keep"), 70, True, 8 * GIB)  # vLLM restarted with the tier
+    assert out.action == "keep" and out.decided_by == "warmup"
+    assert holder.update(rec("disable"), 131, True, 8 * GIB).action == "disable"
+
+
+# Steady simulator scenarios (and a tier near its memory limit) keep one advice after 30 s
+# of the demo (60x: 30 virtual minutes), once warmed up.
+STEADY = [
+    ("pressure-without-offloading", ()),
+    ("laptop-eviction", ()),
+    ("recompute-wins", ()),
+    ("rag-hot-set-fits", ("--memory-limit", "16Gi")),
+]
+_ADVICE = re.compile(r"^\[\s*(\d+)s\].*\| advice: ([a-z_]+(?: [\d.]+ GiB)?)")
+
+
+def _demo(scenario: str, extra: tuple[str, ...]) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "kvoffload", "demo", "--scenario", scenario, *extra,
+         "--duration", "44s", "--every", "2s"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_steady_demo_scenarios_keep_one_advice_after_30_s() -> None:
+    with ThreadPoolExecutor(len(STEADY)) as pool:
+        outputs = list(pool.map(lambda s: _demo(*s), STEADY))
+    for (scenario, _), out in zip(STEADY, outputs, strict=True):
+        advice = [
+            (int(m.group(1)), m.group(2)) for line in out.splitlines() if (m := _ADVICE.match(line))
+        ]
+        late = {a for t, a in advice if t >= 30}
+        assert len(late) == 1 and len([t for t, _ in advice if t >= 30]) >= 5, (scenario, advice)
