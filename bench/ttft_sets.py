@@ -171,6 +171,9 @@ def client_effect(requests_csv: Path, server: str, twin: str, seed: int = 0) -> 
 _REAL_RUNS = {
     "qwen3-8b-long-cudagraph-kv5g": ("Qwen3-8B", "nooffload", {"cpu16": 16.0, "cpu8": 8.0}),
     "qwen3-0.6b-rag-cudagraph-kv1.5g": ("Qwen3-0.6B", "nooffload", {"cpu4": 4.0, "cpu2": 2.0}),
+    # round 3's longer runs (>= 90 s, >= 400 requests a server; new shapes)
+    "qwen3-4b-rag-c16-kv3g": ("Qwen3-4B", "nooffload", {"cpu8": 8.0}),
+    "qwen3-14b-long-c4-kv6g": ("Qwen3-14B", "nooffload", {"cpu16": 16.0}),
 }
 
 

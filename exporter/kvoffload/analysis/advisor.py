@@ -790,7 +790,7 @@ def judge_ab(
     )
     pays = ab.high < 0 and -ab.seconds >= floor
     costs = ab.low > 0
-    what = "the fleet" if basis == "fleet" else "before and after the tier changed,"
+    what = "the fleet" if basis == "fleet" else "this engine, before and after its tier changed,"
     if not pays and not costs:
         rec.reasons.insert(0, f"{what} cannot tell yet: {seen}: {note}")
         rec.trace.append({"stage": basis, "action": rec.action, "why": "within its noise"})

@@ -17,10 +17,12 @@ from kvoffload.analysis.advisor import (
     Recommendation,
     Thresholds,
     advise,
+    judge_ab,
     judge_fleet,
     judge_ttft,
     refine_with_curve,
 )
+from kvoffload.analysis.beforeafter import TierTimeline, before_after
 from kvoffload.analysis.fleet import fleet_effects
 from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
@@ -90,7 +92,43 @@ def analyze_groups(
             groups.append(entry)
     if fleet:
         add_fleet_evidence(groups, settings)
+    add_before_after(window, groups, settings)
     return groups
+
+
+def add_before_after(
+    window: Window, groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
+) -> None:
+    """Where the window spans a change of an engine's tier (vLLM restarted with another
+    --kv-offloading-size, or none), its measured TTFT before and after re-decides the advice
+    (basis "before_after"), when the load matched; otherwise the reasons say why not."""
+    if window.timeline is None:
+        return
+    for i, entry in enumerate(groups):
+        ab = before_after(window.timeline.segments(entry.key))
+        if ab is None or entry.ttft is None:
+            continue
+        if copy_changed:
+            entry = groups[i] = replace(
+                entry, ttft=replace(entry.ttft), recommendation=deepcopy(entry.recommendation)
+            )
+        assert entry.ttft is not None
+        entry.ttft.before_after = ab.to_json()
+        if not ab.matched:
+            entry.recommendation.reasons.append(
+                f"before and after the tier changed ({ab.before} → {ab.after}) the load "
+                f"differed ({'; '.join(ab.mismatch)}): not compared"
+            )
+            continue
+        entry.recommendation = judge_ab(
+            entry.recommendation,
+            entry.offloading,
+            ab.mean_ttft_without_seconds,
+            ab.effect,
+            settings.thresholds,
+            "before_after",
+            ab.seen(),
+        )
 
 
 def analyze_group(
@@ -496,7 +534,9 @@ def window_from_extracts(
         raise InputError("the input holds no samples" + _skipped_note(skipped[0]))
     second = next(it, None)
     lifetime = second is None
-    window = Window(None if lifetime else window_seconds, origin_zero=lifetime)
+    window = Window(
+        None if lifetime else window_seconds, origin_zero=lifetime, timeline=TierTimeline()
+    )
     count = 0
     for ex in itertools.chain([first], [second] if second is not None else [], it):
         window.update(ex)

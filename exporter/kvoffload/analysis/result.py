@@ -27,6 +27,7 @@ class TtftVerdict:
     now: JsonObject | None  # the tier's effect now (offloading on), an Effect's JSON
     predicted: JsonObject | None  # at the recommended size, with `kv_offloading_size_gib`
     fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.analysis.fleet)
+    before_after: JsonObject | None = None  # this engine across a tier change (beforeafter)
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {
@@ -41,6 +42,8 @@ class TtftVerdict:
         }
         if self.fleet is not None:
             out["fleet"] = self.fleet
+        if self.before_after is not None:
+            out["before_after"] = self.before_after
         return out
 
 

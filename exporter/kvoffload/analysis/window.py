@@ -24,11 +24,14 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
 from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
 from kvoffload.ingest.shapes import taker
+
+if TYPE_CHECKING:  # beforeafter reads the TTFT model's Effect, which reads this module
+    from kvoffload.analysis.beforeafter import TierTimeline
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 
@@ -268,8 +271,11 @@ class Window:
         window_seconds: float | None = 300.0,
         origin_zero: bool = False,
         max_points: int = 10_000,
+        timeline: TierTimeline | None = None,
     ) -> None:
         self.window_seconds = window_seconds
+        # Tier segments for the before/after A/B (analysis.beforeafter), where asked for.
+        self.timeline = timeline
         self.origin_zero = origin_zero
         self.max_points = max_points
         # group → (counter key, engine) → state: a scrape touches only its own groups.
@@ -309,6 +315,8 @@ class Window:
         would otherwise cost the square). A scrape with the same counter series as one before
         it (in the same order: a target renders them so) is grouped by that scrape's plan,
         and a group whose series all just grew goes through `_count_fast`."""
+        if self.timeline is not None:
+            self.timeline.observe(ex)
         values = list(ex.counters.values())
         planned = self._plan(ex, values)
         plan = planned[1] if planned is not None else None

@@ -21,7 +21,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from kvoffload.analysis.analyze import Settings, add_fleet_evidence, analyze_group
+from kvoffload.analysis.analyze import (
+    Settings,
+    add_before_after,
+    add_fleet_evidence,
+    analyze_group,
+)
+from kvoffload.analysis.beforeafter import TierTimeline
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.stability import AdviceHolder, StabilityRules
 from kvoffload.analysis.window import GroupKey, Window
@@ -189,7 +195,7 @@ class Sidecar:
         names = [t.name for t in self.targets]
         if len(set(names)) != len(names):
             raise InputError(f"two targets share an instance name: {', '.join(names)}")
-        self.window = Window(config.window_seconds)
+        self.window = Window(config.window_seconds, timeline=TierTimeline())
         self._parse_limits = config.limits.parse()
         self.started = time.time()
         by_url = {t.url: t.name for t in self.targets}
@@ -522,6 +528,7 @@ class Sidecar:
         if self._analyses_changed:
             entries = [self._analyses[g] for g in sorted(self._analyses)]
             add_fleet_evidence(entries, self.config.settings, copy_changed=True)
+            add_before_after(self.window, entries, self.config.settings, copy_changed=True)
             entries = [self._stable(e) for e in entries]
             self._published = [_flagged(e, e.instance in down) for e in entries]
             self._analyses_changed = False

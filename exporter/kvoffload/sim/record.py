@@ -84,3 +84,42 @@ class _EventSink:
 
     def close(self) -> None:
         self._fh.close()
+
+
+def record_restarts(
+    scenarios: list[Scenario],
+    path: str,
+    duration_s: float,
+    interval_s: float = 15.0,
+    gap_s: float = 60.0,
+    seed: int = 0,
+    instance: str = "sim:8000",
+    job: str = "vllm",
+) -> int:
+    """One recording of the same target restarted into each scenario in turn (counters from
+    0 again, `gap_s` of no scrapes between): e.g. vLLM without a tier, then with one, for the
+    before/after A/B. Each runs `duration_s` of virtual time; returns the number of scrapes."""
+    from kvoffload.ingest.recording import RecordingWriter
+
+    if interval_s <= 0 or not scenarios:
+        raise ValueError("interval_s must be positive and scenarios not empty")
+    n = 0
+    epoch = scenarios[0].start_epoch  # each server starts later on one calendar
+    with open(path, "w", encoding="utf-8") as f:
+        writer = RecordingWriter(f, instance=instance, job=job)
+        try:
+            for scenario in scenarios:
+                sim = SimServer(
+                    scenario, seed=seed, endless=duration_s > scenario.duration_s, epoch=epoch
+                )
+                k = 0
+                while k * interval_s <= duration_s + 1e-9:
+                    t = k * interval_s
+                    sim.advance_to(t)
+                    writer.write_scrape(sim.render(), timestamp=sim.wall_time(t))
+                    k += 1
+                    n += 1
+                epoch += duration_s + gap_s
+        finally:
+            writer.close()
+    return n
