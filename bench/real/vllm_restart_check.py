@@ -73,10 +73,9 @@ def drive(phase: str, seconds: float, rows: list[dict], stop_early=None) -> None
             except requests.RequestException as e:
                 err = type(e).__name__
                 time.sleep(0.2)  # vLLM killed: no tight loop of refused connections
+            ms = (time.time() - t0) * 1e3
             with lock:
-                rows.append(
-                    dict(phase=phase, req=idx, t_send=t0, ttft_ms=(time.time() - t0) * 1e3, error=err)
-                )
+                rows.append(dict(phase=phase, req=idx, t_send=t0, ttft_ms=ms, error=err))
 
     ths = [threading.Thread(target=worker, daemon=True) for _ in range(CLIENTS)]
     for t in ths:
@@ -107,14 +106,16 @@ def main() -> int:
          "--kv-events", f"tcp://127.0.0.1:{ZPORT}", "--kv-events-replay", f"tcp://127.0.0.1:{RPORT}",
          "--kv-events-topic", "kv", "--listen", f"127.0.0.1:{SIDECAR}", "--interval", "1s",
          "--window", "10m", "--state-dir", f"{WORK}/state", "--state-interval", "5s"],
-        env=kvo_env, stdout=open(f"{OUT}/sidecar.log", "w"), stderr=subprocess.STDOUT, cwd="/tmp",
+        env=kvo_env, stdout=open(f"{OUT}/sidecar.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        cwd="/tmp",
     )  # fmt: skip
     om = f"{WORK}/rec.om"
     rec = subprocess.Popen(
         [sys.executable, "-m", "kvoffload", "record", "--target", target, "--interval", "1s",
          "--duration", "15m", "-o", om, "--kv-events", f"tcp://127.0.0.1:{ZPORT}",
          "--kv-events-replay", f"tcp://127.0.0.1:{RPORT}"],
-        env=kvo_env, stdout=open(f"{OUT}/record.log", "w"), stderr=subprocess.STDOUT, cwd="/tmp",
+        env=kvo_env, stdout=open(f"{OUT}/record.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        cwd="/tmp",
     )  # fmt: skip
 
     def poll() -> None:
@@ -181,7 +182,8 @@ def main() -> int:
                 break
             phase(name, 4, 15, 12.0)
         srv = servers[4]
-        if KILLS and time.time() + 60 < DEADLINE - 30:  # the last start: its stream must be ingested too
+        # the last start: its stream must be ingested too
+        if KILLS and time.time() + 60 < DEADLINE - 30:
             srv.out = f"{OUT}/vllm-F-cpu4-after"
             os.makedirs(srv.out, exist_ok=True)
             srv.start()
