@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_recording
+from kvoffload.analysis.beforeafter import MAX_GROUPS, TierTimeline, before_after
+from kvoffload.ingest.catalog import Extract
 from kvoffload.sim import scenarios
 from kvoffload.sim.record import record_restarts
 
@@ -77,3 +79,30 @@ def test_analyze_prints_the_before_after(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "before and after its tier changed" in r.stdout
+
+
+def _scrape(t: float, tier: str, ttft_sum: float, count: float) -> Extract:
+    key = ("127.0.0.1:8000", "m", "0")
+    ex = Extract(t)
+    ex.counters[("ttft_sum", *key)] = ttft_sum
+    ex.counters[("ttft_count", *key)] = count
+    ex.cache_config[("127.0.0.1:8000", "0")] = {"kv_offloading_size": tier}
+    return ex
+
+
+def test_a_hostile_target_cannot_crash_or_grow_it() -> None:
+    # a tier label of "inf" and counters that overflow their sums: no figure, no crash
+    timeline = TierTimeline()
+    for k in range(200):
+        timeline.observe(_scrape(k, "None", k * 1e306, k * 10.0))
+    for k in range(200, 400):
+        timeline.observe(_scrape(k, "inf", (k - 200) * 1e306, (k - 200) * 10.0))
+    ab = before_after(timeline.segments(("127.0.0.1:8000", "m")))
+    assert ab is None or ab.tier_gib is None
+    # a target naming a new model every scrape: the groups kept stay bounded
+    timeline = TierTimeline()
+    for k in range(3 * MAX_GROUPS):
+        ex = Extract(float(k))
+        ex.counters[("ttft_count", "i", f"model-{k}", "0")] = 1.0
+        timeline.observe(ex)
+    assert len(timeline._segments) == MAX_GROUPS

@@ -71,22 +71,34 @@ class Segment:
         if total <= 0 or len(blocks) < 3:
             return None
         mean = sum(s for s, _ in blocks) / total
+        if not math.isfinite(mean):
+            return None  # a target's absurd counters: no mean to compare
         n = len(blocks)
-        var = sum((s - mean * c) ** 2 for s, c in blocks) / total**2 * n / (n - 1)
-        return mean, math.sqrt(var)
+        # products, not **: a float power raises on overflow where a product gives inf
+        var = sum((s - mean * c) * (s - mean * c) for s, c in blocks) / (total * total)
+        var *= n / (n - 1)
+        return (mean, math.sqrt(var)) if math.isfinite(var) else None
 
 
-def _tier_of(ex: Extract, instance: str) -> str:
-    """vLLM's own word where it gives one (cache_config_info's kv_offloading_size: "None"
-    without a tier; 0.26 declares the kv_offload families either way), else the families."""
-    sizes = {
-        labels.get("kv_offloading_size", "")
-        for (inst, _engine), labels in ex.cache_config.items()
-        if inst == instance
-    } - {""}
-    if sizes:
-        on = sorted(v for v in sizes if v not in ("None", "0", "0.0"))
-        return on[-1] if on else "off"
+def _tiers(ex: Extract) -> dict[str, str]:
+    """Each instance's tier in this scrape, in one pass over its cache configs: vLLM's own
+    word where it gives one (cache_config_info's kv_offloading_size: "None" without a tier;
+    0.26 declares the kv_offload families either way), else the families."""
+    sizes: dict[str, set[str]] = {}
+    for (instance, _engine), labels in ex.cache_config.items():
+        size = labels.get("kv_offloading_size", "")
+        if size:
+            sizes.setdefault(instance, set()).add(size)
+    tiers = {}
+    for instance, given in sizes.items():
+        on = sorted(v for v in given if v not in ("None", "0", "0.0"))
+        tiers[instance] = on[-1] if on else "off"
+    return tiers
+
+
+def _tier_of(tiers: dict[str, str], ex: Extract, instance: str) -> str:
+    if instance in tiers:
+        return tiers[instance]
     return "on" if ex.offload_families.get(instance) else "off"
 
 
@@ -103,12 +115,13 @@ class TierTimeline:
             if key in _KEYS and math.isfinite(value):
                 sums = totals.setdefault((instance, model), dict.fromkeys(_KEYS, 0.0))
                 sums[key] += value
+        tiers = _tiers(ex) if totals else {}
         for group, now in totals.items():
             if group not in self._segments and len(self._segments) >= MAX_GROUPS:
                 oldest = next(iter(self._segments))  # dicts keep order: first seen goes
                 del self._segments[oldest]
                 self._last.pop(oldest, None)
-            tier = _tier_of(ex, group[0])
+            tier = _tier_of(tiers, ex, group[0])
             segments = self._segments.setdefault(group, [])
             if not segments or segments[-1].tier != tier:
                 segments.append(Segment(tier, ex.timestamp, ex.timestamp))
@@ -197,7 +210,9 @@ def before_after(segments: list[Segment]) -> BeforeAfter | None:
         stats.append((mse, n))
     (m_off, se_off), n_off = stats[0]
     (m_on, se_on), n_on = stats[1]
-    sigma = math.sqrt(se_off**2 + se_on**2 + RUN_TO_RUN_SECONDS**2)
+    if not all(math.isfinite(v) for v in (m_off, se_off, m_on, se_on)):
+        return None  # sums a target's absurd counters overflowed: nothing to compare
+    sigma = math.sqrt(se_off * se_off + se_on * se_on + RUN_TO_RUN_SECONDS * RUN_TO_RUN_SECONDS)
     diff = m_on - m_off
     lo_off, lo_on = _load(off), _load(on)
     mismatch: list[str] = []
@@ -205,6 +220,9 @@ def before_after(segments: list[Segment]) -> BeforeAfter | None:
     for what, x in lo_off.items():
         y = lo_on[what]
         if x is None or y is None:
+            continue
+        if not (math.isfinite(x) and math.isfinite(y)):
+            differs[what] = f"{what} not a finite number"
             continue
         if what.startswith("GPU"):
             if abs(x - y) > MATCH_HIT_RATIO:
@@ -221,8 +239,10 @@ def before_after(segments: list[Segment]) -> BeforeAfter | None:
         mismatch += [rate, held]
     mismatch += differs.values()
     try:
-        gib = float(on.tier)
+        gib: float | None = float(on.tier)  # the target's label: checked like any input
     except ValueError:
+        gib = None
+    if gib is not None and not (math.isfinite(gib) and 0 < gib < 2**20):
         gib = None
     parts = {"mean_ttft_without_seconds": m_off, "mean_ttft_with_seconds": m_on}
     if gib is not None:
