@@ -68,7 +68,9 @@ def test_a_flood_of_new_hashes_and_big_messages_stays_within_the_stated_memory()
         pub.close(linger=0)
         ctx.term()
     got = json.loads(out.splitlines()[-1])
-    assert got["decode_errors"] == JUNK and got["missed"] == (MESSAGES - 1) * PER
+    # A PUB drops what a full subscriber queue (RCVHWM) cannot take: on a loaded machine some
+    # junk never arrives (27 of 40 in one CI run); what arrives is refused, none decoded.
+    assert 0 < got["decode_errors"] <= JUNK and got["missed"] == (MESSAGES - 1) * PER
     assert got["tracked"] <= 1_000_000 and got["resident"] <= 1_000_000
     # The bound docs/performance.md and --help state: ~220 MB a rank for the state when full
     # (measured +196 MB here, peak 286 MB for the whole process, the junk included).
