@@ -553,6 +553,9 @@ def _read_recording(
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror}") from None
     with fh:
+        if not fh.seekable():
+            # A pipe or a FIFO (`<(xz -dc …)`): the reader reads a recording twice.
+            raise InputError(f"{path}: not a regular file (a pipe?): decompress it to a file first")
         try:
             head = fh.read(_HEAD)
         except UnicodeDecodeError:
