@@ -173,8 +173,9 @@ class Extract:
     models: dict[str, set[str]] = field(default_factory=dict)
     # instance → "flat" | "legacy" | None per direction, for the report.
     offload_naming: dict[str, str] = field(default_factory=dict)
-    # Counter series whose value was NaN, infinite or beyond MAX_VALUE: there but unknown this scrape (the
-    # window makes the figures that read them absent, not a restart when they come back).
+    # Counter series whose value was NaN, infinite or beyond MAX_VALUE: there but unknown this
+    # scrape (the window makes the figures that read them absent, not a restart when they
+    # come back).
     unknown: set[tuple[str, str, str, str]] = field(default_factory=set)
 
 
