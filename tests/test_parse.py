@@ -151,3 +151,21 @@ def test_a_recording_cut_short_keeps_its_complete_scrapes(caplog):
     scrapes = list(iter_openmetrics(["a 1 10.0\n", "a 2 20.0\n", "a 3 30.0\n"]))
     assert [s.timestamp for s in scrapes] == [10.0, 20.0]
     assert "truncated recording" in caplog.text and "2 complete scrapes" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "vllm:a-b 1\n",
+        'vllm:prompt_tokens_é{engine="0"} 1\n',
+        "# TYPE vllm:a.b counter\nvllm:a 1\n",
+        "  vllm:a/b 1\n",
+        'vllm:x\t{a="1"} 1\n'.replace("x", "x$"),
+    ],
+    ids=["dash", "utf8", "type-line", "spaced", "tabbed"],
+)
+def test_a_metric_name_prometheus_rejects_is_refused(body):
+    """Prometheus 2.x (the 2.42 we target) reads only [a-zA-Z_:][a-zA-Z0-9_:]* names, quoted
+    UTF-8 names came with 3.0 (#25 item 11: the parser took `vllm:a-b` before)."""
+    with pytest.raises(ParseError, match=r"line \d+: invalid metric name"):
+        parse_text(body)

@@ -346,3 +346,25 @@ def test_a_sidecar_with_a_poisoned_state_starts_fresh_and_serves(tmp_path, caplo
     asyncio.run(sidecar.stop())
     again = persist.load(path, INSTANCE, 1.0, None)  # what it saved at stop is sane
     assert again is not None and again.events.messages() == 0
+
+
+def test_a_histogram_total_near_zero_gives_no_curve_not_an_infinite_one(tmp_path):
+    """A sampled state whose histogram total is 1e-307 (within every range check) scales its
+    counts by missed ÷ total = inf: the curve is absent, never inf or NaN ratios (#25 item 4)."""
+    state = TargetEvents(0.5, None)
+    eng = state.engine(0)
+    for i in range(40):
+        eng.sequence(i, 1.7e9 + i)
+        eng.block_size = 16
+        eng._gpu_stored(tuple(range(BASE + 10 * (i % 25), BASE + 10 * (i % 25) + 10)), None)
+    path = persist.state_path(tmp_path, INSTANCE)
+    persist.save(state, INSTANCE, path, {})
+    raw = _raw(path)
+    engine = raw["engines"][0]
+    engine["histogram"] = {"cold": 0.0, "total": 1e-307, "finite_sum": 0.0}
+    for key in ("histogram_exact", "histogram_coarse"):
+        engine[key] = bytes(len(engine[key]))
+    _write(path, raw)
+    loaded = persist.load(path, INSTANCE, 0.5, None)
+    assert loaded is not None and loaded.events.engines[0].tracker.sampled
+    assert build_curve(loaded.events, 2.0**20) is None

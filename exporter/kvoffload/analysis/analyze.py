@@ -494,6 +494,8 @@ def window_from_recording(
         )
     except Declined as exc:
         log.debug("%s: the general reader reads it (%s)", path, exc)
+    except UnicodeDecodeError:
+        pass  # a name the fast readers decode is not UTF-8: the general reader says so
     except OSError:
         pass  # the general reader says what is wrong with the file
     return window_from_expositions(read_recording(path, wanted, WANTED_FAMILIES), window_seconds)

@@ -54,6 +54,10 @@ def add_interval(
             out[_XY + r * len(_X) + i] += xi * yr
         out[_YY + r] += yr * yr
     out[-1] += 1
+    if not all(map(math.isfinite, out)):
+        # Counters near the float range (1e308, +Inf): their squares overflow, and a sum
+        # holding inf would poison every later window's fit. The interval is left out.
+        return fit
     return tuple(out)
 
 
@@ -122,6 +126,8 @@ def _fit(
     fit: tuple[float, ...], response: int, columns: tuple[int, ...], wanted: int
 ) -> Coefficient | None:
     """The least-squares coefficient of column `wanted` for one response over `columns`."""
+    if not all(map(math.isfinite, fit)):
+        return None  # (a difference of two huge sums; add_interval keeps each finite)
     rows = int(fit[-1])
     if rows < MIN_INTERVALS:
         return None
@@ -148,7 +154,10 @@ def _fit(
         )
         sigma2 = max(rss, 0.0) / (rows - len(cols))
         k = cols.index(wanted)
-        return Coefficient(coef[k], math.sqrt(sigma2 * max(inverse[k][k], 0.0)), rows)
+        error = math.sqrt(sigma2 * max(inverse[k][k], 0.0))
+        if not (math.isfinite(coef[k]) and math.isfinite(error)):
+            return None  # sums this far apart overflow the solve: no coefficient
+        return Coefficient(coef[k], error, rows)
     return None
 
 

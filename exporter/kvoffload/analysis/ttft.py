@@ -109,7 +109,16 @@ class Observed:
 
 
 def observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
-    """None when the window holds no finished request (nothing to judge by)."""
+    """None when the window holds no finished request (nothing to judge by), or when a
+    figure of it is not finite (counters that overflow its quotients: nothing to believe)."""
+    obs = _observe(ctx, bytes_per_token)
+    if obs is None:
+        return None
+    numbers = [v for v in vars(obs).values() if isinstance(v, float | int)]
+    return obs if all(map(math.isfinite, numbers)) else None
+
+
+def _observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
     n = ctx.inc("ttft_count")
     if n <= 0 or not ctx.has("ttft_sum"):
         return None
@@ -196,21 +205,27 @@ def _costs(obs: Observed, k: Constants) -> _Costs:
     return _Costs(c, cost.standard_error, store)
 
 
-def _combine(point: float, sds: dict[str, float], parts: dict[str, float]) -> Effect:
+def _combine(point: float, sds: dict[str, float], parts: dict[str, float]) -> Effect | None:
+    """The effect, or None when a part is not finite (counters so large or so near zero
+    that their quotients overflow): no effect is better than a NaN one."""
     sigma = math.sqrt(sum(v * v for v in sds.values()))
     parts = {**parts, **{f"sd_{name}_seconds": v for name, v in sds.items()}}
-    return Effect(point, point - 2 * sigma, point + 2 * sigma, parts)
+    effect = Effect(point, point - 2 * sigma, point + 2 * sigma, parts)
+    if not all(map(math.isfinite, (effect.low, effect.high, *parts.values()))):
+        return None
+    return effect
 
 
-def effect_now(obs: Observed, k: Constants) -> Effect:
+def effect_now(obs: Observed, k: Constants) -> Effect | None:
     """The tier's effect on this server now, from its own measurements (offloading on)."""
     return predict(obs, obs.loaded_tokens, k)
 
 
-def predict(obs: Observed, reloaded_tokens: float, k: Constants) -> Effect:
+def predict(obs: Observed, reloaded_tokens: float, k: Constants) -> Effect | None:
     """The effect per request of a tier that reloads `reloaded_tokens` per request, against no
     tier at all. On a tier-on server the wait and tokens per reload are its own; without a
-    tier a reload waits copy + an idle pass alone, about the new prefill time when busy."""
+    tier a reload waits copy + an idle pass alone, about the new prefill time when busy.
+    None when the numbers overflow (see _combine)."""
     x = max(reloaded_tokens, 0.0)
     costs = _costs(obs, k)
     computed_after = max(obs.missed_tokens - x, 0.0)

@@ -688,7 +688,8 @@ class Window:
                 what = (
                     "went down without a restart (taken as a reset)"
                     if why == "decrease"
-                    else "was NaN or infinite (or stamped with a time not to be believed)"
+                    else "was NaN, infinite or beyond ±1e30 (or stamped with a time not to be "
+                    "believed)"
                 )
                 out.append(
                     f"counter {key} {what} within the window: the figures that read it are "

@@ -10,6 +10,7 @@ so the two are never added together.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvoffload.ingest.parse import Exposition
@@ -172,9 +173,27 @@ class Extract:
     models: dict[str, set[str]] = field(default_factory=dict)
     # instance → "flat" | "legacy" | None per direction, for the report.
     offload_naming: dict[str, str] = field(default_factory=dict)
-    # Counter series whose value was NaN or infinite: there but unknown this scrape (the
-    # window makes the figures that read them absent, not a restart when they come back).
+    # Counter series whose value was NaN, infinite or beyond MAX_VALUE: there but unknown this
+    # scrape (the window makes the figures that read them absent, not a restart when they
+    # come back).
     unknown: set[tuple[str, str, str, str]] = field(default_factory=set)
+
+
+# No count, size, time or ratio vLLM reports comes near this (a day at 10 GB/s is 1e15
+# bytes); a value beyond it is garbage, and products of a few such values (a fit's squares,
+# a rate × a size) stay within the float range, so nothing downstream overflows to inf.
+MAX_VALUE = 1e30
+
+
+def believable(value: float) -> bool:
+    """A sample value the figures may use: finite and within ±MAX_VALUE (NaN is neither)."""
+    return -MAX_VALUE <= value <= MAX_VALUE
+
+
+def all_believable(values: Iterable[float]) -> bool:
+    """believable() of every value, at C speed (a recording's scrapes are checked whole)."""
+    values = tuple(values)
+    return all(map(math.isfinite, values)) and max(map(abs, values), default=0.0) <= MAX_VALUE
 
 
 def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extract:
@@ -215,9 +234,9 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
             if direction is not None and use_flat[direction] != kind.endswith("flat"):
                 continue
             skey = (key, instance, model, engine)
-            if not math.isfinite(value):
-                # NaN/Inf would poison every sum it enters: absent this scrape, a counter
-                # noted as unknown
+            if not believable(value):
+                # NaN/Inf (or 1e308, whose sums overflow to inf) would poison every sum it
+                # enters: absent this scrape, a counter noted as unknown
                 if kind != "gauge" and not kind.startswith("created_"):
                     out.unknown.add(skey)
                 continue
@@ -244,6 +263,7 @@ def label_number(labels: dict[str, str] | None, name: str) -> float | None:
     if raw is None or raw in ("None", ""):
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         return None
+    return value if believable(value) else None  # "inf", "nan", "1e308": garbage too

@@ -28,6 +28,9 @@ _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:"
 _NAME_TOKEN = re.compile(r"[^ \t{]+")
 # `#`, blanks or tabs, `TYPE`, a blank or tab: a TYPE line however it is spaced.
 _TYPE_COMMENT = re.compile(r"#[ \t]+TYPE[ \t]")
+# A metric name as Prometheus 2.x reads it in both text formats (promlex.l, openmetricslex.l):
+# no quoted UTF-8 names before 3.0, so `vllm:a-b` or `vllm:é` fail the scrape there too.
+_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
 
@@ -84,6 +87,17 @@ def canonical_name(name: str) -> str:
     if name.startswith("vllm_"):
         return "vllm:" + name[5:]
     return name
+
+
+def _metric_name(raw: str, lineno: int | Callable[[], int]) -> str:
+    """`raw` when it is a valid metric name, else a ParseError naming the line."""
+    if _METRIC_NAME_RE.match(raw) is None:
+        at = lineno if isinstance(lineno, int) else lineno()
+        raise ParseError(
+            f"line {at}: invalid metric name {raw[:80]!r} (Prometheus takes "
+            "[a-zA-Z_:][a-zA-Z0-9_:]*)"
+        )
+    return raw
 
 
 def _unescape(value: str) -> str:
@@ -202,7 +216,7 @@ def _parse_sample_line(
             raw = line[:brace]
             if "\t" in raw:  # `name\t{` (`name {` goes the spaced way: a blank comes first)
                 raw = _name_token(raw.rstrip(" \t"), line, lineno)
-            name = canonical_name(raw)
+            name = canonical_name(_metric_name(raw, lineno))
             if wanted is not None and not wanted(name):
                 known = _UNWANTED
             else:
@@ -220,7 +234,7 @@ def _parse_sample_line(
         raw = line[:space]
         if "\t" in raw:  # `name\tvalue timestamp`
             return _parse_sample_spaced(line, lineno, wanted)
-        name = canonical_name(raw)
+        name = canonical_name(_metric_name(raw, lineno))
         if wanted is not None and not wanted(name):
             return None
         labels = {}
@@ -250,7 +264,7 @@ def _parse_sample_spaced(
         raise ParseError(f"line {lineno}: not a metric line: {line[:60]!r}")
     m = _NAME_TOKEN.match(text)
     assert m is not None  # text[0] is a name character
-    name = canonical_name(m.group())
+    name = canonical_name(_metric_name(m.group(), lineno))
     rest = text[m.end() :].lstrip(" \t")
     if rest[:1] == "{":
         close = rest.rfind("}")
@@ -396,7 +410,7 @@ def _type_line(line: str, lineno: Callable[[], int]) -> tuple[str, str]:
     parts = line.split()
     if len(parts) != 4:
         raise ParseError(f"line {lineno()}: malformed TYPE line: {line[:80]!r}")
-    known = family_name(canonical_name(parts[2]), parts[3]), parts[3]
+    known = family_name(canonical_name(_metric_name(parts[2], lineno)), parts[3]), parts[3]
     if len(_TYPE_LINES) >= _TYPE_LINES_MAX:
         _TYPE_LINES.clear()
     if len(line) <= 1024:  # a longer TYPE line is no family name that repeats

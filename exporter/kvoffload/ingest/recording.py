@@ -553,6 +553,9 @@ def _read_recording(
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror}") from None
     with fh:
+        if not fh.seekable():
+            # A pipe or a FIFO (`<(xz -dc …)`): the reader reads a recording twice.
+            raise InputError(f"{path}: not a regular file (a pipe?): decompress it to a file first")
         try:
             head = fh.read(_HEAD)
         except UnicodeDecodeError:
@@ -634,10 +637,11 @@ def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 4 * CHUNK) -> Iterator
     where the parser reads the same whichever block the next line is in. It jumps over a run
     of lines of a sample name it does not read without looking at them, within a block; a
     block that began inside such a run would have its first line parsed, so that a malformed
-    line there (an unterminated label set) would be an error or not depending on where the
-    blocks fall. A block therefore ends before a comment, a well-formed sample line, or a
-    line of another name than the one before it: in a file without malformed lines, at its
-    last whole line. Only `most` characters of malformed lines in one run are cut inside."""
+    line there (an unterminated label set, even after a well-formed line of the run) would be
+    an error or not depending on where the blocks fall. A block therefore ends before a
+    comment line (a TYPE line ends every run). Only `most` characters without one are cut
+    at their last whole line.
+    """
     carry = ""
     while True:
         block = fh.read(size)
@@ -658,37 +662,14 @@ def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 4 * CHUNK) -> Iterator
         yield text[:cut]
 
 
-# A whole sample line the parser takes (or skips) the same at the start of a block as inside
-# one: a name, labels closed, a blank.
-_WELL_FORMED = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^\n]*\})?[ \t][^\n]*\n")
-
-
 def _run_boundary(text: str, lowest: int) -> int | None:
-    """The last start of a whole line in `text`, at `lowest` or after, where a block may end
-    (see whole_runs); None: read on."""
+    """The start of the last whole comment line in `text`, at `lowest` or after, where a
+    block may end (see whole_runs); None: read on."""
     last = text.rfind("\n")  # the newline of the last whole line
-    start = text.rfind("\n", 0, last) + 1 if last != -1 else 0
-    while last != -1 and start >= max(lowest, 1):
-        if text[start] == "#" or _WELL_FORMED.match(text, start):
-            return start
-        name = _sample_name(text, text.rfind("\n", 0, start - 1) + 1, start - 1)
-        if name is None or not (
-            text.startswith(name + "{", start) or text.startswith(name + " ", start)
-        ):
-            return start
-        start = text.rfind("\n", 0, start - 1) + 1
-    return None
-
-
-def _sample_name(text: str, start: int, end: int) -> str | None:
-    """The name of the sample line text[start:end] as the parser's skip sees it (up to `{`
-    or a blank), None for a line it would not skip after."""
-    brace = text.find("{", start, end)
-    space = text.find(" ", start, end)
-    cut = brace if brace != -1 and (space == -1 or brace < space) else space
-    if cut <= start:
+    if last == -1:
         return None
-    return text[start:cut]
+    at = text.rfind("\n#", max(lowest, 1) - 1, last)
+    return at + 1 if at != -1 else None
 
 
 def _note_journal(path: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from kvoffload.errors import InputError
+from kvoffload.ingest.catalog import believable
 from kvoffload.ingest.parse import Exposition, LimitError, Limits, Sample, parse_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
@@ -125,10 +126,11 @@ def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float
     a simulator on a virtual clock stamps its samples with virtual time), believing only
     plausible ones. One bad sample must not poison the figures (NaN windows, ratios, a JSON
     API that cannot answer) of any target: a sample with a NaN, infinite or far-off timestamp
-    has its value made NaN and its stamp dropped, and one with a NaN or infinite value is
-    kept as it is. `catalog.extract` notes such a counter as there but unknown, so the window
-    makes its figures absent (a gauge is left out), instead of taking the series for
-    restarted when it comes back (its whole total again, as an increase)."""
+    has its value made NaN and its stamp dropped, and one with a NaN, infinite or absurd value
+    (beyond catalog.MAX_VALUE) is kept as it is. `catalog.extract` notes such a counter as
+    there but unknown, so the window makes its figures absent (a gauge is left out), instead
+    of taking the series for restarted when it comes back (its whole total again, as an
+    increase)."""
     rejected: dict[str, int] = {}
     kept: list[Sample] = []
     latest: float | None = None
@@ -138,7 +140,7 @@ def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float
             rejected["timestamp"] = rejected.get("timestamp", 0) + 1
             kept.append((sample[0], sample[1], math.nan, None))
             continue
-        if not math.isfinite(value):
+        if not believable(value):
             rejected["value"] = rejected.get("value", 0) + 1
         if ts is not None and (latest is None or ts > latest):
             latest = ts

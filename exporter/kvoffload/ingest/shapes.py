@@ -12,12 +12,11 @@ key says which sample `extract` put there (the last one, as it would).
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 from typing import Any
 
-from kvoffload.ingest.catalog import Extract, extract
+from kvoffload.ingest.catalog import Extract, all_believable, extract
 from kvoffload.ingest.parse import Exposition, Sample
 
 # A series of one instance: its (canonical) sample name and labels.
@@ -43,9 +42,10 @@ class ScrapeShapes:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = _Shape(self, key[0], declared)
-        if not math.isfinite(math.fsum(row.values())):
-            # A NaN or infinite value is skipped by extract, which may let another sample
-            # take its place: ask extract itself.
+        if not all_believable(row.values()):
+            # A NaN, infinite or absurd value is skipped by extract, which may let another
+            # sample take its place: ask extract itself. (Not a sum: 1e308 twice overflows
+            # it, and +Inf beside -Inf makes fsum raise.)
             return extract(self.exposition(row, t, declared), t, self.instance)
         return shape.fill(row, t)
 

@@ -8,6 +8,7 @@ unbounded tier would serve), the simulator oracle's definition.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvoffload.kvevents.state import TargetEvents
@@ -57,11 +58,16 @@ def build_curve(
     """
     from_events = events.missed_tokens_from_events()
     denominator = missed_tokens if missed_tokens and missed_tokens >= from_events else from_events
-    if not denominator or bytes_per_block <= 0 or not events.block_size:
+    if not denominator or not 0 < bytes_per_block < math.inf or not events.block_size:
         return None
     sizes = sorted(set(LOG_BOUNDS_BYTES) | {s for s in extra_sizes if s and s > 0})
     points = [CurvePoint(s, events.hit_tokens(s, bytes_per_block) / denominator) for s in sizes]
     achievable = events.achievable_tokens() / denominator
+    ratios = [achievable, denominator, *(p.predicted_offload_hit_ratio for p in points)]
+    if not all(map(math.isfinite, ratios)):
+        # Counts near the float range (a state file's histogram, sizes from absurd figures)
+        # overflow the sums: no curve rather than NaN ratios.
+        return None
     right = (
         _smallest_size_reaching(events, bytes_per_block, target_share * achievable * denominator)
         if achievable > 0

@@ -62,7 +62,22 @@ def bytes_per_block(
     return events.bytes_per_block
 
 
+# A block of KV cache is at least a byte and far below a TiB: a size outside comes from
+# labels or figures that cannot be believed, and every byte figure built on it would be too.
+_BLOCK_BYTES_RANGE = (1.0, 2.0**40)
+
+
 def _bytes_per_block(
+    static: GroupStatic, figures: dict[str, float | None], events: TargetEvents
+) -> float | None:
+    """_block_bytes when it is believable (finite, in _BLOCK_BYTES_RANGE), else None: no
+    curve, no byte figure from the events."""
+    size = _block_bytes(static, figures, events)
+    low, high = _BLOCK_BYTES_RANGE
+    return size if size is not None and low <= size <= high else None
+
+
+def _block_bytes(
     static: GroupStatic, figures: dict[str, float | None], events: TargetEvents
 ) -> float | None:
     """From kv_offload_config_info (page-aligned, as the tier allocates it), else KV bytes

@@ -96,9 +96,9 @@ class DistanceHistogram:
 
     def hits_below(self, blocks: float) -> float:
         """Accesses a cache of `blocks` blocks would serve (distance < blocks)."""
-        c = math.floor(blocks)
-        if c <= 0:
+        if not blocks > 0:  # (NaN too: a size from hostile figures)
             return 0.0
+        c = math.floor(min(blocks, 2.0**62))  # an infinite size serves every finite distance
         if c <= self.EXACT:
             return self._fw.prefix(c)
         hits = self._fw.prefix(self.EXACT)
