@@ -5,6 +5,8 @@ aside), kvoffload's estimate of the tier's effect on that server, its prediction
 no-offload twin (with the twin's KV events, and without: the best case), and the actions on
 both, against the clients' measured effect; a table with totals, kept in bench/results.json
 under "ttft_accuracy".
+The simulator's scenarios (bench/ttft_sim_sets.py) get the same table apart, to show the
+simulator and the model agree.
 Why: accuracy is shown over every real set, not asserted in a test tuned to a few. The model's
 fitted constants (the store stall rate, the idle reload pass) are fitted here leaving each
 configuration out, so no case is scored with constants fitted on it.
@@ -25,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from ttft_sets import Case, all_cases
+from ttft_sim_sets import sim_cases
 
 from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.analyze import (
@@ -262,6 +265,9 @@ def main() -> None:
     shared = [r for r in rows if not r["aside"]]
     aside = [r for r in rows if r["aside"]]
     twins = twin_rows(rows)
+    # The simulator's scenarios, judged with the default constants (none is fitted on them).
+    sim_rows = evaluate(sim_cases(), Thresholds())
+    sim_twins = twin_rows(sim_rows)
     result = {
         "method": "leave one configuration out" if chosen else "defaults",
         "reference": totals(shared, [t for t in twins if not t["aside"]]),
@@ -269,12 +275,20 @@ def main() -> None:
         "constants": chosen,
         "rows": rows,
         "twins": twins,
+        "simulator": {
+            "totals": totals(sim_rows, sim_twins),
+            "rows": sim_rows,
+            "twins": sim_twins,
+        },
         "seconds": round(time.perf_counter() - started, 1),
     }
     if not args.json_only:
         print_table(rows, twins)
         print("\nreference sets:", json.dumps(result["reference"]))
         print("kept aside (*):", json.dumps(result["aside"]))
+        print("\nthe simulator's scenarios (truth: the simulator's own with − without):")
+        print_table(sim_rows, sim_twins)
+        print("\nsimulator:", json.dumps(result["simulator"]["totals"]))
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     data["ttft_accuracy"] = result
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
