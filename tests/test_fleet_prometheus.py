@@ -309,7 +309,7 @@ def test_errors_are_reported_per_engine_and_the_run_goes_on(
     errors = {e["instance"]: e["error"] for e in report["errors"]}
     assert set(errors) == {"legacy:8000", "twomodels:8000"}, errors
     assert "execution: boom" in errors["legacy:8000"]
-    assert "no answer within 1 s" in errors["twomodels:8000"]
+    assert "no complete answer within 1 s" in errors["twomodels:8000"]
     assert {g["labels"]["instance"] for g in report["groups"]} == {
         "rag:8000",
         "restart:8000",

@@ -215,6 +215,8 @@ _PROMETHEUS_ONLY = (
     "step",
     "prometheus_timeout",
     "prometheus_gzip",
+    "prometheus_max_answer",
+    "prometheus_max_points",
     "bearer_token_file",
     "basic_auth_user",
     "basic_auth_password_file",
@@ -829,7 +831,10 @@ def analyze(
         }
         if stats is not None:
             out["errors"] = [{"instance": i, "error": e} for i, e in sorted(errors.items())]
-            out["warnings"] = stats.warnings
+            out["warnings"] = list(stats.warnings)
+            out["warning_counts"] = [{"warning": w, "count": n} for w, n in stats.warnings.items()]
+            if stats.other_warnings:
+                out["other_warnings"] = stats.other_warnings
         click.echo(json.dumps(out, indent=2, allow_nan=False))
         return
     note = f"{scrapes} scrape(s)" + (
@@ -837,7 +842,7 @@ def analyze(
     )
     if stats is not None:
         note += f" from {stats.instances:,} instance(s)" + "".join(
-            f"\n! {w}" for w in stats.warnings
+            f"\n! {w}" for w in stats.warning_lines()
         )
     shown = groups[:top] if top is not None else groups
     if len(shown) < len(groups):

@@ -12,7 +12,7 @@ import click
 
 from kvoffload.errors import InputError
 from kvoffload.progress import Progress
-from kvoffload.units import parse_duration
+from kvoffload.units import parse_duration, parse_size
 
 if TYPE_CHECKING:  # (requests is imported when a Prometheus is read, not by every command)
     from kvoffload.ingest.promapi import PrometheusAPI
@@ -26,6 +26,18 @@ def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float
         return parse_duration(value)
     except InputError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _size(_ctx: click.Context, _param: click.Parameter, value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = parse_size(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if size < 1024:
+        raise click.BadParameter(f"{value!r}: at least 1KiB")
+    return int(size)
 
 
 def parse_time(value: str, flag: str) -> float:
@@ -110,7 +122,23 @@ def prometheus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 callback=_duration,
                 default="2m",
                 show_default=True,
-                help="Time allowed for each question.",
+                help="Time allowed for each question, all of it (connecting, waiting, reading "
+                "the whole answer); each read waits at most as long.",
+            ),
+            click.option(
+                "--prometheus-max-answer",
+                callback=_size,
+                default="128MiB",
+                show_default=True,
+                help="Largest answer read, as sent and once inflated; past it the question "
+                "fails (asked again for fewer instances).",
+            ),
+            click.option(
+                "--prometheus-max-points",
+                type=click.IntRange(1),
+                default=1_000_000,
+                show_default=True,
+                help="Most points and series one answer may hold.",
             ),
             click.option(
                 "--prometheus-gzip",
@@ -149,6 +177,8 @@ def make_api(
     url: str,
     timeout: float,
     prometheus_gzip: bool,
+    prometheus_max_answer: int,
+    prometheus_max_points: int,
     bearer_token_file: str | None,
     basic_auth_user: str | None,
     basic_auth_password_file: str | None,
@@ -158,7 +188,7 @@ def make_api(
     insecure_skip_verify: bool,
     headers: tuple[str, ...],
 ) -> PrometheusAPI:
-    from kvoffload.ingest.promapi import PromAuth, PrometheusAPI
+    from kvoffload.ingest.promapi import PromAuth, PrometheusAPI, PromLimits
 
     pairs = []
     for header in headers:
@@ -176,7 +206,8 @@ def make_api(
         insecure_skip_verify=insecure_skip_verify,
         headers=tuple(pairs),
     )
-    return PrometheusAPI(url, auth, timeout, gzip=prometheus_gzip)
+    limits = PromLimits(max_answer_bytes=prometheus_max_answer, max_points=prometheus_max_points)
+    return PrometheusAPI(url, auth, timeout, gzip=prometheus_gzip, limits=limits)
 
 
 class ReadProgress(Progress):

@@ -25,6 +25,7 @@ from kvoffload.analysis.analyze import (
 from kvoffload.analysis.fleetsummary import FleetSummary, need_order, summarize
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.errors import InputError
+from kvoffload.ingest.promapi import PromStopped
 from kvoffload.ingest.promsource import FleetReader, ReadStats, _Plan
 
 
@@ -52,6 +53,8 @@ def _analyze_batches(
         window, scrapes, lifetime = window_from_extracts(
             ex for batch in batches for ex in reader.read_batch(batch)
         )
+    except PromStopped:
+        raise
     except InputError:
         if not reader.stats.errors:
             raise
@@ -89,17 +92,16 @@ def analyze_from_prometheus(
     """Read everything `reader` covers and analyse it, with `jobs` worker processes (default:
     one per core; 1: in this process)."""
     batches = reader.batches()
-    total = ReadStats(instances=reader.stats.instances, questions=reader.stats.questions)
+    # What the plan's questions found: their warnings, the instances refused from the start.
+    total = ReadStats(instances=reader.stats.instances)
+    total.merge(reader.stats)
     jobs = min(jobs or usable_cores(), len(batches))
     results: list[_BatchResult] = []
 
     def merge(result: _BatchResult, instances: int) -> None:
         results.append(result)
         total.done += instances
-        total.questions += result.stats.questions
-        total.points += result.stats.points
-        total.errors.update(result.stats.errors)
-        total.warnings.extend(w for w in result.stats.warnings if w not in total.warnings)
+        total.merge(result.stats)
         if progress is not None:
             progress(total)
 

@@ -16,7 +16,10 @@ analysis as a recording. What it asks for:
   instance alone is more), so memory does not grow with the fleet.
 
 A question that fails is asked again for half the batch, down to one instance; an instance
-that still fails is reported with its error and left out, and the run goes on.
+that still fails is reported with its error and left out, and the run goes on. So is an
+instance whose answers are not vLLM's figures (a sample count or a value that is not finite,
+or absurd): what the server says is checked before it reaches the arithmetic. A read that
+would take more than `max_questions` questions is refused before the first of them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import _INDEX, Extract
-from kvoffload.ingest.promapi import PromAPIError, PrometheusAPI, Series
+from kvoffload.ingest.promapi import PromAPIError, PrometheusAPI, PromStopped, Series, printable
 from kvoffload.ingest.shapes import Member, ScrapeShapes
 
 # A question answers at most about this many points (≈ 40 MB of JSON): the reader's memory.
@@ -37,6 +40,13 @@ POINT_BUDGET = 400_000
 MAX_STEPS = 10_000
 # Assumed when an instance's sample count cannot be learnt (Prometheus' default interval).
 DEFAULT_INTERVAL = 15.0
+# The most questions one read may take (a month of 1,000 engines at 15 s is some 13,000).
+MAX_QUESTIONS = 100_000
+# The largest magnitude a vLLM figure can have (counters of tokens or bytes stay far below):
+# past it, or not finite, a value is the server's error, and sums of it would overflow.
+MAX_VALUE = 1e18
+# Distinct warnings kept per read; the rest are only counted.
+MAX_WARNINGS = 100
 
 # Every sample name the catalog reads, without the `vllm:` prefix and without `_created`.
 _NAMES = sorted(
@@ -83,8 +93,39 @@ class ReadStats:
     done: int = 0
     questions: int = 0
     points: int = 0
-    warnings: list[str] = field(default_factory=list)
+    # Each distinct warning and how many answers carried it (a warning per answer is usual:
+    # Thanos' partial responses), in the order first seen; past MAX_WARNINGS only counted.
+    warnings: dict[str, int] = field(default_factory=dict)
+    other_warnings: int = 0
     errors: dict[str, str] = field(default_factory=dict)  # instance → its one-line error
+
+    def warn(self, warnings: list[str] | dict[str, int]) -> None:
+        """Count `warnings` in (a list from an answer, or another read's counts): linear."""
+        counts = warnings if isinstance(warnings, dict) else dict.fromkeys(warnings, 0)
+        if not isinstance(warnings, dict):
+            for w in warnings:
+                counts[w] += 1
+        for w, n in counts.items():
+            if w in self.warnings:
+                self.warnings[w] += n
+            elif len(self.warnings) < MAX_WARNINGS:
+                self.warnings[w] = n
+            else:
+                self.other_warnings += n
+
+    def merge(self, other: ReadStats) -> None:
+        self.questions += other.questions
+        self.points += other.points
+        self.errors.update(other.errors)
+        self.warn(other.warnings)
+        self.other_warnings += other.other_warnings
+
+    def warning_lines(self) -> list[str]:
+        """Each distinct warning once, with how often it came."""
+        lines = [w + (f" ({n:,} times)" if n > 1 else "") for w, n in self.warnings.items()]
+        if self.other_warnings:
+            lines.append(f"and {self.other_warnings:,} more warning(s) not shown")
+        return lines
 
 
 @dataclass(frozen=True)
@@ -106,6 +147,7 @@ class FleetReader:
         step: float | None = None,
         point_budget: int = POINT_BUDGET,
         progress: Callable[[ReadStats], None] | None = None,
+        max_questions: int = MAX_QUESTIONS,
     ) -> None:
         if not end > start:
             raise InputError("the range is empty: --end must be after --start")
@@ -117,23 +159,46 @@ class FleetReader:
         self.matchers = selector_matchers(selector)
         self.step = step
         self.point_budget = point_budget
+        self.max_questions = max_questions
         self.progress = progress
         self.stats = ReadStats()
 
     # -- the plan ---------------------------------------------------------------------------
     def plan(self) -> list[_Plan]:
-        """Instances, their series count and points per series, from two cheap questions."""
+        """Instances, their series count and points per series, from two cheap questions.
+        An instance the answers make no sense for is left out with its reason
+        (`stats.errors`)."""
         series = self._series_per_instance()
         counts = self._points_per_instance()
         default = (self.end - self.start) / (self.step or DEFAULT_INTERVAL) + 1
-        return [
-            _Plan(instance, n, counts.get(instance, default) if self.step is None else default)
-            for instance, n in sorted(series.items())
-        ]
+        plans = []
+        for instance, n in sorted(series.items()):
+            count = counts.get(instance, default) if self.step is None else default
+            refused = self._refused(instance, count)
+            if refused:
+                self.stats.errors[printable(instance)] = refused
+            else:
+                plans.append(_Plan(instance, n, count))
+        return plans
+
+    def _refused(self, instance: str, count: float) -> str | None:
+        """Why an instance cannot be read as the server describes it, or None."""
+        if not instance.isprintable():
+            return "its instance label holds control characters; left out"
+        # Prometheus keeps one sample per millisecond at most.
+        possible = (self.end - self.start) * 1000 + 1
+        if not 0 <= count <= possible:
+            return (
+                f"count_over_time answered {printable(count, 40)} samples in a "
+                f"{self.end - self.start:g} s range (at most {possible:.0f} are possible): "
+                "not a sample count; left out"
+            )
+        return None
 
     def _series_per_instance(self) -> dict[str, int]:
         # The series endpoint reads the index only: no sample is loaded for it.
         counts: dict[str, int] = {}
+        self.stats.questions += 1
         for labels in self.api.series(_join(NAME_MATCHER, self.matchers), self.start, self.end):
             instance = labels.get("instance", "")
             counts[instance] = counts.get(instance, 0) + 1
@@ -142,12 +207,14 @@ class FleetReader:
     def _points_per_instance(self) -> dict[str, float]:
         if self.step is not None:
             return {}
+        self.stats.questions += 1
         result = self.api.query_instant(
             f'max by (instance) (count_over_time({{__name__=~"{_PROBE}"'
             f"{',' + self.matchers if self.matchers else ''}}}"
             f"[{_duration(self.end - self.start)}]))",
             self.end,
         )
+        self.stats.warn(result.warnings)
         return {s.labels.get("instance", ""): s.points[-1][1] for s in result.series if s.points}
 
     # -- the data ---------------------------------------------------------------------------
@@ -161,15 +228,28 @@ class FleetReader:
         """The plan cut into questions' worth of whole instances (each batch can be read and
         analysed on its own: a worker process per batch, `analysis.fleetrun`)."""
         plans = self.plan()
-        self.stats.instances = len(plans)
+        self.stats.instances = len(plans) + len(self.stats.errors)
+        if not plans and self.stats.errors:
+            raise InputError(
+                "no instance could be read: "
+                + "; ".join(f"{i}: {e}" for i, e in sorted(self.stats.errors.items())[:3])
+            )
         if not plans:
             raise InputError(
                 "Prometheus holds no vLLM series"
                 + (f" matching {{{self.matchers}}}" if self.matchers else "")
                 + " in the range"
             )
+        batches = list(self._batches(plans))
+        questions = sum(self._chunks(batch) for batch in batches)
+        if questions > self.max_questions:
+            raise InputError(
+                f"reading {len(plans):,} instance(s) over {self.end - self.start:g} s would "
+                f"take {questions:,} questions (at most {self.max_questions:,}): "
+                "shorten --range, narrow --selector or give a larger --step"
+            )
         self._report()
-        return list(self._batches(plans))
+        return batches
 
     def _batches(self, plans: list[_Plan]) -> Iterator[list[_Plan]]:
         batch: list[_Plan] = []
@@ -184,18 +264,28 @@ class FleetReader:
         if batch:
             yield batch
 
-    def read_batch(self, batch: list[_Plan]) -> Iterator[Extract]:
-        names = [p.instance for p in batch]
+    def _chunks(self, batch: list[_Plan]) -> int:
+        """How many questions the batch is asked in (slices of the range)."""
         cost = sum(p.series * p.points_per_series for p in batch)
         chunks = max(1, math.ceil(cost / self.point_budget))
         if self.step is not None:
             steps = (self.end - self.start) / self.step + 1
             chunks = max(chunks, math.ceil(steps / MAX_STEPS))
+        return chunks
+
+    def read_batch(self, batch: list[_Plan]) -> Iterator[Extract]:
+        names = [p.instance for p in batch]
+        chunks = self._chunks(batch)
         emitted: dict[str, float] = {}
         failed: set[str] = set()
         for chunk in range(chunks):
+            asked = [n for n in names if n not in failed]
+            if not asked:
+                break
             try:
-                series = self._fetch([n for n in names if n not in failed], chunk, chunks)
+                series = self._fetch(asked, chunk, chunks)
+            except PromStopped:
+                raise
             except PromAPIError as exc:
                 if len(names) == 1:
                     self.stats.errors[names[0]] = str(exc)
@@ -212,7 +302,7 @@ class FleetReader:
                     self.stats.errors.setdefault(name, str(exc))
                     failed.add(name)
                 break
-            yield from self._scrapes(series, emitted)
+            yield from self._scrapes(series, emitted, set(asked), failed)
         self.stats.done += len(batch)
         self._report()
 
@@ -232,32 +322,57 @@ class FleetReader:
             if chunk:
                 first += self.step if first <= lo else 0.0
             result = self.api.query_range(selector, first, hi, self.step)
-        self.stats.warnings.extend(w for w in result.warnings if w not in self.stats.warnings)
+        self.stats.warn(result.warnings)
         return result.series
 
-    def _scrapes(self, series: list[Series], emitted: dict[str, float]) -> Iterator[Extract]:
+    def _scrapes(
+        self,
+        series: list[Series],
+        emitted: dict[str, float],
+        asked: set[str],
+        failed: set[str],
+    ) -> Iterator[Extract]:
         """Series → one Extract per (instance, time), in time order per instance. A point at or
         before what was already given for its instance is dropped: the range selectors of
-        Prometheus 2 include both ends, so a sample on a chunk boundary comes twice."""
+        Prometheus 2 include both ends, so a sample on a chunk boundary comes twice; so is one
+        after the range, and a series of an instance not asked about. An instance with a value
+        that is not finite or past MAX_VALUE is failed with its reason (added to `failed`)."""
         by_instance: dict[str, tuple[list[Member], list[list[tuple[float, float]]]]] = {}
         for s in series:
-            labels = dict(s.labels)
+            labels = {k: v if v.isprintable() else printable(v, 1000) for k, v in s.labels.items()}
             name = labels.pop("__name__", "")
             if name.startswith("vllm_"):
                 name = "vllm:" + name[5:]
-            members, points_of = by_instance.setdefault(labels.get("instance", ""), ([], []))
+            instance = s.labels.get("instance", "")
+            if instance not in asked:
+                continue
+            members, points_of = by_instance.setdefault(instance, ([], []))
             members.append((name, labels))
             points_of.append(s.points)
+        last = self.end + 1.0
         for instance, (members, points_of) in by_instance.items():
             after = emitted.get(instance, -math.inf)
             rows: dict[float, dict[int, float]] = {}
+            bad: tuple[str, float, float] | None = None
             for i, points in enumerate(points_of):
                 for t, v in points:
-                    if t > after:
+                    if after < t <= last:
+                        if not -MAX_VALUE <= v <= MAX_VALUE:  # NaN too
+                            bad = (members[i][0], v, t)
+                            break
                         row = rows.get(t)
                         if row is None:
                             row = rows[t] = {}
                         row[i] = v
+                if bad:
+                    break
+            if bad:
+                self.stats.errors[instance] = (
+                    f"{printable(bad[0], 100)} is {bad[1]!r} at {bad[2]:.3f}: not a vLLM figure "
+                    f"(finite, at most {MAX_VALUE:g} in size); instance left out"
+                )
+                failed.add(instance)
+                continue
             shapes = ScrapeShapes(instance, members)
             for t in sorted(rows):
                 row = rows[t]

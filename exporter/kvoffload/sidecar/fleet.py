@@ -8,8 +8,10 @@ the per-instance read errors. The range either slides
 (the last `range_seconds`, the default) or is fixed (`--start`/`--end`: a post-mortem).
 
 The read and the analysis are synchronous and can take seconds for a large fleet: they run in
-a thread (`asyncio.to_thread`), and the published analysis is swapped in whole when one is
-done, so the event loop keeps answering /metrics and the page meanwhile. An instance whose
+a thread, and the published analysis is swapped in whole when one is done, so the event loop
+keeps answering /metrics and the page meanwhile. A stop (SIGTERM) aborts the question being
+asked (`PrometheusAPI.abort`) and does not wait for the thread: it is a daemon, so a server
+that never finishes an answer cannot hold the process. An instance whose
 series could not be read is down with its one-line error (its last figures kept, stale); a
 read that fails as a whole (Prometheus down, no vLLM series, no instance readable) keeps the
 last good analysis, every target down and its groups stale, with the error shown.
@@ -18,24 +20,56 @@ last good analysis, every target down and its groups stale, with the error shown
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from kvoffload.analysis.analyze import Settings
 from kvoffload.analysis.fleetrun import analyze_from_prometheus
 from kvoffload.analysis.fleetsummary import FleetSummary
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.errors import InputError
-from kvoffload.ingest.promapi import PrometheusAPI
+from kvoffload.ingest.promapi import PrometheusAPI, PromStopped, printable
 from kvoffload.ingest.promsource import FleetReader, ReadStats
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.sidecar.service import TargetState
 
 log = logging.getLogger("kvoffload")
+
+T = TypeVar("T")
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: object) -> T:
+    """`asyncio.to_thread`, but in a daemon thread of its own: the default executor's threads
+    are joined at exit, so one stuck in a read would keep a stopped process alive."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # cancelled: nobody waits for it any more
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, None, exc)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=run, name="kvoffload-fleet-read", daemon=True).start()
+    return await future
 
 
 @dataclass
@@ -83,7 +117,7 @@ def read_fleet(
         result.summary,
         sorted({g.instance for g in result.groups} | set(errors)),
         errors,
-        list(result.stats.warnings),
+        result.stats.warning_lines(),
         reader.start,
         reader.end,
         result.scrapes,
@@ -120,10 +154,12 @@ class FleetService:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         self._stopping.clear()
+        self.api.reopen()  # (asking again after a stop)
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
         self._stopping.set()
+        self.api.abort()  # the question being asked ends now, whatever the server does
         if self._task is not None:
             await cancel_all([self._task])
         self.api.close()
@@ -140,17 +176,17 @@ class FleetService:
         """One read; what it found replaces what is published, or its error is shown."""
         self.reads += 1
         try:
-            read = await asyncio.to_thread(
+            read = await in_daemon_thread(
                 read_fleet, self._reader(time.time()), self.config.settings, self._progress
             )
-        except _Stopped:
+        except (_Stopped, PromStopped):
             return
         except InputError as exc:
             self._failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return
         except Exception as exc:  # never let one read kill the service
             log.exception("unexpected error reading the fleet from %s", self.api.base)
-            self._failed(f"{self.api.base}: internal error: {type(exc).__name__}: {exc}")
+            self._failed(f"{self.api.base}: internal error: {type(exc).__name__}: {printable(exc)}")
             return
         self._publish(read)
 

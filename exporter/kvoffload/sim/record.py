@@ -24,10 +24,14 @@ def record_scenario(
     instance: str = "sim:8000",
     job: str = "vllm",
     events_path: str | None = None,
+    endless: bool | None = None,
+    ground_truth: dict | None = None,
 ) -> int:
     """Scrape at t = 0, interval, 2·interval, … ≤ duration_s; returns the number of scrapes.
 
-    `events_path` also writes the KV events published up to the last scrape."""
+    `events_path` also writes the KV events published up to the last scrape; `endless` keeps
+    the traffic coming for the whole recording (default: when it outlasts the scenario);
+    `ground_truth`, a dict, gets the simulator's ground truth at the last scrape."""
     from kvoffload.ingest.recording import (
         RecordingWriter,  # the package's writer, shared with `record`
     )
@@ -38,7 +42,7 @@ def record_scenario(
         scenario,
         seed=seed,
         kv_events=events_path is not None,
-        endless=duration_s > scenario.duration_s,
+        endless=duration_s > scenario.duration_s if endless is None else endless,
     )
     events = _EventSink(events_path) if events_path is not None else None
     n = 0
@@ -60,6 +64,8 @@ def record_scenario(
     finally:
         if events is not None:
             events.close()
+    if ground_truth is not None:
+        ground_truth.update(sim.ground_truth(include_requests=False))
     return n
 
 
