@@ -35,6 +35,17 @@ KVO = [sys.executable, "-m", "kvoffload"]
 INSTANCES = ["a:8000", "b:8000", "c:8000"]
 
 
+async def _write_without_end(resp: web.StreamResponse, sent: Any) -> None:
+    """Write 64 KiB blocks until the client hangs up (6.5 GB were it all read), counting them."""
+    block = b"x" * 65536
+    try:
+        for _ in range(100_000):
+            await resp.write(block)
+            sent.bytes += len(block)
+    except (ConnectionError, RuntimeError):
+        pass
+
+
 def kvo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*KVO, *args], capture_output=True, text=True, timeout=timeout)
 
@@ -244,13 +255,7 @@ def _endless_app(status: int, sent: type[_Sent]) -> web.Application:
         resp = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
         await resp.prepare(request)
         await resp.write(b'{"status":"error","errorType":"internal","error":"')
-        block = b"x" * 65536
-        try:
-            for _ in range(100_000):  # 6.5 GB, were it all read
-                await resp.write(block)
-                sent.bytes += len(block)
-        except (ConnectionError, RuntimeError):
-            pass
+        await _write_without_end(resp, sent)
         return resp
 
     return one_route_app(endless)
@@ -429,13 +434,7 @@ def test_a_redirect_with_an_endless_body_is_followed_unread(data: Any) -> None:
         tail = request.path.split("/api/v1/", 1)[1]
         resp = web.StreamResponse(status=307, headers={"Location": f"/api/v1/{tail}"})
         await resp.prepare(request)
-        block = b"x" * 65536
-        try:
-            for _ in range(100_000):  # 6.5 GB, were it all read
-                await resp.write(block)
-                sent.bytes += len(block)
-        except (ConnectionError, RuntimeError):
-            pass
+        await _write_without_end(resp, sent)
         return resp
 
     app = web.Application()
