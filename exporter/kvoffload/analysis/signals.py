@@ -498,8 +498,7 @@ FIGURES: tuple[Figure, ...] = (
         "loads_per_request",
         "kvoffload_loads_per_request",
         "x",  # a count per request, not a share: above 1 when a request reloads twice
-        "CPU-tier load jobs per request over the window (vLLM counts a job once per "
-        "worker).",
+        "CPU-tier load jobs per request over the window (vLLM counts a job once per worker).",
         WhenOffloading(Ratio(LOAD_JOBS, Rate("ttft_count"))),
     ),
     Figure(
