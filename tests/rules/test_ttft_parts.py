@@ -202,3 +202,14 @@ def test_queue_time_splits_into_capacity_queueing_and_reload_wait(
     # A reload waits longer than its copy (2–10× on these runs).
     assert late["load_copy_seconds"] < late["reload_wait_seconds"] / late["loads_per_request"]
     assert late["requests_in_system"] > 1.0  # under load: others keep the engine stepping
+
+
+def test_the_advisor_doc_names_each_parts_rule_and_what_cannot_be_one() -> None:
+    """docs/advisor.md, "What Prometheus alone shows": every part's rule by its name (at the
+    default windows), and the parts that are not formulas of rates."""
+    doc = (Path(__file__).parents[2] / "docs" / "advisor.md").read_text()
+    section = doc.split("## What Prometheus alone shows", 1)[1].split("\n## ", 1)[0]
+    for key in PARTS:
+        assert f"`{record_name(key, MixinConfig())}`" in section, key
+    for words in ("t-statistic", "twin prediction", "Ranges from noise", "KV-event what-ifs"):
+        assert words in section, words
