@@ -420,8 +420,8 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             about(
                 cfg,
                 "requests_in_system",
-                "Under 2 a reload mostly waits alone (copy + a scheduling pass); above, "
-                "about one prefill time.",
+                "Near 1 a reload waits alone (its copy + a scheduling pass); from 2 up, "
+                "about one prefill time (the verdict blends the two in between).",
             ),
             unit("requests_in_system"),
             [t(s.rule("requests_in_system"), "{{instance}}")],
