@@ -1,9 +1,9 @@
 """One formula per figure, two renderings: Python over a window, PromQL over a scope.
 
 A figure is an expression tree of a few nodes — Rate/Increase of catalog counters, Total
-(raw counters since start), GaugeMean, Ratio, FirstOf, OrZero, Minus, ClampMin, Positive,
-PerSecond, TimesWorldSize, gates on offloading, Sidecar (a figure PromQL reads from the
-sidecar) and PythonOnly (what PromQL cannot compute, with the reason). Each node evaluates in
+(raw counters since start), GaugeMean, Ratio, Product, FirstOf, OrZero, Minus, ClampMin,
+Positive, PerSecond, TimesWorldSize, gates on offloading, Sidecar (a figure PromQL reads from
+the sidecar) and PythonOnly (what PromQL cannot compute, with the reason). Each node evaluates in
 Python over a window's `signals.Context` and renders PromQL over a `MixinConfig` and a range,
 so the sidecar, the recording rules and the dashboards share one definition.
 
@@ -335,6 +335,25 @@ class Minus(Expr):
 
     def describe(self) -> str:
         return f"{_words(self.left)} − {_words(self.right)}"
+
+
+@dataclass(frozen=True)
+class Product(Expr):
+    """left × right (Little's law: a rate times a mean time is a mean count)."""
+
+    left: Expr
+    right: Expr
+    always_composite: ClassVar[bool] = True
+
+    def value(self, c: Context) -> float | None:
+        a, b = self.left.value(c), self.right.value(c)
+        return a * b if a is not None and b is not None else None
+
+    def promql(self, cfg: MixinConfig, w: str) -> str:
+        return binop(_operand(self.left, cfg, w), "*", _operand(self.right, cfg, w))
+
+    def describe(self) -> str:
+        return f"{_words(self.left)} × {_words(self.right)}"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from kvoffload.analysis.formula import (
     OrZero,
     PerSecond,
     Positive,
+    Product,
     PythonOnly,
     Rate,
     Ratio,
@@ -186,6 +187,21 @@ KV_BYTES_PER_TOKEN = FirstOf(
     PythonOnly(lambda c: c.kv_bytes_per_token, "a setting of the sidecar (--kv-bytes-per-token)"),
     PythonOnly(gpu_side_bytes_per_token, f"cache_config_info label values: {_LABELS_WHY}"),
 )
+
+
+# -- the TTFT model's parts that are closed formulas of rates (analysis.ttft.observe) ----------
+# Each is the verdict's own quantity over the same window; the verdict itself (the fitted cost,
+# its range, the twin prediction) is not a formula of rates (docs/advisor.md, "What Prometheus
+# alone shows").
+MEAN_QUEUE = Ratio(Rate("queue_time_sum"), Rate("queue_time_count"))
+REQUEST_RATE = PerSecond(Rate("ttft_count"))  # requests given a first token, per second
+# Little's law: the mean number waiting for KV capacity is the request rate × the mean time
+# each waits for it; a server without a tier has this queue too.
+CAPACITY_QUEUE = Ratio(GaugeMean("waiting_capacity"), REQUEST_RATE)
+MEAN_E2E = FirstOf(
+    Ratio(Rate("e2e_sum"), Rate("e2e_count")), Ratio(Rate("ttft_sum"), Rate("ttft_count"))
+)
+LOAD_JOBS = OrZero(Rate("load_jobs"), like=STORED)  # created on the first load
 
 
 def loaded_tokens(c: Context) -> float:
@@ -435,7 +451,63 @@ FIGURES: tuple[Figure, ...] = (
         "kvoffload_mean_queue_seconds",
         "s",
         "Mean queue time (includes asynchronous offload loads) over the window.",
-        Ratio(Rate("queue_time_sum"), Rate("queue_time_count")),
+        MEAN_QUEUE,
+    ),
+    Figure(
+        "mean_prefill_seconds",
+        "kvoffload_mean_prefill_seconds",
+        "s",
+        "Mean prefill time (first scheduled to first token) over the window.",
+        Ratio(Rate("prefill_time_sum"), Rate("prefill_time_count")),
+    ),
+    Figure(
+        "capacity_queue_seconds",
+        "kvoffload_capacity_queue_seconds",
+        "s",
+        "Mean time a request waits for KV capacity over the window, by Little's law: mean "
+        "requests waiting for capacity ÷ requests per second (a server without a tier has "
+        "it too).",
+        CAPACITY_QUEUE,
+    ),
+    Figure(
+        "reload_wait_seconds",
+        "kvoffload_reload_wait_seconds",
+        "s",
+        "Queue time per request that capacity queueing does not explain, floored at 0, "
+        "over the window: on a server with a CPU tier, the wait of its reloads (the TTFT "
+        "verdict's measured wait).",
+        WhenOffloading(ClampMin(Minus(MEAN_QUEUE, CAPACITY_QUEUE)), gate=True),
+    ),
+    Figure(
+        "requests_in_system",
+        "kvoffload_requests_in_system",
+        "requests",
+        "Mean number of requests in the engine over the window, by Little's law: "
+        "requests per second × mean end-to-end latency.",
+        Product(REQUEST_RATE, MEAN_E2E),
+    ),
+    Figure(
+        "reloaded_tokens_per_request",
+        "kvoffload_reloaded_tokens_per_request",
+        "tokens",
+        "Prompt tokens reloaded from the CPU tier per request over the window.",
+        # The external-source counters exist (at 0) without a tier: gate on it.
+        WhenOffloading(Ratio(LOADED_TOKENS, Rate("ttft_count")), gate=True),
+    ),
+    Figure(
+        "loads_per_request",
+        "kvoffload_loads_per_request",
+        "x",  # a count per request, not a share: above 1 when a request reloads twice
+        "CPU-tier load jobs per request over the window (vLLM counts a job once per worker).",
+        WhenOffloading(Ratio(LOAD_JOBS, Rate("ttft_count"))),
+    ),
+    Figure(
+        "load_copy_seconds",
+        "kvoffload_load_copy_seconds",
+        "s",
+        "Copy time of one CPU-to-GPU load job per worker over the window (copy only: the "
+        "reload's wait is longer).",
+        WhenOffloading(Ratio(Rate("load_time"), Rate("load_jobs"))),
     ),
     Figure(
         "gpu_kv_usage_ratio",

@@ -367,6 +367,68 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             ],
         ),
     ]
+    # The TTFT model's parts that are closed formulas of rates, each its own recording rule
+    # (docs/advisor.md, "What Prometheus alone shows"); the verdict itself is the sidecar's.
+    parts = [
+        g.timeseries(
+            "Where queue time goes",
+            f"Mean queue time over {fast}, split by Little's law into the wait for KV "
+            "capacity (mean requests waiting for capacity ÷ request rate; a server "
+            "without a tier has it too) and the rest, which on a server with a CPU tier is "
+            f"the wait of its reloads. Rules: {record_name('mean_queue_seconds', cfg)}, "
+            f"{record_name('capacity_queue_seconds', cfg)}, "
+            f"{record_name('reload_wait_seconds', cfg)}.",
+            "s",
+            [
+                t(s.rule("mean_queue_seconds"), "{{instance}} queue"),
+                t(s.rule("capacity_queue_seconds"), "{{instance}} waiting for capacity"),
+                t(s.rule("reload_wait_seconds"), "{{instance}} reload wait"),
+            ],
+            min_value=0,
+        ),
+        g.timeseries(
+            "Prefill and copy time",
+            f"Mean prefill time per request (first scheduled to first token) and the copy "
+            f"time of one CPU-to-GPU load job per worker, over {fast}: a reload waits 2–10× "
+            f"its copy. Rules: {record_name('mean_prefill_seconds', cfg)}, "
+            f"{record_name('load_copy_seconds', cfg)}.",
+            "s",
+            [
+                t(s.rule("mean_prefill_seconds"), "{{instance}} prefill"),
+                t(s.rule("load_copy_seconds"), "{{instance}} copy per load"),
+            ],
+            min_value=0,
+        ),
+        g.timeseries(
+            "Reloaded tokens per request",
+            about(cfg, "reloaded_tokens_per_request"),
+            unit("reloaded_tokens_per_request"),
+            [t(s.rule("reloaded_tokens_per_request"), "{{instance}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "Loads per request",
+            about(cfg, "loads_per_request"),
+            unit("loads_per_request"),
+            [t(s.rule("loads_per_request"), "{{instance}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "Requests in the engine",
+            about(
+                cfg,
+                "requests_in_system",
+                "Near 1 a reload waits alone (its copy + a scheduling pass); from 2 up, "
+                "about one prefill time (the verdict blends the two in between).",
+            ),
+            unit("requests_in_system"),
+            [t(s.rule("requests_in_system"), "{{instance}}")],
+            min_value=0,
+            width=8,
+        ),
+    ]
     transfers = [
         g.timeseries(
             "Copy bandwidth per worker",
@@ -620,6 +682,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             g.Section("Time to first token: the verdict", verdict),
             g.Section("Is offloading paying off?", paying),
             g.Section("What does it cost?", cost),
+            g.Section("TTFT parts", parts),
             g.Section("Transfers", transfers),
             g.Section("Capacity", capacity),
             g.Section(EXACT_ROW, exact, collapsed=True),

@@ -491,6 +491,57 @@ RENDERINGS: tuple[Rendering, ...] = (
         ("fast",),
         _figure("mean_queue_seconds"),
     ),
+    # The TTFT model's parts that are closed formulas of rates (docs/advisor.md, "What
+    # Prometheus alone shows").
+    Rendering(
+        ("mean_prefill_seconds",),
+        "vllm_request_prefill_time_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("mean_prefill_seconds"),
+    ),
+    Rendering(
+        ("capacity_queue_seconds",),
+        "vllm_request_capacity_queue_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("capacity_queue_seconds"),
+    ),
+    Rendering(
+        ("reload_wait_seconds",),
+        "vllm_request_reload_wait_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("reload_wait_seconds"),
+    ),
+    Rendering(
+        ("requests_in_system",),
+        "vllm_requests_in_system",
+        "mean_rate",
+        ("fast",),
+        _figure("requests_in_system"),
+    ),
+    Rendering(
+        ("reloaded_tokens_per_request",),
+        "vllm_kv_offload_loaded_tokens_per_request",
+        "ratio_rate",
+        ("fast",),
+        _figure("reloaded_tokens_per_request"),
+    ),
+    Rendering(
+        ("loads_per_request",),
+        "vllm_kv_offload_loads_per_request",
+        "ratio_rate",
+        ("fast",),
+        _figure("loads_per_request"),
+    ),
+    Rendering(
+        ("load_copy_seconds",),
+        "vllm_kv_offload_load_copy_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("load_copy_seconds"),
+    ),
     Rendering(
         ("gpu_kv_usage_ratio",),
         "vllm_kv_cache_usage_perc",
