@@ -63,7 +63,7 @@ def vllm_processes() -> dict[str, dict]:
 
 def reader_view() -> object:
     try:
-        from kvoffload.sidecar import hostmemory
+        from kvoffload.ingest import hostmemory
     except ImportError as exc:
         return f"<no reader in this snapshot: {exc}>"
     try:

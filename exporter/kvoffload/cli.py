@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -53,6 +54,13 @@ def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float
         return parse_duration(value)
     except InputError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _duration_or_zero(ctx: click.Context, param: click.Parameter, value: Any) -> float | None:
+    """A duration where 0 means "none" (the help says so): 0, 0s, 0m all read as 0."""
+    if isinstance(value, str) and re.fullmatch(r"0+(\.0*)?(ms|s|m|h)?", value.strip()):
+        return 0.0
+    return _duration(ctx, param, value)
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
@@ -190,6 +198,7 @@ def cli() -> None:
 # serve's options that only scraping targets uses: refused with --prometheus.
 _SCRAPE_ONLY = (
     "window",
+    "host_memory_cgroup",
     "advice_warmup",
     "advice_dwell",
     "scrape_timeout",
@@ -340,6 +349,17 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     "measured: +196 MB for 1.2M new blocks). ZMQ queues add at most 64 MiB a socket.",
 )
 @click.option(
+    "--host-memory.cgroup",
+    "host_memory_cgroup",
+    default="auto",
+    show_default=True,
+    metavar="DIR|auto|off",
+    help="vLLM's container memory, for the OOM check and kvoffload_host_memory_*: a cgroup "
+    "directory (v2 or v1; e.g. a read-only mount of vLLM's), auto (the pod's cgroup less "
+    "this container's where visible, else that of vLLM's processes where this process sees "
+    "them: shareProcessNamespace or one container) or off.",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -355,7 +375,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 )
 @click.option(
     "--advice-warmup",
-    callback=_duration,
+    callback=_duration_or_zero,
     default="2m",
     show_default=True,
     help="Data time after a start or a change of the tier before the advice is judged "
@@ -363,7 +383,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 )
 @click.option(
     "--advice-dwell",
-    callback=_duration,
+    callback=_duration_or_zero,
     default="3m",
     show_default=True,
     help="How long a new action (or a size more than 25%% / 1 GiB away) must hold before "
@@ -389,6 +409,7 @@ def serve(
     kv_events_sample_budget: int | None,
     state_dir: str | None,
     state_interval: float,
+    host_memory_cgroup: str,
     advice_warmup: float,
     advice_dwell: float,
     world_size: int,
@@ -488,6 +509,7 @@ def serve(
             state_interval,
             ScrapeLimits(sample_limit, group_limit, label_value_length_limit),
             StabilityRules(advice_warmup, advice_dwell) if advice_warmup or advice_dwell else None,
+            host_memory_cgroup,
         )
     )
     _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", web)

@@ -806,6 +806,84 @@ def exporter_target_down() -> list[Case]:
     ]
 
 
+def host_memory_near_limit() -> list[Case]:
+    alert = "KVOffloadHostMemoryNearLimit"
+    gib = 2**30
+
+    def workload(held: str, limit: float | None) -> list[dict[str, str]]:
+        s = Series()
+        where = {"job": "kvoffload", "instance": SIDECAR}
+        s.add("kvoffload_host_memory_unreclaimable_bytes", held, **where)
+        if limit is not None:
+            s.add("kvoffload_host_memory_limit_bytes", f"{_n(limit)}+0x{MINUTES}", **where)
+        return s.items
+
+    labels = {"job": "kvoffload", "instance": SIDECAR}
+    # 30 GiB held (a 16 GiB tier pinned as 28 GiB + the engine) under a 32 GiB limit: 93.75%.
+    return [
+        Case(
+            "HostMemoryNearLimit: fires when the pinned tier fills the container's limit",
+            alert,
+            workload(f"{_n(8 * gib)}+0x100 {_n(30 * gib)}+0x{MINUTES - 101}", 32 * gib),
+            [(labels, "93.75%")],
+        ),
+        Case(
+            "HostMemoryNearLimit: quiet with room to spare",
+            alert,
+            workload(f"{_n(16 * gib)}+0x{MINUTES}", 32 * gib),
+            [],
+        ),
+        Case(
+            "HostMemoryNearLimit: quiet on a short peak",
+            alert,
+            workload(
+                f"{_n(16 * gib)}+0x146 {_n(31 * gib)}+0x2 {_n(16 * gib)}+0x{MINUTES - 149}",
+                32 * gib,
+            ),
+            [],
+        ),
+        Case(
+            "HostMemoryNearLimit: quiet without a limit",
+            alert,
+            workload(f"{_n(30 * gib)}+0x{MINUTES}", None),
+            [],
+        ),
+    ]
+
+
+def sidecar_down() -> list[Case]:
+    alert = "KVOffloadSidecarDown"
+
+    def workload(values: str | None) -> list[dict[str, str]]:
+        s = Series()
+        up(s)  # vLLM itself is scraped throughout
+        if values is not None:
+            s.add("up", values, job="kvoffload", instance=SIDECAR)
+        return s.items
+
+    return [
+        Case(
+            "SidecarDown: fires when Prometheus cannot scrape the sidecar",
+            alert,
+            workload(f"1+0x100 0+0x{MINUTES - 101}"),
+            [({"job": "kvoffload", "instance": SIDECAR, "reason": "sidecar_down"}, "0")],
+        ),
+        Case(
+            "SidecarDown: fires when no sidecar is scraped at all",
+            alert,
+            workload(None),
+            [({"job": "kvoffload", "reason": "sidecar_absent"}, "1")],
+        ),
+        Case("SidecarDown: quiet while it is scraped", alert, workload(f"1+0x{MINUTES}"), []),
+        Case(
+            "SidecarDown: quiet on a short blip",
+            alert,
+            workload(f"1+0x141 0+0x5 1+0x{MINUTES - 147}"),
+            [],
+        ),
+    ]
+
+
 def all_cases() -> list[Case]:
     return [
         *recommend_enable(),
@@ -816,6 +894,8 @@ def all_cases() -> list[Case]:
         *transfer_slow(),
         *metrics_missing(),
         *exporter_target_down(),
+        *host_memory_near_limit(),
+        *sidecar_down(),
     ]
 
 

@@ -33,6 +33,7 @@ from kvoffload.analysis.conditions import (
 )
 from kvoffload.analysis.signals import GIB
 from kvoffload.analysis.ttft import Effect
+from kvoffload.ingest.hostmemory import HostMemory, footprint_ratio
 
 ACTIONS = ("enable", "leave_off", "keep", "grow", "shrink", "store_threshold", "disable")
 
@@ -157,9 +158,11 @@ def advise(
     prompt_tokens: float = 0.0,
     engines: int = 1,
     requests: float | None = None,
+    host: HostMemory | None = None,
 ) -> Recommendation:
     """`figures` are sums over the group's engines; sizes are per engine (each DP engine
-    gets its own --kv-offloading-size), so byte figures are divided by `engines` for them."""
+    gets its own --kv-offloading-size), so byte figures are divided by `engines` for them.
+    `host`: the container's memory as read (ingest.hostmemory), for the OOM check."""
     t = t or Thresholds()
     current = "keep" if offloading else "leave_off"
     too_short = window_seconds < t.min_window_seconds and not lifetime
@@ -181,7 +184,7 @@ def advise(
             _advise_on(per_engine, window_seconds, t) if offloading else _advise_off(per_engine, t)
         )
     rec.evidence = {k: figures.get(k) for k in EVIDENCE_KEYS}
-    _memory_check(rec, figures, offloading, memory_limit_bytes, t, max(engines, 1))
+    _memory_check(rec, figures, offloading, memory_limit_bytes, t, max(engines, 1), host)
     return decided(rec, "counters", rec.reasons[0] if rec.reasons else "")
 
 
@@ -348,6 +351,7 @@ def refine_with_curve(
     memory_limit_bytes: float | None,
     t: Thresholds,
     engines: int = 1,
+    host: HostMemory | None = None,
 ) -> Recommendation:
     """Re-decide enable/grow/shrink/keep from the exact miss-ratio curve (KV events); whether
     the tier pays at that size is judge_ttft's question.
@@ -382,13 +386,15 @@ def refine_with_curve(
     size_bytes = max(right_size_bytes, floor)
     size = round_size_gib(size_bytes)
     warnings: list[str] = []
-    if memory_limit_bytes:
-        ceiling = memory_limit_bytes / (1 + t.memory_headroom_ratio) / max(engines, 1)
+    tier_now = figures.get("cpu_capacity_bytes") if offloading else None
+    budget = memory_budget(memory_limit_bytes, host, tier_now)
+    if budget is not None:
+        ceiling = budget.tier_ceiling(t.memory_headroom_ratio) / max(engines, 1)
         if size * GIB > ceiling:
             size = max(0.25, math.floor(ceiling / GIB / 0.25) * 0.25)
             warnings.append(
                 f"capped at {size:g} GiB per engine by the memory limit "
-                f"{memory_limit_bytes / GIB:.2f} GiB less "
+                f"{budget.limit_bytes / GIB:.2f} GiB: {budget.words()}, "
                 f"{t.memory_headroom_ratio:.0%} headroom"
             )
     predicted = predicted_at(size * GIB)
@@ -419,6 +425,48 @@ def refine_with_curve(
     return decided(new, "curve", curve_note)
 
 
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What the container's memory limit leaves the pinned tier: the limit, what the rest of
+    the container cannot give back, and the host bytes a tier byte takes."""
+
+    limit_bytes: float
+    other_bytes: float  # unreclaimable memory besides the tier (anon + shmem less the tier)
+    ratio: float  # host bytes per configured tier byte (ingest.hostmemory.footprint_ratio)
+    basis: str  # "measured" or "bound"
+
+    def fits(self, tier_bytes: float, headroom: float) -> bool:
+        return self.other_bytes + tier_bytes * self.ratio <= self.limit_bytes / (1 + headroom)
+
+    def tier_ceiling(self, headroom: float) -> float:
+        """The largest tier (configured bytes, all engines) that fits."""
+        return max(self.limit_bytes / (1 + headroom) - self.other_bytes, 0.0) / self.ratio
+
+    def words(self) -> str:
+        how = "measured" if self.basis == "measured" else "at most, until the sidecar measures it"
+        held = self.other_bytes / GIB
+        rest = f" + {held:.2f} GiB the rest of vLLM holds" if self.other_bytes else ""
+        return f"a tier takes {self.ratio:.2f}x its size in host memory ({how}){rest}"
+
+
+def memory_budget(
+    limit: float | None, host: HostMemory | None, tier_bytes: float | None
+) -> MemoryBudget | None:
+    """The budget from `--memory-limit` (else the limit the cgroup shows) and the reading;
+    None without a limit. `tier_bytes`: the tier configured now (None when off)."""
+    cgroup = host.cgroup if host is not None else None
+    if limit is None and cgroup is not None:
+        limit = cgroup.limit_bytes
+    if not limit:
+        return None
+    ratio, basis = footprint_ratio(host, tier_bytes)
+    other = 0.0
+    if cgroup is not None and "anon" in cgroup.stat:
+        held = cgroup.stat["anon"] + cgroup.stat.get("shmem", 0.0)
+        other = max(held - (tier_bytes or 0.0) * ratio, 0.0)
+    return MemoryBudget(limit, other, ratio, basis)
+
+
 def _memory_check(
     rec: Recommendation,
     figures: dict[str, float | None],
@@ -426,19 +474,22 @@ def _memory_check(
     limit: float | None,
     t: Thresholds,
     engines: int = 1,
+    host: HostMemory | None = None,
 ) -> None:
     """Every engine of the container pins its own tier: the total is what the limit sees."""
-    if limit is None:
+    tier_now = figures.get("cpu_capacity_bytes") if offloading else None
+    budget = memory_budget(limit, host, tier_now)
+    if budget is None:
         return
     if rec.kv_offloading_size_gib:
         size: float | None = rec.kv_offloading_size_gib * GIB * engines
     else:
-        size = figures.get("cpu_capacity_bytes") if offloading else None
-    if size and size * (1 + t.memory_headroom_ratio) > limit:
+        size = tier_now
+    if size and not budget.fits(size, t.memory_headroom_ratio):
         rec.warnings.append(
-            f"pinned CPU tier {size / GIB:.2f} GiB ({engines} engine(s)) + "
-            f"{t.memory_headroom_ratio:.0%} headroom exceeds the memory limit "
-            f"{limit / GIB:.2f} GiB: risk of OOM (pinned memory cannot swap; "
+            f"pinned CPU tier {size / GIB:.2f} GiB ({engines} engine(s)): {budget.words()}; "
+            f"with {t.memory_headroom_ratio:.0%} headroom that exceeds the memory limit "
+            f"{budget.limit_bytes / GIB:.2f} GiB: risk of OOM (pinned memory cannot swap; "
             "kv_offloading_size is the total across TP ranks, per engine)"
         )
 

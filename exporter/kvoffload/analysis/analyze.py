@@ -36,6 +36,7 @@ from kvoffload.ingest.fastjournal import (
     scrape_ordered,
 )
 from kvoffload.ingest.faststrict import strict_extracts
+from kvoffload.ingest.hostmemory import HostMemory
 from kvoffload.ingest.journalparts import PartsFailed, extracts_in_parts
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.recording import read_recording
@@ -51,6 +52,8 @@ class Settings:
     memory_limit_bytes: float | None = None
     kv_bytes_per_token: float | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
+    # The container's memory as the sidecar last read it (its OOM check); None in analyze.
+    host_memory: HostMemory | None = None
 
 
 def analyze_window(
@@ -254,6 +257,7 @@ def _group_entry(
         prompt_tokens=ctx.inc("prompt_tokens"),
         engines=len(static.engines),
         requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None,
+        host=settings.host_memory,
     )
     rec.warnings.extend(window.anomalies(group))
     return GroupAnalysis(
@@ -380,6 +384,7 @@ def _add_event_evidence(
         settings.memory_limit_bytes,
         settings.thresholds,
         engines,
+        settings.host_memory,
     )
     t = settings.thresholds
     provisional = provisional_reasons(

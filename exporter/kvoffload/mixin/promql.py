@@ -55,6 +55,8 @@ ALERT_NAMES = (
     "KVOffloadTransferSlow",
     "KVOffloadMetricsMissing",
     "KVOffloadExporterTargetDown",
+    "KVOffloadHostMemoryNearLimit",
+    "KVOffloadSidecarDown",
 )
 
 _DEFAULT_FOR = {
@@ -66,6 +68,8 @@ _DEFAULT_FOR = {
     "KVOffloadTransferSlow": "15m",
     "KVOffloadMetricsMissing": "15m",
     "KVOffloadExporterTargetDown": "10m",
+    "KVOffloadHostMemoryNearLimit": "5m",
+    "KVOffloadSidecarDown": "10m",
 }
 
 # Settings renamed to the advisor's names (one name per threshold); the old names still work.
@@ -157,6 +161,8 @@ class MixinConfig:
     transfer_slow_bytes_per_second: float = 5e9
     min_prompt_tokens_per_second: float = 10.0
     min_allocation_failures_per_second: float = _ADVISOR.min_allocation_failures_per_second
+    # Unreclaimable memory of vLLM's container over its limit at which the OOM alert fires.
+    host_memory_near_limit_ratio: float = 0.9
 
     # -- alerts ----------------------------------------------------------------------------
     alert_for: dict[str, str] = field(default_factory=lambda: dict(_DEFAULT_FOR))

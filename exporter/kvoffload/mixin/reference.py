@@ -66,6 +66,7 @@ def meanings(cfg: MixinConfig | None = None) -> dict[str, tuple[str, str]]:
     from kvoffload.sidecar.metrics import (
         ADVICE_METRICS,
         FLEET_METRICS,
+        HOST_MEMORY_METRICS,
         KV_EVENT_METRICS,
         TARGET_METRICS,
         TTFT_METRICS,
@@ -80,7 +81,8 @@ def meanings(cfg: MixinConfig | None = None) -> dict[str, tuple[str, str]]:
             out.setdefault(r.record(cfg, w), (key, meaning))
     for fig in FIGURES:
         out[fig.metric] = (fig.key, fig.help)
-    for table in (TARGET_METRICS, ADVICE_METRICS, KV_EVENT_METRICS, FLEET_METRICS):
+    tables = (TARGET_METRICS, ADVICE_METRICS, KV_EVENT_METRICS, FLEET_METRICS, HOST_MEMORY_METRICS)
+    for table in tables:
         for name, (mtype, _labels, help_text) in table.items():
             out[f"{name}_total" if mtype == "counter" else name] = ("", help_text)
     for name, (_labels, help_text) in TTFT_METRICS.items():

@@ -304,7 +304,44 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
             "(/) and /api/v1/status show the error.",
         )
     )
+    out += _host_alerts(cfg)
     return out
+
+
+def _host_alerts(cfg: MixinConfig) -> list[Alert]:
+    """The sidecar's host-side alerts: vLLM's container near its memory limit, the sidecar gone."""
+    held = sidecar(cfg, "kvoffload_host_memory_unreclaimable_bytes")
+    limit = sidecar(cfg, "kvoffload_host_memory_limit_bytes")
+    up = f"up{{{cfg.sidecar_selector}}}" if cfg.sidecar_selector else "up"
+    return [
+        Alert(
+            "KVOffloadHostMemoryNearLimit",
+            cfg.severity_warning,
+            f"{held}\n/\n({limit} > 0)\n> {_num(cfg.host_memory_near_limit_ratio)}",
+            "vLLM's container is close to its memory limit: the next allocation may OOM-kill it.",
+            "vLLM's container next to the sidecar {{ $labels.instance }} holds "
+            "{{ $value | humanizePercentage }} of its memory limit in memory the kernel cannot "
+            f"reclaim (threshold {_pct(cfg.host_memory_near_limit_ratio)}); the pinned CPU tier "
+            "is part of it and cannot swap (vLLM 0.26.0 pins up to 2x --kv-offloading-size: "
+            "kvoffload_host_memory_tier_footprint_bytes). Shrink --kv-offloading-size or raise "
+            "the container's limit before the OOM killer restarts vLLM.",
+        ),
+        Alert(
+            "KVOffloadSidecarDown",
+            cfg.severity_warning,
+            "\nor\n".join(
+                (
+                    _reason(f"{up} == 0", "sidecar_down"),
+                    _reason(f"absent({up})", "sidecar_absent"),
+                )
+            ),
+            "Prometheus cannot scrape the kvoffload sidecar: its alerts are silent.",
+            '{{ if eq $labels.reason "sidecar_down" }}Prometheus cannot scrape the kvoffload '
+            "sidecar {{ $labels.instance }}{{ else }}no scrape target matches the sidecar "
+            f"selector {cfg.sidecar_selector or '(none)'}{{{{ end }}}}: the recommendation, "
+            "the OOM check and every alert that reads the sidecar's series say nothing there.",
+        ),
+    ]
 
 
 def _configured_without_series(cfg: MixinConfig) -> str:

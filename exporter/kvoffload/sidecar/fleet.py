@@ -33,6 +33,7 @@ from kvoffload.analysis.fleetrun import analyze_from_prometheus
 from kvoffload.analysis.fleetsummary import FleetSummary
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.errors import InputError
+from kvoffload.ingest.hostmemory import HostMemory
 from kvoffload.ingest.promapi import PrometheusAPI, PromStopped, printable
 from kvoffload.ingest.promsource import FleetReader, ReadStats
 from kvoffload.kvevents.state import TargetEvents
@@ -135,6 +136,8 @@ class FleetService:
         self.targets: list[TargetState] = []
         self.events: dict[str, TargetEvents] = {}  # no KV events: Prometheus does not hold them
         self.subscribers: list[Subscriber] = []
+        # A fleet's containers are not this process's to read.
+        self.host_memory: HostMemory | None = None
         self.last: FleetRead | None = None  # the last good read
         self._groups: list[GroupAnalysis] = []
         self.reads = 0

@@ -249,7 +249,64 @@ TTFT_METRICS: dict[str, tuple[list[str], str]] = {
 }
 
 
-_ALL_METRICS = {**TARGET_METRICS, **ADVICE_METRICS, **KV_EVENT_METRICS, **FLEET_METRICS}
+# vLLM's container memory (ingest.hostmemory): "will it OOM?" as numbers.
+HOST_MEMORY_METRICS: dict[str, tuple[str, list[str], str]] = {
+    "kvoffload_host_memory_usage_bytes": (
+        "gauge",
+        [],
+        "Memory of vLLM's container as its cgroup counts it (memory.current; v1: "
+        "usage_in_bytes), page cache included.",
+    ),
+    "kvoffload_host_memory_unreclaimable_bytes": (
+        "gauge",
+        [],
+        "Memory of vLLM's container the kernel cannot reclaim: anonymous + shared memory, "
+        "the pinned CPU tier included. What the OOM killer weighs against the limit.",
+    ),
+    "kvoffload_host_memory_shmem_bytes": (
+        "gauge",
+        [],
+        "Shared memory of vLLM's container (vLLM 0.26.0's pinned tier lives there).",
+    ),
+    "kvoffload_host_memory_limit_bytes": (
+        "gauge",
+        [],
+        "Memory limit of vLLM's container (--memory-limit, else its cgroup's); absent when "
+        "unlimited.",
+    ),
+    "kvoffload_host_memory_oom_kills": (
+        "counter",
+        [],
+        "Processes of vLLM's container the kernel OOM-killed (memory.events oom_kill).",
+    ),
+    "kvoffload_host_memory_vllm_pss_bytes": (
+        "gauge",
+        ["type"],
+        "Proportional set size of vLLM's processes, where this process can see them "
+        "(type=anon, shmem, file).",
+    ),
+    "kvoffload_host_memory_tier_footprint_bytes": (
+        "gauge",
+        ["basis"],
+        "Host memory the configured CPU tier takes (basis=measured: the shared memory shows "
+        "it; basis=bound: 2x the configured size, what torch's power-of-two pinned "
+        "allocations can take at most).",
+    ),
+    "kvoffload_host_memory_read_info": (
+        "gauge",
+        ["source", "problem"],
+        "How vLLM's container memory was found (source=pod, vllm-processes, explicit, none, "
+        "off) and what kept it from being read (problem; empty when read). Always 1.",
+    ),
+}
+
+_ALL_METRICS = {
+    **TARGET_METRICS,
+    **ADVICE_METRICS,
+    **KV_EVENT_METRICS,
+    **FLEET_METRICS,
+    **HOST_MEMORY_METRICS,
+}
 
 
 def _spec(name: str, mtype: str) -> tuple[list[str], str]:
@@ -440,6 +497,55 @@ def _fleet_reads(fleet: FleetService) -> Iterator[Metric]:
     yield from (reads, failures, duration)
 
 
+class HostMemoryCollector(Collector):
+    """vLLM's container memory as the sidecar last read it (HOST_MEMORY_METRICS)."""
+
+    def __init__(self, sidecar: Service) -> None:
+        self.sidecar = sidecar
+
+    def collect(self) -> Iterator[Metric]:
+        sc = self.sidecar
+        reading = sc.host_memory
+        if reading is None:
+            return
+        info = _gauge("kvoffload_host_memory_read_info")
+        info.add_metric([reading.source, reading.problem or ""], 1.0)
+        yield info
+        cg = reading.cgroup
+        if cg is not None:
+            yield _one("kvoffload_host_memory_usage_bytes", cg.usage_bytes)
+            if "anon" in cg.stat:
+                held = cg.stat["anon"] + cg.stat.get("shmem", 0.0)
+                yield _one("kvoffload_host_memory_unreclaimable_bytes", held)
+            if "shmem" in cg.stat:
+                yield _one("kvoffload_host_memory_shmem_bytes", cg.stat["shmem"])
+            if cg.oom_kills is not None:
+                kills = _counter("kvoffload_host_memory_oom_kills")
+                kills.add_metric([], cg.oom_kills)
+                yield kills
+        if reading.limit_bytes is not None:
+            yield _one("kvoffload_host_memory_limit_bytes", reading.limit_bytes)
+        procs = reading.processes
+        if procs is not None:
+            pss = _gauge("kvoffload_host_memory_vllm_pss_bytes")
+            pss.add_metric(["anon"], procs.pss_anon_bytes)
+            pss.add_metric(["shmem"], procs.pss_shmem_bytes)
+            pss.add_metric(["file"], procs.pss_file_bytes)
+            yield pss
+        tier = sum(g.figures.get("cpu_capacity_bytes") or 0.0 for g in sc.groups() if g.offloading)
+        if tier > 0:
+            ratio, basis = reading.footprint_ratio(tier)
+            footprint = _gauge("kvoffload_host_memory_tier_footprint_bytes")
+            footprint.add_metric([basis], tier * ratio)
+            yield footprint
+
+
+def _one(name: str, value: float) -> GaugeMetricFamily:
+    family = _gauge(name)
+    family.add_metric([], value)
+    return family
+
+
 def _number(value: object) -> float:
     assert isinstance(value, float | int), value
     return float(value)
@@ -452,6 +558,7 @@ def _le(value: float) -> str:
 def build_registry(sidecar: Service) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(sidecar))
+    registry.register(HostMemoryCollector(sidecar))
     # The self-metrics every exporter has (process_*: CPU, memory, open fds, start time;
     # python_*: version, GC), so the sidecar's own cost shows next to its figures.
     ProcessCollector(registry=registry)

@@ -6,6 +6,7 @@ from kvoffload.analysis.signals import FIGURES
 from kvoffload.sidecar.metrics import (
     ADVICE_METRICS,
     FLEET_METRICS,
+    HOST_MEMORY_METRICS,
     KV_EVENT_METRICS,
     TARGET_METRICS,
     TTFT_METRICS,
@@ -60,6 +61,20 @@ def metrics_markdown() -> str:
         "|---|---|---|",
     ]
     lines += _table(KV_EVENT_METRICS)
+    lines += [
+        "",
+        "## vLLM's container memory",
+        "",
+        "Read every 15 s from the cgroup of vLLM's container where the sidecar can see it "
+        "(`--host-memory.cgroup`: the pod's cgroup less the sidecar's own, the cgroup of "
+        "vLLM's processes in a shared PID namespace, or a directory given), v2 or v1; absent "
+        "with `--prometheus` and where nothing is visible (`kvoffload_host_memory_read_info` "
+        "then says why). The OOM check and `KVOffloadHostMemoryNearLimit` read them.",
+        "",
+        "| metric | type | help |",
+        "|---|---|---|",
+    ]
+    lines += _table(HOST_MEMORY_METRICS)
     lines += [
         "",
         "## With `--prometheus`",

@@ -33,6 +33,7 @@ from kvoffload.analysis.stability import AdviceHolder, StabilityRules
 from kvoffload.analysis.window import GroupKey, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
+from kvoffload.ingest.hostmemory import HostMemory, read_host_memory
 from kvoffload.ingest.parse import Limits
 from kvoffload.ingest.scrape import OFF_LOOP_BYTES, Scrape, ScrapeLimitError, off_loop, scrape
 from kvoffload.kvevents import persist, statefile
@@ -43,6 +44,8 @@ from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 log = logging.getLogger("kvoffload")
 _T = TypeVar("_T")
 VLLM_KEEP_ALIVE_SECONDS = 5.0
+# vLLM's container memory is read at most this often (it moves with the tier's size, rarely).
+HOST_MEMORY_SECONDS = 15.0
 
 
 def target_name(url: str) -> str:
@@ -119,6 +122,8 @@ class Service(Protocol):
 
     targets: list[TargetState]
     subscribers: list[Subscriber]
+    # The vLLM container's memory as last read (None: not read, e.g. the fleet from Prometheus).
+    host_memory: HostMemory | None
 
     @property
     def events(self) -> Mapping[str, EventCounts]: ...
@@ -184,6 +189,8 @@ class SidecarConfig:
     limits: ScrapeLimits = field(default_factory=ScrapeLimits)
     # None: every scrape's judgement is published as it is (analyze, tests of the judgement)
     stability: StabilityRules | None = None
+    # vLLM's container memory (ingest.hostmemory): a cgroup directory, "auto" or "off".
+    host_memory: str = "auto"
 
 
 class Sidecar:
@@ -249,6 +256,7 @@ class Sidecar:
         self._published: list[GroupAnalysis] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self.host_memory: HostMemory | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -267,6 +275,21 @@ class Sidecar:
             self._tasks.append(asyncio.create_task(self._subscribe(sub)))
         if self.config.state_dir and self.events:
             self._tasks.append(asyncio.create_task(self._save_loop()))
+        if self.config.host_memory != "off":
+            self._tasks.append(asyncio.create_task(self._host_memory_loop()))
+
+    async def _host_memory_loop(self) -> None:
+        """Read vLLM's container memory now and then, in a thread: smaps_rollup of a process
+        holding a large pinned tier walks its pages (tens of ms)."""
+        every = max(self.config.interval_seconds, HOST_MEMORY_SECONDS)
+        while True:
+            reading = await asyncio.to_thread(read_host_memory, self.config.host_memory)
+            given = self.config.settings.memory_limit_bytes
+            reading = replace(reading, given_limit_bytes=given)
+            self.host_memory = reading
+            # The OOM check of the next analyses reads it from the settings.
+            self.config.settings = replace(self.config.settings, host_memory=reading)
+            await asyncio.sleep(every)
 
     async def _subscribe(self, sub: Subscriber) -> None:
         while True:  # a broken socket is reopened; the error stays visible meanwhile
@@ -562,6 +585,7 @@ class Sidecar:
             self.config.window_seconds,
             self.config.interval_seconds,
             self.ready,
+            self.host_memory,
         )
 
     def status(self) -> dict[str, object]:
@@ -660,8 +684,10 @@ class SidecarView:
         window_seconds: float,
         interval_seconds: float,
         ready: bool,
+        host_memory: HostMemory | None = None,
     ) -> None:
         self.targets = targets
+        self.host_memory = host_memory
         self.events = events
         self.subscribers: list[Subscriber] = []
         self._groups = groups
@@ -687,6 +713,7 @@ class SidecarView:
             "kv_events": self._kv_events,
             "window_seconds": self._window_seconds,
             "interval_seconds": self._interval_seconds,
+            "host_memory": None if self.host_memory is None else self.host_memory.to_json(),
             "generated_at": time.time(),
         }
 

@@ -2,7 +2,7 @@
 
 Why: the tier is pinned (it cannot swap or be reclaimed), it counts against the container's
 memory limit, and vLLM 0.26.0 takes more than `--kv-offloading-size` for it (vLLM #53042: ~1.92×
-as shared memory). The kernel's cgroup v2 files say what is taken; vLLM's processes, where this
+as shared memory). The kernel's cgroup files say what is taken; vLLM's processes, where this
 process can see them, say how much of it is theirs.
 """
 
@@ -20,6 +20,11 @@ STAT_KEYS = ("anon", "file", "shmem", "unevictable", "kernel")
 _MAX_FILE = 1 << 16
 # Processes scanned for vLLM's at most (a PID namespace holding more is not a vLLM pod's).
 _MAX_PROCESSES = 4096
+# vLLM 0.26.0 pins one CPU tensor per KV layer (torch.zeros(pin_memory=True)); torch's pinned
+# allocator rounds each up to a power of two, so a tier takes between 1x and 2x its size, as
+# shared memory (on the H200: 8 GiB -> 14.0 GiB and 24 GiB -> 28.0 GiB for Qwen3-0.6B's 28
+# layers, bench/real/results/host-memory). Until a reading shows it, the bound is assumed.
+FOOTPRINT_BOUND = 2.0
 _POD_CGROUP = re.compile(r"pod[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_]")
 
 
@@ -71,6 +76,27 @@ class HostMemory:
     cgroup: CgroupMemory | None
     processes: ProcessMemory | None
     problem: str | None = None
+    given_limit_bytes: float | None = None  # --memory-limit: wins over the cgroup's
+
+    @property
+    def limit_bytes(self) -> float | None:
+        if self.given_limit_bytes is not None:
+            return self.given_limit_bytes
+        return self.cgroup.limit_bytes if self.cgroup is not None else None
+
+    @property
+    def shmem_bytes(self) -> float | None:
+        """Shared memory vLLM's pinned tier lives in: its processes' own where visible."""
+        if self.processes is not None and self.processes.pss_shmem_bytes > 0:
+            return self.processes.pss_shmem_bytes
+        if self.cgroup is not None:
+            return self.cgroup.stat.get("shmem")
+        return None
+
+    def footprint_ratio(self, tier_bytes: float | None) -> tuple[float, str]:
+        """Host bytes the tier takes per configured byte, and how that is known: "measured"
+        (the shared memory shows at least the tier), else "bound" (FOOTPRINT_BOUND)."""
+        return footprint_ratio(self, tier_bytes)
 
     def to_json(self) -> dict[str, object]:
         cg = self.cgroup
@@ -86,8 +112,18 @@ class HostMemory:
                 "oom_kills": cg.oom_kills,
             },
             "processes": None if self.processes is None else vars(self.processes),
+            "limit_bytes": self.limit_bytes,
             "problem": self.problem,
         }
+
+
+def footprint_ratio(reading: HostMemory | None, tier_bytes: float | None) -> tuple[float, str]:
+    """See HostMemory.footprint_ratio; None readings and no tier give the bound."""
+    shmem = reading.shmem_bytes if reading is not None else None
+    if not tier_bytes or tier_bytes <= 0 or shmem is None or shmem < tier_bytes:
+        return FOOTPRINT_BOUND, "bound"
+    # Other shared memory (NCCL, a multimodal cache) can come on top: never above the bound.
+    return min(shmem / tier_bytes, FOOTPRINT_BOUND), "measured"
 
 
 def _read_small(path: str) -> str:
@@ -209,7 +245,8 @@ def _own_cgroup(root: str, self_cgroup: str) -> str | None:
 
 
 def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
-    """Processes whose command line names vLLM (the API server, EngineCore, workers)."""
+    """Processes whose command line names vLLM, in any case (the API server's `vllm serve`,
+    its engine's `VLLM::EngineCore`, the workers)."""
     me = os.getpid()
     found: list[int] = []
     try:
@@ -225,7 +262,8 @@ def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
                 cmd = fh.read(4096)
         except OSError:
             continue
-        if pattern.encode() in cmd:
+        low = cmd.lower()
+        if pattern.encode() in low and b"kvoffload" not in low:
             found.append(pid)
     return found
 
