@@ -241,3 +241,24 @@ def test_a_live_target_with_a_value_out_of_range_says_why_and_recovers(case: str
     assert value is not None and value >= 0.0
     if figure == "gpu_kv_usage_ratio":
         assert value <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("label", "figure"),
+    [("kv_offloading_size", "cpu_capacity_bytes"), ("kv_cache_size_tokens", "gpu_capacity_tokens")],
+)
+def test_a_config_label_out_of_range_is_as_if_absent(
+    tmp_path: Path, clean: dict[str, Any], label: str, figure: str
+) -> None:
+    """A numeric label of vllm:cache_config_info below its row's range (a negative size): no
+    figure from it, or the one from the labels that remain (gpu_capacity_tokens: blocks ×
+    block size), never a negative capacity."""
+    path = tmp_path / "labels.om"
+    scrapes = [(t, re.sub(rf'{label}="', f'{label}="-', b)) for t, b in SCRAPES]
+    path.write_text(recording_text(scrapes))
+    r = _analyze(str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    (group,) = json.loads(r.stdout, parse_constant=_no_constants)["groups"]
+    assert clean["figures"][figure] > 0
+    value = group["figures"][figure]
+    assert value is None or value == clean["figures"][figure]

@@ -40,7 +40,7 @@ class Range:
         return self.low <= value <= self.high
 
     def __str__(self) -> str:
-        return f"[{self.low:g}, {self.high:g}]"
+        return f"[{self.low:.10g}, {self.high:.10g}]"
 
 
 # The ranges the rows use. A counter only grows from zero; a count of requests is never
