@@ -14,8 +14,6 @@ so the two are never added together. A sample outside its row's range is there b
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvoffload.ingest.parse import Exposition
@@ -314,12 +312,6 @@ class Extract:
 def believable(value: float) -> bool:
     """A sample value the figures may use: finite and within ±MAX_VALUE (NaN is neither)."""
     return -MAX_VALUE <= value <= MAX_VALUE
-
-
-def all_believable(values: Iterable[float]) -> bool:
-    """believable() of every value, at C speed (a recording's scrapes are checked whole)."""
-    values = tuple(values)
-    return all(map(math.isfinite, values)) and max(map(abs, values), default=0.0) <= MAX_VALUE
 
 
 def series_text(name: str, labels: dict[str, str]) -> str:
