@@ -7,8 +7,8 @@ into +35.6 ms; a counter at −5 was only "went down without a restart". Now eac
 has its range (`catalog.CATALOG`): a value outside it is unknown with a reason naming the
 series and the value, the figures that read it are absent while that scrape is in the window
 (then back), `analyze` prints the reason in one line and exits 0, and the sidecar's status
-JSON carries it. Every body here is a real vLLM 0.26 scrape from an H200 with one value
-pushed out of range."""
+JSON carries it (`kvoffload_samples_rejected_total{reason="range"}` counts it). Every body
+here is a real vLLM 0.26 scrape from an H200 with one value pushed out of range."""
 
 from __future__ import annotations
 
@@ -232,6 +232,13 @@ def test_a_live_target_with_a_value_out_of_range_says_why_and_recovers(case: str
     assert any(w.startswith(reason) for w in during["recommendation"]["warnings"])
     (group,) = out["status"]["groups"]
     assert any(w.startswith(reason) for w in group["recommendation"]["warnings"])
+    # Counted once as a sample out of range (the NaN/±Inf kind stays reason="value").
+    assert out["status"]["targets"][0]["samples_rejected"] == {"range": 1}
+    assert re.search(
+        r'^kvoffload_samples_rejected_total\{reason="range",target="[^"]+"\} 1\.0$',
+        out["metrics"],
+        re.M,
+    )
     # Never the value: no 7 averaged into a ratio, no -3 requests, nothing NaN.
     assert not re.search(r"^[^#].* (NaN|[+-]Inf)$", out["metrics"], re.M)
     if figure == "gpu_kv_usage_ratio":

@@ -307,6 +307,9 @@ class Extract:
     # there but unknown this scrape (the window makes the figures that read them absent, not
     # a restart when they come back).
     unknown: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    # How many of them were numbers within ±MAX_VALUE, only outside their row's range (the
+    # sidecar counts them as samples rejected for reason="range").
+    out_of_range: int = 0
 
 
 def believable(value: float) -> bool:
@@ -380,6 +383,8 @@ def extract(
                 # noted as unknown with why (a `_created` time only says less of restarts)
                 if not created:
                     out.unknown[skey] = why_unknown(name, labels, value, within)
+                    if believable(value):
+                        out.out_of_range += 1
                 continue
             if created:
                 out.created[skey] = value
