@@ -108,9 +108,15 @@ class Observed:
         return self.step_seconds >= _LAUNCH_BOUND_TOKENS * self.cost.value
 
 
+# The gauges the model reads, an absent one as 0 (older vLLM): one that was there but not
+# believed in the window (catalog ranges) leaves the model nothing to judge by.
+_GAUGES_READ = frozenset({"running", "waiting_capacity"})
+
+
 def observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
-    """None when the window holds no finished request (nothing to judge by), or when a
-    figure of it is not finite (counters that overflow its quotients: nothing to believe)."""
+    """None when the window holds no finished request (nothing to judge by), when a gauge it
+    reads was not believed in the window, or when a figure of it is not finite (counters that
+    overflow its quotients: nothing to believe)."""
     obs = _observe(ctx, bytes_per_token)
     if obs is None:
         return None
@@ -120,7 +126,7 @@ def observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
 
 def _observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
     n = ctx.inc("ttft_count")
-    if n <= 0 or not ctx.has("ttft_sum"):
+    if n <= 0 or not ctx.has("ttft_sum") or ctx.delta.unknown & _GAUGES_READ:
         return None
     queue_n = ctx.inc("queue_time_count") or n
     prefill_n = ctx.inc("prefill_time_count") or n

@@ -9,11 +9,12 @@ the same figures as one without it.
 
 A counter cannot be believed everywhere: one that went down while its engine did not restart
 (its `_created` unchanged, or its sibling counters still growing) is taken as a reset all the
-same — as `increase()` would — and counted (`resets`, reason "decrease"), and a NaN or infinite
-value is not a value (the series is there, unknown). Either way the counter's increase over a
-window holding that scrape is not known: it is left out of `Delta.inc`, so every figure that
-reads it is absent (never a hit ratio of 533) until the scrape leaves the window, and
-`anomalies` says why.
+same — as `increase()` would — and counted (`resets`, reason "decrease"), and a value outside
+its catalog row's range (NaN, infinite, negative: `Extract.unknown`) is not a value (the series
+is there, unknown). Either way the counter's increase over a window holding that scrape is not
+known: it is left out of `Delta.inc`, so every figure that reads it is absent (never a hit
+ratio of 533) until the scrape leaves the window, and `anomalies` says why. A gauge outside
+its range (a KV-cache usage of 7) is left out of `Delta.gauge_avg` the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ if TYPE_CHECKING:  # beforeafter reads the TTFT model's Effect, which reads this
     from kvoffload.analysis.beforeafter import TierTimeline
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
+_GAUGE_SET = frozenset(GAUGE_KEYS)
+# Why a series first seen unknown is suspect when it turns up with a value.
+_FIRST_UNKNOWN = "first seen with no value to believe: its first value is no increase to trust"
 
 # (instance, model_name)
 GroupKey = tuple[str, str]
@@ -256,6 +260,9 @@ class Delta:
     points: int
     # Sums over the window's scrape intervals (kvoffload.analysis.intervals), for marginal costs.
     fit: tuple[float, ...] = (0.0,) * FIT_SIZE
+    # Counter and gauge keys left out of `inc` and `gauge_avg` as not believed in the window
+    # (not merely absent: a reader that takes an absent gauge for 0 must not take these).
+    unknown: frozenset[str] = frozenset()
 
 
 class Window:
@@ -290,7 +297,8 @@ class Window:
         self._scrapes: dict[str, int] = {}
         # instance → reason ("restart", "decrease") → counter series seen to reset
         self.resets: dict[str, dict[str, int]] = {}
-        # group → counter key → (time of the latest scrape it could not be believed at, why)
+        # group → counter or gauge key → (time of the latest scrape it could not be believed
+        # at, why: "decrease" or the reason the value was unknown)
         self._suspect: dict[GroupKey, dict[str, tuple[float, str]]] = {}
         # group → series first seen unknown in its latest scrape: their first value in the
         # next is not an increase to trust (kept for one scrape: a target sending new NaN
@@ -320,7 +328,7 @@ class Window:
         values = list(ex.counters.values())
         planned = self._plan(ex, values)
         plan = planned[1] if planned is not None else None
-        unknown: dict[GroupKey, list[tuple[str, str]]] = {}
+        unknown: dict[GroupKey, list[tuple[str, str, str]]] = {}
         by_group: dict[GroupKey, list[tuple[str, str, float]]] | dict[GroupKey, _GroupPlan]
         if planned is not None:
             by_group = planned[1]
@@ -334,6 +342,7 @@ class Window:
         gauge_now: dict[GroupKey, dict[str, list[float]]] = {}
         for (key, instance, model, _engine), value in ex.gauges.items():
             gauge_now.setdefault((instance, model), {}).setdefault(key, []).append(value)
+        unknown_gauges = self._unknown_gauges(ex, gauge_now) if ex.unknown else set()
         cache_config: dict[str, list[dict[str, str]]] = {}
         for (inst, _e), labels in sorted(ex.cache_config.items()):
             cache_config.setdefault(inst, []).append(labels)
@@ -341,7 +350,7 @@ class Window:
         for (inst, mdl, _e), labels in sorted(ex.offload_config.items()):
             offload_config.setdefault((inst, mdl), []).append(labels)
 
-        for g in by_group.keys() | gauge_now.keys():
+        for g in by_group.keys() | gauge_now.keys() | unknown_gauges:
             instance, model = g
             scrape_no = self._scrapes.get(instance, 0)
             # Adjusted totals of every series ever seen in the group, kept as running sums: a
@@ -423,23 +432,41 @@ class Window:
             if len(points) > 1:
                 points[-2] = _pack(_unpack(points[-2]))
 
+    def _unknown_gauges(
+        self, ex: Extract, gauge_now: dict[GroupKey, dict[str, list[float]]]
+    ) -> set[GroupKey]:
+        """The Extract's unknown gauges: suspect with their reason, and out of this scrape's
+        gauges (the other engines' alone would make a wrong sum). Returns their groups."""
+        groups: set[GroupKey] = set()
+        for (key, instance, model, _engine), why in ex.unknown.items():
+            if key not in _GAUGE_SET:
+                continue
+            g = (instance, model)
+            groups.add(g)
+            self._suspect.setdefault(g, {})[key] = (ex.timestamp, why)
+            gauge_now.get(g, {}).pop(key, None)
+        return groups
+
     def _grouped(
-        self, ex: Extract, unknown: dict[GroupKey, list[tuple[str, str]]]
+        self, ex: Extract, unknown: dict[GroupKey, list[tuple[str, str, str]]]
     ) -> dict[GroupKey, list[tuple[str, str, float]]]:
         """group → [(counter key, engine, raw)] in one pass; NaN and infinite values, and the
-        Extract's unknown series, go to `unknown` instead."""
+        Extract's unknown counter series, go to `unknown` instead (with why)."""
         by_group: dict[GroupKey, list[tuple[str, str, float]]] = {}
         for (key, instance, model, engine), raw in ex.counters.items():
             if raw - raw != 0.0:  # NaN or infinite (a reader that let it through)
-                unknown.setdefault((instance, model), []).append((key, engine))
+                why = f"{key} of engine {engine} = {raw:g}"
+                unknown.setdefault((instance, model), []).append((key, engine, why))
                 by_group.setdefault((instance, model), [])
                 continue
             entries = by_group.get((instance, model))
             if entries is None:
                 entries = by_group[(instance, model)] = []
             entries.append((key, engine, raw))
-        for key, instance, model, engine in ex.unknown:
-            unknown.setdefault((instance, model), []).append((key, engine))
+        for (key, instance, model, engine), why in ex.unknown.items():
+            if key in _GAUGE_SET:
+                continue
+            unknown.setdefault((instance, model), []).append((key, engine, why))
             by_group.setdefault((instance, model), [])
         return by_group
 
@@ -539,7 +566,7 @@ class Window:
         entries: list[tuple[str, str, float]],
         scrape_no: int,
         running: dict[str, float],
-        unknown: dict[GroupKey, list[tuple[str, str]]] | None,
+        unknown: dict[GroupKey, list[tuple[str, str, str]]] | None,
         ex: Extract,
     ) -> float | None:
         """A group's counters of one scrape, one series at a time: resets, decreases, gaps and
@@ -558,7 +585,7 @@ class Window:
                 series[(key, engine)] = (raw, created, raw, scrape_no)
                 increase = raw
                 if unknown_new and (key, engine) in unknown_new:
-                    self._suspect.setdefault(g, {})[key] = (ex.timestamp, "unknown")
+                    self._suspect.setdefault(g, {})[key] = (ex.timestamp, _FIRST_UNKNOWN)
             else:
                 # state: (raw, created, adjusted, seen_at), as _SeriesState names them
                 moved = created is not None and state[1] is not None and created != state[1]
@@ -630,16 +657,17 @@ class Window:
     def _note_unknown(
         self,
         g: GroupKey,
-        keys: list[tuple[str, str]],
+        keys: list[tuple[str, str, str]],
         series: dict[tuple[str, str], _State],
         scrape_no: int,
         t: float,
     ) -> None:
-        """Counter series there but NaN or infinite: kept as they were (seen, so their next
-        value continues from the last one believed), their figures absent meanwhile."""
+        """Counter series there but unknown (NaN, infinite, negative): kept as they were (seen,
+        so their next value continues from the last one believed), their figures absent
+        meanwhile, `why` kept for `anomalies`."""
         suspect = self._suspect.setdefault(g, {})
-        for key, engine in keys:
-            suspect[key] = (t, "unknown")
+        for key, engine, why in keys:
+            suspect[key] = (t, why)
             state = series.get((key, engine))
             if state is None:
                 self._unknown_new.setdefault(g, set()).add((key, engine))
@@ -676,7 +704,8 @@ class Window:
         return gone
 
     def anomalies(self, group: GroupKey) -> list[str]:
-        """Why counters of the group are left out of its window's increases (one line each)."""
+        """Why counters or gauges of the group are left out of its window's figures (one line
+        each, naming the series and its value where one was not believed)."""
         suspect = self._suspect.get(group)
         points = self._points.get(group)
         if not suspect or not points:
@@ -685,14 +714,14 @@ class Window:
         out = []
         for key, (t, why) in sorted(suspect.items()):
             if t > since:
+                kind = "gauge" if key in _GAUGE_SET else "counter"
                 what = (
                     "went down without a restart (taken as a reset)"
                     if why == "decrease"
-                    else "was NaN, infinite or beyond ±1e30 (or stamped with a time not to be "
-                    "believed)"
+                    else f"unknown ({why})"
                 )
                 out.append(
-                    f"counter {key} {what} within the window: the figures that read it are "
+                    f"{kind} {key} {what} within the window: the figures that read it are "
                     "absent until that scrape leaves the window"
                 )
         return out
@@ -740,15 +769,18 @@ class Window:
             key: max(last.counters.get(key, 0.0) - first.counters.get(key, 0.0), 0.0)
             for key in last.counters
         }
-        suspect = self._suspect.get(group)
-        if suspect:
-            for key, (t, _why) in suspect.items():
-                if t > first.t:  # the scrape it could not be believed at is in the window
-                    inc.pop(key, None)
         gauge_avg = {}
         for k, v in last.gauge_sums.items():
             n = last.gauge_n.get(k, 0.0) - first.gauge_n.get(k, 0.0)
             if n > 0:
                 gauge_avg[k] = (v - first.gauge_sums.get(k, 0.0)) / n
+        unknown: frozenset[str] = frozenset()
+        suspect = self._suspect.get(group)
+        if suspect:
+            # the keys whose scrape they could not be believed at is in the window
+            unknown = frozenset(key for key, (t, _why) in suspect.items() if t > first.t)
+            for key in unknown:
+                inc.pop(key, None)
+                gauge_avg.pop(key, None)
         fit = tuple(a - b for a, b in zip(last.fit, first.fit, strict=True))
-        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points), fit)
+        return Delta(max(last.t - first.t, 0.0), inc, gauge_avg, len(points), fit, unknown)

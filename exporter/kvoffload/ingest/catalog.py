@@ -1,101 +1,220 @@
-"""The vLLM metric catalog: which samples we read, under their current and legacy names.
+"""The vLLM metric catalog: which samples we read, under their current and legacy names, and
+the range a value of each must lie in to be believed.
 
+The catalog is rows of one shape (`Source`), as dcgm-exporter's default-counters.csv is: a
+canonical key, its kind, the sample (name and a label filter), the range of a believable value
+and, for the few rows that need one, how engines combine or which naming it belongs to.
 Everything downstream works on canonical keys (`load_bytes`, `prefix_hits`, ...) so the
 rest of the package never sees the naming history (docs/rules.md, "Conventions"):
 flat `vllm:kv_offload_{load,store}_*` (≥0.24) are preferred; the deprecated
 `vllm:kv_offload_total_*{transfer_type}` series are used only when the flat family is absent,
-so the two are never added together.
+so the two are never added together. A sample outside its row's range is there but unknown
+(`Extract.unknown`, with the reason naming the series and the value): never a figure.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvoffload.ingest.parse import Exposition
 
-# Canonical counter key → (sample name, required label, value). Label None: no filter.
-_CounterSource = tuple[str, str | None, str | None]
+# No count, size, time or ratio vLLM reports comes near this (a day at 10 GB/s is 1e15
+# bytes); a value beyond it is garbage, and products of a few such values (a fit's squares,
+# a rate × a size) stay within the float range, so nothing downstream overflows to inf.
+MAX_VALUE = 1e30
 
-CORE_COUNTERS: dict[str, _CounterSource] = {
-    "prefix_queries": ("vllm:prefix_cache_queries_total", None, None),
-    "prefix_hits": ("vllm:prefix_cache_hits_total", None, None),
-    "ext_queries": ("vllm:external_prefix_cache_queries_total", None, None),
-    "ext_hits": ("vllm:external_prefix_cache_hits_total", None, None),
-    "prompt_tokens": ("vllm:prompt_tokens_total", None, None),
-    "src_local_compute": ("vllm:prompt_tokens_by_source_total", "source", "local_compute"),
-    "src_local_cache_hit": ("vllm:prompt_tokens_by_source_total", "source", "local_cache_hit"),
-    "src_external": ("vllm:prompt_tokens_by_source_total", "source", "external_kv_transfer"),
-    "cached_host": ("vllm:prompt_tokens_cached_by_source_total", "source", "host"),
-    "cached_disk": ("vllm:prompt_tokens_cached_by_source_total", "source", "disk"),
-    "allocation_failures": ("vllm:kv_offload_allocation_failure_total", None, None),
-    "preemptions": ("vllm:num_preemptions_total", None, None),
-    "prefill_time_sum": ("vllm:request_prefill_time_seconds_sum", None, None),
-    "prefill_time_count": ("vllm:request_prefill_time_seconds_count", None, None),
-    "queue_time_sum": ("vllm:request_queue_time_seconds_sum", None, None),
-    "queue_time_count": ("vllm:request_queue_time_seconds_count", None, None),
-    "ttft_sum": ("vllm:time_to_first_token_seconds_sum", None, None),
-    "ttft_count": ("vllm:time_to_first_token_seconds_count", None, None),
+# (sample name, required label, its value): a row as the PromQL renderings select it
+Selector = tuple[str, str | None, str | None]
+
+
+@dataclass(frozen=True)
+class Range:
+    """The closed interval a believable value lies in (NaN lies in none)."""
+
+    low: float
+    high: float
+
+    def holds(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def __str__(self) -> str:
+        return f"[{self.low:.10g}, {self.high:.10g}]"
+
+
+# The ranges the rows use. A counter only grows from zero; a count of requests is never
+# negative; vLLM's KV-cache usage is a fraction (1 = full), not a percentage.
+COUNT = Range(0.0, MAX_VALUE)
+FRACTION = Range(0.0, 1.0)
+BELIEVABLE = Range(-MAX_VALUE, MAX_VALUE)  # a `_created` time: only compared, never summed
+TIB = 2.0**40
+# A block of KV cache is at least a byte and far below a TiB (derived from the labels and
+# figures: kvevents.evidence); a block holds at most 2^20 tokens (kvevents.state's limit too).
+BYTES_PER_BLOCK = Range(1.0, TIB)
+BLOCK_TOKENS = Range(1.0, 2.0**20)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One row of the catalog.
+
+    kind: "counter" (a core counter), "offload" (an offload transfer counter: `direction`
+    and `naming` say which), "gauge" (`summed` over engines, else averaged) or "label" (a
+    numeric label of the info metric `name`; `label` names it)."""
+
+    key: str
+    kind: str
+    name: str
+    label: str | None = None  # the label a sample must have `value` for (kind "label": read)
+    value: str | None = None
+    range: Range = COUNT
+    summed: bool = False
+    direction: str | None = None
+    naming: str | None = None  # "flat" | "legacy"
+
+    @property
+    def selector(self) -> Selector:
+        """(sample name, required label, its value): what the PromQL renderings read."""
+        return (self.name, self.label, self.value)
+
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+
+
+def _counter(key: str, name: str, label: str | None = None, value: str | None = None) -> Source:
+    return Source(key, "counter", name, label, value)
+
+
+def _offload(key: str, direction: str, flat: str, legacy: str, transfer: str) -> list[Source]:
+    return [
+        Source(key, "offload", flat, direction=direction, naming="flat"),
+        Source(
+            key, "offload", legacy, "transfer_type", transfer, COUNT, False, direction, "legacy"
+        ),
+    ]
+
+
+CATALOG: tuple[Source, ...] = (
+    _counter("prefix_queries", "vllm:prefix_cache_queries_total"),
+    _counter("prefix_hits", "vllm:prefix_cache_hits_total"),
+    _counter("ext_queries", "vllm:external_prefix_cache_queries_total"),
+    _counter("ext_hits", "vllm:external_prefix_cache_hits_total"),
+    _counter("prompt_tokens", "vllm:prompt_tokens_total"),
+    _counter("src_local_compute", "vllm:prompt_tokens_by_source_total", "source", "local_compute"),
+    _counter(
+        "src_local_cache_hit", "vllm:prompt_tokens_by_source_total", "source", "local_cache_hit"
+    ),
+    _counter(
+        "src_external", "vllm:prompt_tokens_by_source_total", "source", "external_kv_transfer"
+    ),
+    _counter("cached_host", "vllm:prompt_tokens_cached_by_source_total", "source", "host"),
+    _counter("cached_disk", "vllm:prompt_tokens_cached_by_source_total", "source", "disk"),
+    _counter("allocation_failures", "vllm:kv_offload_allocation_failure_total"),
+    _counter("preemptions", "vllm:num_preemptions_total"),
+    _counter("prefill_time_sum", "vllm:request_prefill_time_seconds_sum"),
+    _counter("prefill_time_count", "vllm:request_prefill_time_seconds_count"),
+    _counter("queue_time_sum", "vllm:request_queue_time_seconds_sum"),
+    _counter("queue_time_count", "vllm:request_queue_time_seconds_count"),
+    _counter("ttft_sum", "vllm:time_to_first_token_seconds_sum"),
+    _counter("ttft_count", "vllm:time_to_first_token_seconds_count"),
     # Counted together at request finish, so one scrape interval holds a request's prefill
     # time with its computed tokens (the TTFT model's marginal cost: analysis.intervals).
-    "computed_tokens": ("vllm:request_prefill_kv_computed_tokens_sum", None, None),
-    "computed_count": ("vllm:request_prefill_kv_computed_tokens_count", None, None),
-    "e2e_sum": ("vllm:e2e_request_latency_seconds_sum", None, None),
-    "e2e_count": ("vllm:e2e_request_latency_seconds_count", None, None),
+    _counter("computed_tokens", "vllm:request_prefill_kv_computed_tokens_sum"),
+    _counter("computed_count", "vllm:request_prefill_kv_computed_tokens_count"),
+    _counter("e2e_sum", "vllm:e2e_request_latency_seconds_sum"),
+    _counter("e2e_count", "vllm:e2e_request_latency_seconds_count"),
     # Engine steps and the tokens they ran: a step's length when the engine never idles.
-    "steps": ("vllm:iteration_tokens_total_count", None, None),
-    "step_tokens": ("vllm:iteration_tokens_total_sum", None, None),
+    _counter("steps", "vllm:iteration_tokens_total_count"),
+    _counter("step_tokens", "vllm:iteration_tokens_total_sum"),
+    # Offload transfers: the flat series (≥0.24) and the deprecated transfer_type mirror.
+    *_offload(
+        "load_bytes",
+        "load",
+        "vllm:kv_offload_load_bytes_total",
+        "vllm:kv_offload_total_bytes_total",
+        "CPU_to_GPU",
+    ),
+    *_offload(
+        "load_time",
+        "load",
+        "vllm:kv_offload_load_time_total",
+        "vllm:kv_offload_total_time_total",
+        "CPU_to_GPU",
+    ),
+    *_offload(
+        "load_jobs",
+        "load",
+        "vllm:kv_offload_load_size_count",
+        "vllm:kv_offload_size_count",
+        "CPU_to_GPU",
+    ),
+    *_offload(
+        "store_bytes",
+        "store",
+        "vllm:kv_offload_store_bytes_total",
+        "vllm:kv_offload_total_bytes_total",
+        "GPU_to_CPU",
+    ),
+    *_offload(
+        "store_time",
+        "store",
+        "vllm:kv_offload_store_time_total",
+        "vllm:kv_offload_total_time_total",
+        "GPU_to_CPU",
+    ),
+    # Gauges: request counts are summed over engines, ratios averaged.
+    Source("gpu_kv_usage", "gauge", "vllm:kv_cache_usage_perc", range=FRACTION),
+    Source(
+        "waiting_capacity",
+        "gauge",
+        "vllm:num_requests_waiting_by_reason",
+        "reason",
+        "capacity",
+        summed=True,
+    ),
+    Source("running", "gauge", "vllm:num_requests_running", summed=True),
+    # Numeric labels of the info metrics (read by analysis.signals and kvevents.evidence).
+    Source("block_size", "label", CACHE_CONFIG_INFO, "block_size", range=BLOCK_TOKENS),
+    Source("num_gpu_blocks", "label", CACHE_CONFIG_INFO, "num_gpu_blocks"),
+    Source("kv_cache_size_tokens", "label", CACHE_CONFIG_INFO, "kv_cache_size_tokens"),
+    Source("kv_cache_memory_bytes", "label", CACHE_CONFIG_INFO, "kv_cache_memory_bytes"),
+    Source("kv_offloading_size", "label", CACHE_CONFIG_INFO, "kv_offloading_size"),
+    Source("cpu_kv_cache_size_bytes", "label", OFFLOAD_CONFIG_INFO, "cpu_kv_cache_size_bytes"),
+    Source("cpu_kv_cache_size_tokens", "label", OFFLOAD_CONFIG_INFO, "cpu_kv_cache_size_tokens"),
+    Source("cpu_num_chunks", "label", OFFLOAD_CONFIG_INFO, "cpu_num_chunks"),
+    Source("cpu_blocks_per_chunk", "label", OFFLOAD_CONFIG_INFO, "cpu_blocks_per_chunk"),
+)
+
+# Views of the rows, by kind, for the readers and the PromQL renderings.
+CORE_COUNTERS: dict[str, Selector] = {s.key: s.selector for s in CATALOG if s.kind == "counter"}
+
+
+def _offload_views() -> dict[str, tuple[str, Selector, Selector]]:
+    """Offload transfer counter key → (direction, flat selector, legacy selector)."""
+    rows = [s for s in CATALOG if s.kind == "offload"]
+    legacy = {s.key: s.selector for s in rows if s.naming == "legacy"}
+    return {
+        s.key: (s.direction or "", s.selector, legacy[s.key]) for s in rows if s.naming == "flat"
+    }
+
+
+OFFLOAD_COUNTERS = _offload_views()
+GAUGES: dict[str, Selector] = {s.key: s.selector for s in CATALOG if s.kind == "gauge"}
+# Gauges that count requests are summed over engines; ratios are averaged.
+SUMMED_GAUGES = frozenset(s.key for s in CATALOG if s.kind == "gauge" and s.summed)
+GAUGE_KEYS: tuple[str, ...] = tuple(GAUGES)
+# A numeric label's name → the range of a believable value of it.
+LABEL_RANGES: dict[str, Range] = {
+    s.label: s.range for s in CATALOG if s.kind == "label" and s.label is not None
 }
 
-# Offload transfer counters: flat source, legacy source, and the flat family that decides.
+# The flat family of each direction: declared, it is read and the legacy one is not.
 FLAT_FAMILY = {
     "load": "vllm:kv_offload_load_bytes",
     "store": "vllm:kv_offload_store_bytes",
 }
-OFFLOAD_COUNTERS: dict[str, tuple[str, _CounterSource, _CounterSource]] = {
-    "load_bytes": (
-        "load",
-        ("vllm:kv_offload_load_bytes_total", None, None),
-        ("vllm:kv_offload_total_bytes_total", "transfer_type", "CPU_to_GPU"),
-    ),
-    "load_time": (
-        "load",
-        ("vllm:kv_offload_load_time_total", None, None),
-        ("vllm:kv_offload_total_time_total", "transfer_type", "CPU_to_GPU"),
-    ),
-    "load_jobs": (
-        "load",
-        ("vllm:kv_offload_load_size_count", None, None),
-        ("vllm:kv_offload_size_count", "transfer_type", "CPU_to_GPU"),
-    ),
-    "store_bytes": (
-        "store",
-        ("vllm:kv_offload_store_bytes_total", None, None),
-        ("vllm:kv_offload_total_bytes_total", "transfer_type", "GPU_to_CPU"),
-    ),
-    "store_time": (
-        "store",
-        ("vllm:kv_offload_store_time_total", None, None),
-        ("vllm:kv_offload_total_time_total", "transfer_type", "GPU_to_CPU"),
-    ),
-}
-
-GAUGES: dict[str, _CounterSource] = {
-    "gpu_kv_usage": ("vllm:kv_cache_usage_perc", None, None),
-    "waiting_capacity": ("vllm:num_requests_waiting_by_reason", "reason", "capacity"),
-    "running": ("vllm:num_requests_running", None, None),
-}
-
-# Gauges that count requests are summed over engines; ratios are averaged.
-SUMMED_GAUGES = frozenset({"waiting_capacity", "running"})
-
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
 # The native OffloadingConnector, and SimpleCPUOffloadConnector (no bytes/time metrics).
 OFFLOAD_FAMILY_PREFIXES = ("vllm:kv_offload_", "vllm:simple_kv_offload_")
-
-GAUGE_KEYS: tuple[str, ...] = tuple(GAUGES)
 
 
 def _created_name(sample_name: str) -> str:
@@ -105,27 +224,23 @@ def _created_name(sample_name: str) -> str:
     return sample_name + "_created"
 
 
-def _build_index() -> dict[str, list[tuple[str, str, str | None, str | None, str | None]]]:
-    """sample name → [(kind, key, label, value, direction)] for one dict lookup per sample."""
-    index: dict[str, list[tuple[str, str, str | None, str | None, str | None]]] = {}
+# How extract treats a sample: "counter", "flat"/"legacy" (offload, by naming), "gauge",
+# "created_" + one of the counter kinds (its `_created`), "cache_config", "offload_config".
+_Entry = tuple[str, Source | None]
 
-    def add(kind: str, key: str, src: _CounterSource, direction: str | None) -> None:
-        name, label, value = src
-        index.setdefault(name, []).append((kind, key, label, value, direction))
-        if kind in ("counter", "flat", "legacy"):
-            index.setdefault(_created_name(name), []).append(
-                ("created_" + kind, key, label, value, direction)
-            )
 
-    for key, src in CORE_COUNTERS.items():
-        add("counter", key, src, None)
-    for key, (direction, flat, legacy) in OFFLOAD_COUNTERS.items():
-        add("flat", key, flat, direction)
-        add("legacy", key, legacy, direction)
-    for key, src in GAUGES.items():
-        add("gauge", key, src, None)
-    index[CACHE_CONFIG_INFO] = [("cache_config", "", None, None, None)]
-    index[OFFLOAD_CONFIG_INFO] = [("offload_config", "", None, None, None)]
+def _build_index() -> dict[str, list[_Entry]]:
+    """sample name → [(how, row)] for one dict lookup per sample."""
+    index: dict[str, list[_Entry]] = {}
+    for src in CATALOG:
+        if src.kind == "label":
+            continue
+        how = src.naming if src.kind == "offload" and src.naming else src.kind
+        index.setdefault(src.name, []).append((how, src))
+        if src.kind != "gauge":
+            index.setdefault(_created_name(src.name), []).append(("created_" + how, src))
+    index[CACHE_CONFIG_INFO] = [("cache_config", None)]
+    index[OFFLOAD_CONFIG_INFO] = [("offload_config", None)]
     return index
 
 
@@ -135,6 +250,20 @@ _INDEX = _build_index()
 def wanted(name: str) -> bool:
     """The parser's filter: keep only samples the catalog reads."""
     return name in _INDEX
+
+
+def value_range(name: str, labels: dict[str, str]) -> Range:
+    """The range a sample's value must lie in for extract to take it: the narrowest of the
+    rows it is read by (a `_created` time, a config info sample or one read by none: any
+    believable number)."""
+    low, high = BELIEVABLE.low, BELIEVABLE.high
+    for how, src in _INDEX.get(name, ()):
+        if src is None or how.startswith("created_"):
+            continue
+        if src.label is not None and labels.get(src.label) != src.value:
+            continue
+        low, high = max(low, src.range.low), min(high, src.range.high)
+    return Range(low, high)
 
 
 def _families_of(names: list[str]) -> frozenset[str]:
@@ -173,16 +302,14 @@ class Extract:
     models: dict[str, set[str]] = field(default_factory=dict)
     # instance → "flat" | "legacy" | None per direction, for the report.
     offload_naming: dict[str, str] = field(default_factory=dict)
-    # Counter series whose value was NaN, infinite or beyond MAX_VALUE: there but unknown this
-    # scrape (the window makes the figures that read them absent, not a restart when they
-    # come back).
-    unknown: set[tuple[str, str, str, str]] = field(default_factory=set)
-
-
-# No count, size, time or ratio vLLM reports comes near this (a day at 10 GB/s is 1e15
-# bytes); a value beyond it is garbage, and products of a few such values (a fit's squares,
-# a rate × a size) stay within the float range, so nothing downstream overflows to inf.
-MAX_VALUE = 1e30
+    # Counter and gauge series whose value was outside its row's range (NaN, infinite, beyond
+    # MAX_VALUE, a negative counter, a usage of 7), each with why (the series and its value):
+    # there but unknown this scrape (the window makes the figures that read them absent, not
+    # a restart when they come back).
+    unknown: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    # How many of them were numbers within ±MAX_VALUE, only outside their row's range (the
+    # sidecar counts them as samples rejected for reason="range").
+    out_of_range: int = 0
 
 
 def believable(value: float) -> bool:
@@ -190,17 +317,30 @@ def believable(value: float) -> bool:
     return -MAX_VALUE <= value <= MAX_VALUE
 
 
-def all_believable(values: Iterable[float]) -> bool:
-    """believable() of every value, at C speed (a recording's scrapes are checked whole)."""
-    values = tuple(values)
-    return all(map(math.isfinite, values)) and max(map(abs, values), default=0.0) <= MAX_VALUE
+def series_text(name: str, labels: dict[str, str]) -> str:
+    """A series as PromQL writes it, without the labels its group already names."""
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k not in _GROUP_LABELS)
+    return f"{name}{{{shown}}}" if shown else name
 
 
-def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extract:
+_GROUP_LABELS = frozenset({"instance", "job"})
+
+
+def why_unknown(name: str, labels: dict[str, str], value: float, within: Range) -> str:
+    """Why a sample is not believed, in one line: the series, its value and its range."""
+    if value != value:  # NaN: what read_numbers makes of a sample stamped with a bad time too
+        return f"{series_text(name, labels)} is NaN (or was stamped with a time not believed)"
+    return f"{series_text(name, labels)} = {value:g}, outside {within}"
+
+
+def extract(
+    expo: Exposition, timestamp: float, default_instance: str, judge: bool = True
+) -> Extract:
     """Turn one parsed scrape into canonical keyed values.
 
     `default_instance` names the target when the samples carry no `instance` label (a live
-    scrape); recordings carry it on every series.
+    scrape); recordings carry it on every series. `judge=False` takes every value as it is
+    (ingest.shapes learns where samples go from a scrape whose values are their indices).
     """
     out = Extract(timestamp=timestamp)
     families = expo.families
@@ -213,36 +353,42 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
             continue
         instance = labels.get("instance", default_instance)
         instances.add(instance)
-        for kind, key, label, want, direction in entries:
-            if label is not None and labels.get(label) != want:
-                continue
-            if kind == "cache_config":
-                out.cache_config[(instance, labels.get("engine", "0"))] = labels
-                continue
-            model = labels.get("model_name", "")
-            engine = labels.get("engine", "0")
-            if kind == "offload_config":
+        for how, src in entries:
+            if src is None:
+                if how == "cache_config":
+                    out.cache_config[(instance, labels.get("engine", "0"))] = labels
+                    continue
                 # Under TieringOffloadingSpec each secondary tier has its own series with the
                 # CPU keys empty: only the CPU (primary) tier's facts size the CPU tier.
                 if labels.get("tier", "0:primary") == "0:primary" or labels.get(
                     "cpu_kv_cache_size_bytes"
                 ):
-                    out.offload_config[(instance, model, engine)] = labels
+                    out.offload_config[
+                        (instance, labels.get("model_name", ""), labels.get("engine", "0"))
+                    ] = labels
                 continue
-            # Offload transfers (the kinds with a direction): the flat series when its family
+            if src.label is not None and labels.get(src.label) != src.value:
+                continue
+            # Offload transfers (the rows with a direction): the flat series when its family
             # is there, else the legacy one, never both.
-            if direction is not None and use_flat[direction] != kind.endswith("flat"):
+            if src.direction is not None and use_flat[src.direction] != how.endswith("flat"):
                 continue
-            skey = (key, instance, model, engine)
-            if not believable(value):
+            model = labels.get("model_name", "")
+            skey = (src.key, instance, model, labels.get("engine", "0"))
+            created = how.startswith("created_")
+            within = BELIEVABLE if created else src.range
+            if judge and not within.low <= value <= within.high:
                 # NaN/Inf (or 1e308, whose sums overflow to inf) would poison every sum it
-                # enters: absent this scrape, a counter noted as unknown
-                if kind != "gauge" and not kind.startswith("created_"):
-                    out.unknown.add(skey)
+                # enters, a usage of 7 or a negative count every figure: absent this scrape,
+                # noted as unknown with why (a `_created` time only says less of restarts)
+                if not created:
+                    out.unknown[skey] = why_unknown(name, labels, value, within)
+                    if believable(value):
+                        out.out_of_range += 1
                 continue
-            if kind.startswith("created_"):
+            if created:
                 out.created[skey] = value
-            elif kind == "gauge":
+            elif src.kind == "gauge":
                 out.gauges[skey] = value
             else:
                 out.counters[skey] = value
@@ -256,7 +402,8 @@ def extract(expo: Exposition, timestamp: float, default_instance: str) -> Extrac
 
 
 def label_number(labels: dict[str, str] | None, name: str) -> float | None:
-    """A numeric label value (`"146"`, `"0.65"`), or None for absent/"None"/garbage."""
+    """A numeric label value (`"146"`, `"0.65"`), or None for absent/"None"/garbage and for a
+    value outside the catalog's range of that label (any believable number if it has none)."""
     if not labels:
         return None
     raw = labels.get(name)
@@ -266,4 +413,5 @@ def label_number(labels: dict[str, str] | None, name: str) -> float | None:
         value = float(raw)
     except ValueError:
         return None
-    return value if believable(value) else None  # "inf", "nan", "1e308": garbage too
+    # "inf", "nan", "1e308", a block size of -16: garbage too
+    return value if LABEL_RANGES.get(name, BELIEVABLE).holds(value) else None

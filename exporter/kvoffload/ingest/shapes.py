@@ -7,7 +7,9 @@ sample; instead it runs once per *shape* — the set of series present and the f
 scrape declares — and the shape then maps each series to its place in the Extract: a scrape
 costs a few dict writes. The naming rules stay in one place (`catalog.extract` decides), and
 each sample's value in that learning run is its own index, so the index found at an Extract
-key says which sample `extract` put there (the last one, as it would).
+key says which sample `extract` put there (the last one, as it would). A scrape with a value
+outside its catalog row's range (`catalog.value_range`: NaN, a negative counter, a usage of 7)
+goes through `catalog.extract` itself, which makes it unknown with its reason.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from kvoffload.ingest.catalog import Extract, all_believable, extract
+from kvoffload.ingest.catalog import Extract, extract, value_range
 from kvoffload.ingest.parse import Exposition, Sample
 
 # A series of one instance: its (canonical) sample name and labels.
@@ -31,6 +33,7 @@ class ScrapeShapes:
         self.instance = instance
         self.members = members
         self._shapes: dict[tuple[tuple[int, ...], frozenset[str] | None], _Shape] = {}
+        self._bounds: list[tuple[float, float]] = []  # each member's (low, high), as asked
 
     def extract(
         self, row: dict[int, float], t: float, declared: frozenset[str] | None = None
@@ -42,12 +45,23 @@ class ScrapeShapes:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = _Shape(self, key[0], declared)
-        if not all_believable(row.values()):
-            # A NaN, infinite or absurd value is skipped by extract, which may let another
-            # sample take its place: ask extract itself. (Not a sum: 1e308 twice overflows
-            # it, and +Inf beside -Inf makes fsum raise.)
+        values = row.values()
+        if not (
+            all(map(operator.le, shape.lows, values)) and all(map(operator.le, values, shape.highs))
+        ):
+            # A value outside its range (NaN is outside every one) is unknown to extract,
+            # which may let another sample take its place, and names it: ask extract itself.
+            # (Not a sum: 1e308 twice overflows it, and +Inf beside -Inf makes fsum raise.)
             return extract(self.exposition(row, t, declared), t, self.instance)
         return shape.fill(row, t)
+
+    def bounds(self, i: int) -> tuple[float, float]:
+        """The range member i's value must lie in for a scrape to be filled by its shape."""
+        while len(self._bounds) <= i:
+            name, labels = self.members[len(self._bounds)]
+            within = value_range(name, labels)
+            self._bounds.append((within.low, within.high))
+        return self._bounds[i]
 
     def exposition(
         self, row: dict[int, float], t: float | None, declared: frozenset[str] | None
@@ -70,9 +84,15 @@ class _Shape:
         self, shapes: ScrapeShapes, present: tuple[int, ...], declared: frozenset[str] | None
     ) -> None:
         learnt = extract(
-            shapes.exposition({i: float(i) for i in present}, None, declared), 0.0, shapes.instance
+            shapes.exposition({i: float(i) for i in present}, None, declared),
+            0.0,
+            shapes.instance,
+            judge=False,
         )
         self.learnt = learnt
+        bounds = [shapes.bounds(i) for i in present]
+        self.lows = tuple(low for low, _high in bounds)
+        self.highs = tuple(high for _low, high in bounds)
         self.counters = _Fill(learnt.counters)
         self.created = _Fill(learnt.created)
         self.gauges = _Fill(learnt.gauges)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvoffload.analysis.signals import static_bytes_per_token
 from kvoffload.analysis.window import GroupStatic
-from kvoffload.ingest.catalog import label_number
+from kvoffload.ingest.catalog import BYTES_PER_BLOCK, label_number
 from kvoffload.kvevents.curve import Curve, build_curve
 from kvoffload.kvevents.state import TargetEvents
 
@@ -62,19 +62,14 @@ def bytes_per_block(
     return events.bytes_per_block
 
 
-# A block of KV cache is at least a byte and far below a TiB: a size outside comes from
-# labels or figures that cannot be believed, and every byte figure built on it would be too.
-_BLOCK_BYTES_RANGE = (1.0, 2.0**40)
-
-
 def _bytes_per_block(
     static: GroupStatic, figures: dict[str, float | None], events: TargetEvents
 ) -> float | None:
-    """_block_bytes when it is believable (finite, in _BLOCK_BYTES_RANGE), else None: no
-    curve, no byte figure from the events."""
+    """_block_bytes when it is believable (in catalog.BYTES_PER_BLOCK: a size outside comes
+    from labels or figures that cannot be believed), else None: no curve, no byte figure from
+    the events."""
     size = _block_bytes(static, figures, events)
-    low, high = _BLOCK_BYTES_RANGE
-    return size if size is not None and low <= size <= high else None
+    return size if size is not None and BYTES_PER_BLOCK.holds(size) else None
 
 
 def _block_bytes(

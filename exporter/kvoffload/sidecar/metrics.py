@@ -48,7 +48,9 @@ TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
         ["target", "reason"],
         "Samples of the target not believed, read as unknown: the figures that read them are "
         "absent while that scrape is in the window (reason=timestamp: NaN, infinite or over a "
-        "year from the scrape; reason=value: NaN, infinite or beyond ±1e30).",
+        "year from the scrape; reason=value: NaN, infinite or beyond ±1e30; reason=range: "
+        "outside the range of its catalog row, such as a negative counter or a KV-cache usage "
+        "outside [0, 1]).",
     ),
     "kvoffload_scrape_limit_exceeded": (
         "counter",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvoffload.analysis.signals import FIGURES
+from kvoffload.ingest.catalog import CATALOG, Source
 from kvoffload.sidecar.metrics import (
     ADVICE_METRICS,
     FLEET_METRICS,
@@ -92,6 +93,19 @@ def metrics_markdown() -> str:
     lines += _table(FLEET_METRICS)
     lines += [
         "",
+        "## What it reads of vLLM",
+        "",
+        "The catalog (`exporter/kvoffload/ingest/catalog.py`, one row per series read). A value "
+        "outside its row's range is unknown: the figures that read it are absent while that "
+        "scrape is in the window, and the group's warnings name the series and the value "
+        "(docs/reliability.md). A numeric label outside its range is as if absent.",
+        "",
+        "| key | kind | vLLM series | believable range | notes |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [_source_row(src) for src in CATALOG]
+    lines += [
+        "",
         "## The sidecar itself",
         "",
         "Like every exporter, its own cost and runtime (prometheus_client's collectors): "
@@ -103,6 +117,21 @@ def metrics_markdown() -> str:
         "(`{generation}`).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _source_row(src: Source) -> str:
+    if src.kind == "label":
+        series = f"`{src.name}{{{src.label}}}` (label)"
+    elif src.label is not None:
+        series = f'`{src.name}{{{src.label}="{src.value}"}}`'
+    else:
+        series = f"`{src.name}`"
+    notes = {
+        "gauge": "summed over engines" if src.summed else "averaged over engines",
+        "offload": f"{src.direction}; {src.naming}"
+        + (" (read when the flat family is absent)" if src.naming == "legacy" else ""),
+    }.get(src.kind, "")
+    return f"| `{src.key}` | {src.kind} | {series} | {src.range} | {notes} |"
 
 
 def _table(metrics: dict[str, tuple[str, list[str], str]]) -> list[str]:

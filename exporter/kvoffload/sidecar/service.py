@@ -69,7 +69,8 @@ class TargetState:
     scrapes: int = 0
     failures: int = 0
     payload_bytes: int = 0
-    # Samples dropped for unbelievable numbers (ingest.scrape.read_numbers), by reason.
+    # Samples dropped for unbelievable numbers (ingest.scrape.read_numbers), by reason, and
+    # those outside their catalog row's range (reason "range": catalog.extract).
     rejected: dict[str, int] = field(default_factory=dict)
     # Scrapes failed for going over a limit (ScrapeLimits), by limit.
     limit_exceeded: dict[str, int] = field(default_factory=dict)
@@ -420,6 +421,8 @@ class Sidecar:
                 ex = await off_loop(self._extract, target, result)
             else:
                 ex = self._extract(target, result)
+            if ex.out_of_range:
+                target.rejected["range"] = target.rejected.get("range", 0) + ex.out_of_range
             self.window.update(ex)
         except InputError as exc:
             if isinstance(exc, ScrapeLimitError):
