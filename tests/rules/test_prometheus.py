@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +209,7 @@ async def _run(workdir: Path) -> Live:
                 window_seconds=WINDOW,
                 timeout_seconds=1.0,
                 settings=settings,
+                host_memory=str(_cgroup_fixture()),
             )
         )
         # KV events for the H200 target: fed directly (the ZMQ path is tested apart).
@@ -276,6 +278,16 @@ def _close(a: float, b: float, tolerance: float = TOLERANCE) -> bool:
     if math.isclose(a, 0.0, abs_tol=1e-12) or math.isclose(b, 0.0, abs_tol=1e-12):
         return math.isclose(a, b, abs_tol=1e-9)
     return math.isclose(a, b, rel_tol=tolerance)
+
+
+def _cgroup_fixture() -> Path:
+    """vLLM's container as a cgroup v2 directory: the host-memory panels and rules read it."""
+    d = Path(tempfile.mkdtemp(prefix="kvo-cgroup-"))
+    (d / "memory.current").write_text(f"{20 * 2**30}\n")
+    (d / "memory.max").write_text(f"{64 * 2**30}\n")
+    (d / "memory.stat").write_text(f"anon {2 * 2**30}\nfile {17 * 2**30}\nshmem {15 * 2**30}\n")
+    (d / "memory.events").write_text("oom 0\noom_kill 0\n")
+    return d
 
 
 def test_prometheus_loads_every_rule_and_evaluates_it_without_error(live: Live) -> None:

@@ -24,7 +24,12 @@ from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.promql import MixinConfig, helper_record, record_name, rendering_for
-from kvoffload.sidecar.metrics import ADVICE_METRICS, KV_EVENT_METRICS, TTFT_METRICS
+from kvoffload.sidecar.metrics import (
+    ADVICE_METRICS,
+    HOST_MEMORY_METRICS,
+    KV_EVENT_METRICS,
+    TTFT_METRICS,
+)
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds
 
@@ -74,7 +79,7 @@ def about(cfg: MixinConfig, key: str, extra: str = "", which: str | None = None)
 
 def sidecar_help(name: str) -> str:
     """The help text the sidecar's /metrics gives series `name`."""
-    for table in (ADVICE_METRICS, KV_EVENT_METRICS):
+    for table in (ADVICE_METRICS, KV_EVENT_METRICS, HOST_MEMORY_METRICS):
         if name in table:
             return table[name][2]
     for fig in FIGURES_BY_KEY.values():
@@ -671,6 +676,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             min_value=0,
         ),
     ]
+    host = _host_memory_panels(cfg)
     return g.dashboard(
         title=f"{cfg.dashboard_title_prefix}Overview",
         uid=f"{cfg.dashboard_uid_prefix}-{OVERVIEW}",
@@ -685,6 +691,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
             g.Section("TTFT parts", parts),
             g.Section("Transfers", transfers),
             g.Section("Capacity", capacity),
+            g.Section("Host memory", host),
             g.Section(EXACT_ROW, exact, collapsed=True),
         ],
         variables=_variables(cfg, per_engine=True),
@@ -692,6 +699,52 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         time_from=cfg.dashboard_time_from,
         links=_links(cfg),
     )
+
+
+def _host_memory_panels(cfg: MixinConfig) -> list[Any]:
+    """vLLM's container memory as the sidecar reads it: will the pinned tier OOM it?"""
+    t = g.target
+    scope = f"{{{cfg.sidecar_selector}}}" if cfg.sidecar_selector else ""
+    return [
+        g.timeseries(
+            "vLLM's container memory and its limit",
+            f"{sidecar_help('kvoffload_host_memory_unreclaimable_bytes')} Beside it the shared "
+            "memory, what the CPU tier takes (kvoffload_host_memory_tier_footprint_bytes: "
+            "measured, or 2x its size until measured) and the limit; "
+            f"KVOffloadHostMemoryNearLimit fires over {cfg.host_memory_near_limit_ratio:.0%} "
+            "of it. Empty where the sidecar cannot see vLLM's cgroup "
+            "(kvoffload_host_memory_read_info says why).",
+            "bytes",
+            [
+                t(
+                    f"kvoffload_host_memory_unreclaimable_bytes{scope}",
+                    "{{instance}} unreclaimable",
+                ),
+                t(f"kvoffload_host_memory_shmem_bytes{scope}", "{{instance}} shared"),
+                t(
+                    f"kvoffload_host_memory_tier_footprint_bytes{scope}",
+                    "{{instance}} CPU tier ({{basis}})",
+                ),
+                t(f"kvoffload_host_memory_limit_bytes{scope}", "{{instance}} limit"),
+            ],
+            min_value=0,
+            width=16,
+        ),
+        g.timeseries(
+            "OOM kills in vLLM's container",
+            f"{sidecar_help('kvoffload_host_memory_oom_kills')} Per hour, over the range's "
+            "rate window.",
+            "short",
+            [
+                t(
+                    f"increase(kvoffload_host_memory_oom_kills_total{scope}[$__rate_interval])",
+                    "{{instance}}",
+                )
+            ],
+            min_value=0,
+            width=8,
+        ),
+    ]
 
 
 def fleet(cfg: MixinConfig) -> dict[str, Any]:

@@ -318,7 +318,7 @@ def _host_alerts(cfg: MixinConfig) -> list[Alert]:
             "KVOffloadHostMemoryNearLimit",
             cfg.severity_warning,
             f"{held}\n/\n({limit} > 0)\n> {_num(cfg.host_memory_near_limit_ratio)}",
-            "vLLM's container is close to its memory limit: the next allocation may OOM-kill it.",
+            "The vLLM container is close to its memory limit: the next allocation may OOM-kill it.",
             "vLLM's container next to the sidecar {{ $labels.instance }} holds "
             "{{ $value | humanizePercentage }} of its memory limit in memory the kernel cannot "
             f"reclaim (threshold {_pct(cfg.host_memory_near_limit_ratio)}); the pinned CPU tier "
