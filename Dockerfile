@@ -34,8 +34,10 @@ ENV PATH=/opt/kvoffload/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # nobody:nogroup; Kubernetes' runAsNonRoot needs the numeric form.
 USER 65534:65534
 EXPOSE 19400
-# The default --web.listen-address, or the port of KVOFFLOAD_WEB_LISTEN_ADDRESS when set.
+# `kvoffload healthcheck` asks /healthz where and how `serve` listens: the same flags'
+# variables (KVOFFLOAD_SERVE_WEB_LISTEN_ADDRESS, then KVOFFLOAD_WEB_LISTEN_ADDRESS), https
+# when the web config file has TLS.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('KVOFFLOAD_WEB_LISTEN_ADDRESS', ':19400').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4)"]
+    CMD ["kvoffload", "healthcheck"]
 ENTRYPOINT ["kvoffload"]
 CMD ["serve", "--target", "http://127.0.0.1:8000/metrics"]

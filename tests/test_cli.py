@@ -325,3 +325,33 @@ def test_the_cli_starts_without_the_network_stacks() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_analyze_target_of_non_vllm_metrics_fails_at_once(tmp_path):
+    """A node-exporter-like body: one line naming what it found and exit 2 after the first
+    scrape, not a report after the whole --duration; progress goes to stderr."""
+    (tmp_path / "metrics").write_text(
+        '# TYPE node_cpu_seconds counter\nnode_cpu_seconds_total{cpu="0"} 12\n# EOF\n'
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 20
+        while True:
+            t0 = time.monotonic()
+            r = kvo("analyze", "--target", url, "--duration", "10m", "--interval", "1s")
+            if "cannot connect" not in r.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.returncode == 2, r.stderr
+        assert time.monotonic() - t0 < 60  # far from the 10 minutes asked for
+        assert "no vLLM metrics" in r.stderr and "Traceback" not in r.stderr
+        assert r.stdout == ""
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -107,6 +107,13 @@ def test_every_flag_of_every_command_has_an_environment_variable() -> None:
             want = flag[2:].replace(".", "_").replace("-", "_").upper()
             if param.name in ("log_level", "log_format"):
                 assert envvars == [f"KVOFFLOAD_{want}"]
+            elif name == "healthcheck" and flag in SHARED_FLAGS:
+                # It probes `serve`: it reads serve's variables after its own, by design.
+                assert envvars == [
+                    f"KVOFFLOAD_HEALTHCHECK_{want}",
+                    f"KVOFFLOAD_SERVE_{want}",
+                    f"KVOFFLOAD_{want}",
+                ]
             elif flag in SHARED_FLAGS:
                 assert envvars == [f"KVOFFLOAD_{name.upper()}_{want}", f"KVOFFLOAD_{want}"]
             else:  # scoped to its command: another command's variable never reaches it

@@ -272,7 +272,15 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     show_default=True,
     help="Window the figures are computed over.",
 )
-@click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
+@click.option(
+    "--scrape.timeout",
+    "--scrape-timeout",
+    "scrape_timeout",
+    callback=_duration,
+    default="10s",
+    show_default=True,
+    help="Longest one scrape of the target may take (--scrape-timeout: the old spelling).",
+)
 @click.option(
     "--max-payload",
     callback=_size,
@@ -553,7 +561,15 @@ def _run(service: Service, doing: str, web: WebFlags) -> None:
     "OUTPUT.partial (what a killed recorder leaves; `analyze` reads it).",
 )
 @click.option("--job", default="vllm", show_default=True, help="job label added to every series.")
-@click.option("--scrape-timeout", callback=_duration, default="10s", show_default=True)
+@click.option(
+    "--scrape.timeout",
+    "--scrape-timeout",
+    "scrape_timeout",
+    callback=_duration,
+    default="10s",
+    show_default=True,
+    help="Longest one scrape of the target may take (--scrape-timeout: the old spelling).",
+)
 @click.option(
     "--kv-events",
     "kv_events",
@@ -873,25 +889,51 @@ def analyze(
 
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:
-    """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.ingest.scrape)."""
+    """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.ingest.scrape).
+
+    A first scrape without vLLM metrics ends it at once (the whole --duration would only say
+    the same); each scrape after it is one progress line on stderr, so a long run is not
+    silent."""
+    from kvoffload.ingest.catalog import extract
     from kvoffload.ingest.scrape import SyncScraper
     from kvoffload.sidecar.service import target_name
 
     name = target_name(url)
-    deadline = time.monotonic() + duration
+    started_at = time.monotonic()
+    deadline = started_at + duration
     scraper = SyncScraper()
+    progress = Progress(show_after=1.0, final_after=5.0)
+    progress.note(
+        f"analyze --target: scraping {url} every {format_seconds(interval)} for "
+        f"{format_seconds(duration)}"
+    )
+    count = 0
     try:
         while True:
             started = time.monotonic()
             result = scraper.scrape(url, wanted=wanted, wanted_families=WANTED_FAMILIES)
             expo = result.exposition
             expo.timestamp = result.timestamp
+            if count == 0:
+                ex = extract(expo, result.timestamp, name)
+                if not ex.counters and not ex.gauges and not ex.unknown:
+                    progress.clear()
+                    raise InputError(
+                        f"{url}: no vLLM metrics in its {result.payload_bytes:,}-byte body "
+                        "(is this vLLM's /metrics? is --disable-log-stats set?)"
+                    )
             for i, (sample_name, labels, value, ts) in enumerate(expo.samples):
                 expo.samples[i] = (sample_name, {**labels, "instance": name}, value, ts)
+            count += 1
+            left = max(deadline - time.monotonic(), 0.0)
+            progress.update(
+                f"analyze --target: {count} scrape(s) of {name}, {format_seconds(left)} left"
+            )
             yield expo
             if started + interval > deadline:
                 return
             time.sleep(max(0.0, started + interval - time.monotonic()))
+        progress.finish(f"analyze --target: {count} scrape(s) of {name}")
     finally:
         scraper.close()
 
@@ -1190,6 +1232,62 @@ def demo(
         )
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
+
+
+def _serve_env(flag: str) -> list[str]:
+    """healthcheck reads the variables `serve` does (the container sets them for serve)."""
+    return [f"KVOFFLOAD_HEALTHCHECK_{flag}", f"KVOFFLOAD_SERVE_{flag}", f"KVOFFLOAD_{flag}"]
+
+
+@cli.command()
+@click.option(
+    "--web.listen-address",
+    "listen",
+    default=f"0.0.0.0:{DEFAULT_PORT}",
+    show_default=True,
+    envvar=_serve_env("WEB_LISTEN_ADDRESS"),
+    help="The address `serve` listens on.",
+)
+@click.option(
+    "--web.config.file",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar=_serve_env("WEB_CONFIG_FILE"),
+    help="`serve`'s web config: with TLS in it the check speaks https.",
+)
+@click.option("--timeout", callback=_duration, default="4s", show_default=True)
+def healthcheck(listen: str, config_file: str | None, timeout: float) -> None:
+    """Exit 0 when the sidecar on this host answers /healthz, else 1 (a container's
+    HEALTHCHECK): the address and scheme `serve` uses, from the same flags and variables."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from kvoffload.conventions import parse_listen
+    from kvoffload.sidecar.webconfig import parse_web_config
+
+    host, port = parse_listen(listen)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    tls = config_file is not None and parse_web_config(config_file).tls
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{'https' if tls else 'http'}://{shown}:{port}/healthz"
+    context = None
+    if tls:
+        # A liveness probe of our own loopback listener: its certificate names a service,
+        # not 127.0.0.1, so it is not verified here.
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
+            ok = answer.status == 200
+    except (OSError, urllib.error.URLError) as exc:
+        click.echo(f"kvoffload: healthcheck: {url}: {exc}", err=True)
+        sys.exit(1)
+    if not ok:
+        click.echo(f"kvoffload: healthcheck: {url}: HTTP {answer.status}", err=True)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:
