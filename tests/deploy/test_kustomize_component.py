@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,37 @@ def test_the_fleet_is_one_serve_prometheus_reached_by_its_service_and_monitor(
     (job,) = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
     # Its series stand in for the sidecars' (a `target` per engine): the rules read them so.
     assert MixinConfig().sidecar_selector == f'job="{job["replacement"]}"'
+
+
+# -- a Helm-installed vLLM: the post-renderer ----------------------------------------------
+
+
+def test_the_helm_post_renderer_adds_the_sidecar_to_what_helm_rendered(
+    rendered, tmp_path: Path
+) -> None:
+    """post-render.sh as Helm runs it: the rendered manifests on stdin (the stand-in and a
+    Service of the chart's), the same manifests on stdout with the sidecar added to the
+    Deployment named, exactly as the component's example adds it."""
+    shutil.copytree(KUSTOMIZE, tmp_path / "kustomize")  # the script writes next to itself
+    script = tmp_path / "kustomize" / "examples" / "helm-post-renderer" / "post-render.sh"
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "vllm-llama3-engine-service"},
+        "spec": {
+            "selector": {"model": "llama3"},
+            "ports": [{"name": "service-port", "port": 80, "targetPort": "container-port"}],
+        },
+    }
+    helm_output = yaml.safe_dump_all([stand_in(), service])
+    env = {**os.environ, "PATH": f"{Path(kubectl()).parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(
+        [str(script)], input=helm_output, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    validate_all(docs)
+    assert one(docs, "Service") == service
+    example = one(rendered["example"], "Deployment", STAND_IN)
+    assert one(docs, "Deployment", STAND_IN) == example
+    assert one(docs, "PodMonitor", "kvoffload-sidecar")
