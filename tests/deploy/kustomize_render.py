@@ -21,7 +21,6 @@ from kvoffload.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
-OVERLAYS = ("without-kv-events", "with-kv-events")
 SCHEMAS = Path(__file__).parent / "schemas"
 # The oldest Kubernetes still commonly run, and the newest kubernetes-validate knows.
 K8S_VERSIONS = ("1.28.0", kubernetes_validate.utils.latest_version())
