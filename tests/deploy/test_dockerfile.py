@@ -169,6 +169,8 @@ def test_labels_name_the_version_and_the_license() -> None:
         "Dockerfile",
         "README.md",
         "deploy/kustomize/base/kustomization.yaml",
+        "deploy/kustomize/components/sidecar/kustomization.yaml",
+        "deploy/kustomize/fleet/kustomization.yaml",
         "examples/docker-compose.yml",
     ],
 )

