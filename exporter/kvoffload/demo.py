@@ -42,11 +42,16 @@ def summary_line(group: GroupAnalysis, now: float | None = None) -> str:
     rec = group.recommendation
     size = rec.kv_offloading_size_gib
     action = rec.action + (f" {size:g} GiB" if size is not None else "")
-    return (
-        f"{group.model_name}: hit {format_value(f.get('offload_hit_ratio'), 'ratio')}"
+    tier = (
+        f"hit {format_value(f.get('offload_hit_ratio'), 'ratio')}"
         f" | load {format_value(f.get('load_gbps'), 'GB/s')}"
         f" | stored, not reloaded ≥ {format_value(f.get('wasted_bytes'), 'bytes')}"
         f" | speedup {format_value(f.get('speedup'), 'x')}"
+        if group.offloading
+        else f"no CPU tier | GPU prefix hit {format_value(f.get('gpu_prefix_hit_ratio'), 'ratio')}"
+    )
+    return (
+        f"{group.model_name}: {tier}"
         + (
             f" | TTFT {effect * 1000:+.1f} ms with the tier"
             if (effect := f.get("offload_ttft_effect_seconds")) is not None
