@@ -121,7 +121,7 @@ def test_kubernetes_validate_catches_a_wrong_field(rendered) -> None:
 
 
 def test_the_rule_and_dashboards_are_the_generated_files(rendered) -> None:
-    generated = yaml.safe_load((ROOT / "alerts" / "kvoffload-prometheusrule.yaml").read_text())
+    generated = yaml.safe_load((ROOT / "alerts" / "kubernetes" / "kvoffload-prometheusrule.yaml").read_text())
     provisioning = {
         p.name: p.read_text() for p in (ROOT / "dashboards/provisioning").glob("*.json")
     }

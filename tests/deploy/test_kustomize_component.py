@@ -193,7 +193,7 @@ def test_the_fleet_renders_and_validates(rendered) -> None:
         ("Service", "kvoffload-fleet"),
     ]
     validate_all(docs)
-    generated = yaml.safe_load((ROOT / "alerts" / "kvoffload-prometheusrule.yaml").read_text())
+    generated = yaml.safe_load((ROOT / "alerts" / "kubernetes" / "kvoffload-prometheusrule.yaml").read_text())
     assert one(docs, "PrometheusRule")["spec"] == generated["spec"]
 
 

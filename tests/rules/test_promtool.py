@@ -32,7 +32,7 @@ def test_promtool_check_rules(name: str) -> None:
 
 
 def test_prometheusrule_holds_both_files_and_checks(tmp_path: Path) -> None:
-    obj = yaml.safe_load((ALERTS / "kvoffload-prometheusrule.yaml").read_text())
+    obj = yaml.safe_load((ALERTS / "kubernetes" / "kvoffload-prometheusrule.yaml").read_text())
     assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     assert obj["kind"] == "PrometheusRule"
     assert obj["metadata"]["name"] and obj["metadata"]["labels"]

@@ -4,7 +4,7 @@ They make alerts/ and dashboards/ kustomize bases of their own, so deploy/kustom
 user's overlay) takes the PrometheusRule and the Grafana dashboards ConfigMaps from the very
 files `kvoffload generate` wrote, nothing copied by hand:
 
-- alerts/kustomization.yaml: the PrometheusRule;
+- alerts/kubernetes/kustomization.yaml: the PrometheusRule;
 - dashboards/kustomization.yaml: one ConfigMap per provisioning dashboard, labelled
   `grafana_dashboard: "1"` (what Grafana's dashboard sidecar, e.g. in kube-prometheus-stack,
   looks for) and annotated with a `grafana_folder`. Names carry no content hash: a
@@ -48,7 +48,8 @@ def configmap_name(cfg: MixinConfig, dashboard_file: str) -> str:
 def render(
     cfg: MixinConfig, generated: Iterable[str], alerts: str, dashboards: str
 ) -> dict[str, str]:
-    """Relative path → text of alerts/kustomization.yaml and dashboards/kustomization.yaml,
+    """Relative path → text of alerts/kubernetes/kustomization.yaml and
+    dashboards/kustomization.yaml,
     given the relative paths of the other generated files and the two folders' names."""
     names = {
         str(PurePosixPath(rel).relative_to(alerts))
@@ -61,10 +62,11 @@ def render(
         for rel in generated
         if PurePosixPath(rel).parent == PurePosixPath(dashboards, PROVISIONING)
     )
+    rules_dir = PurePosixPath(PROMETHEUSRULE_FILE).parent
     rules_base = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [PROMETHEUSRULE_FILE],
+        "resources": [PurePosixPath(PROMETHEUSRULE_FILE).name],
     }
     dashboards_base = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -80,6 +82,6 @@ def render(
         ],
     }
     return {
-        f"{alerts}/{KUSTOMIZATION}": _yaml(rules_base),
+        f"{PurePosixPath(alerts, rules_dir, KUSTOMIZATION)}": _yaml(rules_base),
         f"{dashboards}/{KUSTOMIZATION}": _yaml(dashboards_base),
     }
