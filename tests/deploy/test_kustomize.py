@@ -121,7 +121,8 @@ def test_kubernetes_validate_catches_a_wrong_field(rendered) -> None:
 
 
 def test_the_rule_and_dashboards_are_the_generated_files(rendered) -> None:
-    generated = yaml.safe_load((ROOT / "alerts" / "kubernetes" / "kvoffload-prometheusrule.yaml").read_text())
+    rule_file = ROOT / "alerts" / "kubernetes" / "kvoffload-prometheusrule.yaml"
+    generated = yaml.safe_load(rule_file.read_text())
     provisioning = {
         p.name: p.read_text() for p in (ROOT / "dashboards/provisioning").glob("*.json")
     }

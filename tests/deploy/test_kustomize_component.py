@@ -193,7 +193,8 @@ def test_the_fleet_renders_and_validates(rendered) -> None:
         ("Service", "kvoffload-fleet"),
     ]
     validate_all(docs)
-    generated = yaml.safe_load((ROOT / "alerts" / "kubernetes" / "kvoffload-prometheusrule.yaml").read_text())
+    rule_file = ROOT / "alerts" / "kubernetes" / "kvoffload-prometheusrule.yaml"
+    generated = yaml.safe_load(rule_file.read_text())
     assert one(docs, "PrometheusRule")["spec"] == generated["spec"]
 
 

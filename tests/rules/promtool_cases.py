@@ -180,8 +180,53 @@ _IF = re.compile(
 )
 
 
-def render(template: str, labels: dict[str, str], value: str) -> str:
-    """The subset of Go templating the alert texts use: labels, $value, if/else-if/else."""
+_WITH_QUERY = re.compile(
+    r'\{\{ with printf "((?:[^"\\]|\\.)*)" \$labels\.(\w+) \$labels\.(\w+) \| query \}\}'
+    r"(.*?)\{\{ \. \| first \| value \| humanize1024 \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}",
+    re.S,
+)
+
+
+def humanize1024(v: float) -> str:
+    """Prometheus' template function of that name."""
+    if abs(v) <= 1:
+        return f"{v:.4g}"
+    prefix = ""
+    for p in ("ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi", "Yi"):
+        if abs(v) < 1024:
+            break
+        prefix, v = p, v / 1024
+    return f"{v:.4g}{prefix}"
+
+
+def _queried(series: list[dict[str, str]], selector: str) -> float | None:
+    """The value at every step of the one input series `selector` names exactly (the cases
+    give the sidecar's size as a constant series), None when none does."""
+    name, _, rest = selector.partition("{")
+    wanted = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    for item in series:
+        s_name, _, s_rest = item["series"].partition("{")
+        have = dict(re.findall(r'(\w+)="([^"]*)"', s_rest))
+        if s_name == name and wanted.items() <= have.items():
+            return float(item["values"].split("+")[0])
+    return None
+
+
+def render(
+    template: str, labels: dict[str, str], value: str, series: list[dict[str, str]] = ()
+) -> str:
+    """The subset of Go templating the alert texts use: labels, $value, if/else-if/else, and
+    `with printf … | query` of one of the case's input series."""
+
+    def with_query(m: re.Match[str]) -> str:
+        selector = m.group(1).replace('\\"', '"') % (labels.get(m.group(2), ""),
+                                                      labels.get(m.group(3), ""))  # fmt: skip
+        found = _queried(list(series), selector)
+        if found is None:
+            return m.group(6)
+        return m.group(4) + humanize1024(found) + m.group(5)
+
+    template = _WITH_QUERY.sub(with_query, template)
     out, pos, taking, taken = [], 0, [True], [False]
     for m in _IF.finditer(template):
         if taking[-1]:
@@ -223,7 +268,7 @@ def to_test(case: Case, rules: dict[str, dict[str, object]]) -> dict[str, object
                 "exp_labels": full,
                 "exp_annotations": {
                     "summary": annotations["summary"],
-                    "description": render(annotations["description"], full, value),
+                    "description": render(annotations["description"], full, value, case.series),
                     "runbook_url": annotations["runbook_url"],
                 },
             }
@@ -265,6 +310,14 @@ TWO_ENGINES = Variant(engines=("0", "1"))
 OFF = Variant(offload=None)
 
 
+def with_advised_size(items: list[dict[str, str]], size: float) -> list[dict[str, str]]:
+    """The workload with the sidecar next to the engine advising `size` bytes: the alert's
+    text then names it (its template queries kvoffload_recommended_size_bytes)."""
+    s = Series(list(items))
+    sidecar_gauge(s, "kvoffload_recommended_size_bytes", size)
+    return s.items
+
+
 def recommend_enable() -> list[Case]:
     alert = "KVOffloadRecommendEnable"
 
@@ -294,6 +347,12 @@ def recommend_enable() -> list[Case]:
             "RecommendEnable: fires under KV pressure with prefixes lost",
             alert,
             workload(OFF),
+            fire,
+        ),
+        Case(
+            "RecommendEnable: names the size the sidecar advises",
+            alert,
+            with_advised_size(workload(OFF), 12 * 2**30),
             fire,
         ),
         Case(
@@ -577,6 +636,12 @@ def buffer_too_small() -> list[Case]:
             [(capacity_labels, "85.62%")],
         ),
         Case(
+            "BufferTooSmall: names the size the sidecar advises",
+            alert,
+            with_advised_size(workload(BASE, cpu=2000), 24 * 2**30),
+            [(capacity_labels, "85.62%")],
+        ),
+        Case(
             "BufferTooSmall: fires on allocation failures",
             alert,
             workload(BASE, failures=30),
@@ -639,6 +704,12 @@ def buffer_oversized() -> list[Case]:
             workload(BASE),
             fire,
             exprs=[(fill, [({"__name__": fill, **VLLM_LABELS}, 100 * 2**30 / 1e5)])],
+        ),
+        Case(
+            "BufferOversized: names the size the sidecar advises",
+            alert,
+            with_advised_size(workload(BASE), 3 * 2**30),
+            fire,
         ),
         Case("BufferOversized: deprecated transfer_type names", alert, workload(LEGACY), fire),
         Case("BufferOversized: escaped vllm_ names", alert, workload(ESCAPED), fire),

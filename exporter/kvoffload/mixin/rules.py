@@ -117,6 +117,24 @@ class Alert:
     description: str
 
 
+def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
+    """Alert text naming the size the sidecar advises for the alert's engine (its
+    kvoffload_recommended_size_bytes, joined on instance and model in the template), or how to
+    get one where no sidecar runs: the on-call gets the fix, not a pointer to it."""
+    matchers = [cfg.sidecar_selector] if cfg.sidecar_selector else []
+    matchers += [f'{cfg.sidecar_target_label}="%s"', 'model_name="%s"']
+    selector = "kvoffload_recommended_size_bytes{" + ", ".join(matchers) + "}"
+    query = selector.replace('"', '\\"')
+    return (
+        f'{{{{ with printf "{query}" $labels.instance $labels.model_name | query }}}}'
+        f"{verb} --kv-offloading-size to {{{{ . | first | value | humanize1024 }}}}B "
+        "per engine, as the kvoffload sidecar advises"
+        f"{{{{ else }}}}{verb} --kv-offloading-size; run the kvoffload sidecar next to this "
+        "engine for the size (`kvoffload serve`, or `kvoffload analyze --prometheus`)"
+        "{{ end }}"
+    )
+
+
 def _on(cfg: MixinConfig) -> str:
     return f"and on ({by_labels(cfg)})"
 
@@ -150,8 +168,8 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
             f"{_pct(cfg.pressure_gpu_kv_usage)}, preemptions, requests waiting for capacity, or "
             f"prefixes evicted from the GPU within {_duration(cfg.reuse_horizon_seconds)}) while "
             "only {{ $value | humanizePercentage }} of the prompt tokens it looks up hit the "
-            "GPU prefix cache: reusable prefixes are evicted before they come back. Try "
-            "--kv-offloading-size; the kvoffload sidecar suggests a size.",
+            "GPU prefix cache: reusable prefixes are evicted before they come back. "
+            f"{_sidecar_size(cfg, 'Set')}.",
         )
     )
 
@@ -219,7 +237,8 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
             "{{ $value | humanizePercentage }} of the GPU KV cache's tokens, and it must be larger "
             'than the GPU cache to add hits{{ else }}{{ printf "%.2f" $value }} store attempts per '
             "second find no free CPU-tier slot, and those blocks are silently not offloaded"
-            "{{ end }}. Grow --kv-offloading-size, within the container's memory limit.",
+            "{{ end }}. "
+            f"{_sidecar_size(cfg, 'Grow')}, within the container's memory limit.",
         )
     )
 
@@ -242,7 +261,7 @@ def alerts(cfg: MixinConfig) -> list[Alert]:
             f"store rate of the last {cfg.slow_window} (threshold "
             f"{_duration(cfg.oversized_fill_seconds)}) and has never been full: most of the "
             "pinned memory sits idle. "
-            "Shrink --kv-offloading-size; the kvoffload sidecar suggests a size.",
+            f"{_sidecar_size(cfg, 'Shrink')}.",
         )
     )
 
