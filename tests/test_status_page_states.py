@@ -202,7 +202,10 @@ async def _simulated(speed: float = 4.0) -> tuple[web.AppRunner, str]:
 # -- the states -------------------------------------------------------------------------------
 async def _healthy(shot: Path) -> Node:
     sim_runner, sim_url = await _simulated()
-    sidecar = Sidecar(SidecarConfig([f"{sim_url}/metrics"], interval_seconds=0.2))
+    cgroup = _cgroup(shot.parent / "vllm-cgroup")
+    sidecar = Sidecar(
+        SidecarConfig([f"{sim_url}/metrics"], interval_seconds=0.2, host_memory=str(cgroup))
+    )
     runner, url = await _serve(make_app(sidecar))
     try:
         await wait_for("advice", lambda: judged(sidecar, SIM_MODEL))
@@ -211,6 +214,24 @@ async def _healthy(shot: Path) -> Node:
     finally:
         await runner.cleanup()
         await sim_runner.cleanup()
+
+
+def page_bytes(v: float) -> str:
+    """The page's own rounding of bytes (fmt(v, "bytes") in index.html)."""
+    units, i = ["B", "KB", "MB", "GB", "TB"], 0
+    while abs(v) >= 1000 and i < len(units) - 1:
+        v, i = v / 1000, i + 1
+    return f"{v:.{2 if i else 0}f} {units[i]}"
+
+
+def _cgroup(d: Path) -> Path:
+    """vLLM's container as a cgroup v2 directory: 8 GiB held of a 16 GiB limit."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.current").write_text(f"{10 * 2**30}\n")
+    (d / "memory.max").write_text(f"{16 * 2**30}\n")
+    (d / "memory.stat").write_text(f"anon {2 * 2**30}\nfile {8 * 2**30}\nshmem {6 * 2**30}\n")
+    (d / "memory.events").write_text("oom 0\noom_kill 0\n")
+    return d
 
 
 def test_healthy_shows_advice_and_trends(tmp_path):
@@ -229,6 +250,19 @@ def test_healthy_shows_advice_and_trends(tmp_path):
         assert tile.find("span", cls="now").text not in ("", "—")
     assert re.fullmatch(r"Trends, last \d+ s", card.find("h3").text)
     assert not card.find_all(id="trends-empty") and not card.find_all(id="curve-chart")
+    # durations for people, and the targets' columns say what they hold
+    meta = page.find("span", id="meta").text
+    assert "scrape every 0.2 s" in meta and not re.search(r"\d\.\d{4,}", meta), meta
+    headers = [th.text for th in page.find("table", id="targets").find_all("th")]
+    assert headers == ["instance", "state", "last success", "scrape took", "error"]
+    row = page.find("table", id="targets").find("tbody").find("tr").find_all("td")
+    assert re.fullmatch(r"just now|[\d.]+ s ago", row[2].text), row[2].text
+    assert row[3].text.endswith(" ms")
+    # vLLM's container memory: 8 GiB unreclaimable (2 anon + 6 shared) of 16 GiB
+    host = page.find("section", id="host-memory").text
+    assert (
+        "unreclaimable 8.59 GB" in host and "limit 17.18 GB" in host and "(50 % of it held)" in host
+    )
     # offline: no asset from anywhere but the sidecar
     for n in page.iter():
         for attr in ("src", "href"):
@@ -398,3 +432,9 @@ def test_kv_events_curve_chart_marks_current_and_advised(tmp_path):
     # trends from the sidecar's history (GET api/v1/history), before any poll of the page
     trends = card.find_all("div", cls="trend")
     assert trends and all(t.find("path").attrs["d"].count("L") >= 20 for t in trends)
+    # with KV events the exact bytes never loaded replace the counters' lower bound
+    ev = group["kv_events"]
+    exact = ev["never_loaded_evicted_bytes"] + (ev["never_loaded_resident_bytes"] or 0)
+    wasted = card.find("tr", data_figure="wasted_bytes").find_all("td")
+    assert wasted[0].text == "Stored, never loaded back (exact, KV events)"
+    assert exact > 0 and wasted[1].text == page_bytes(exact)
