@@ -432,6 +432,8 @@ def test_kv_events_curve_chart_marks_current_and_advised(tmp_path):
     # trends from the sidecar's history (GET api/v1/history), before any poll of the page
     trends = card.find_all("div", cls="trend")
     assert trends and all(t.find("path").attrs["d"].count("L") >= 20 for t in trends)
+    # no absent part written as the text "null" (DOM append does that with a null)
+    assert "null" not in card.text
     # with KV events the exact bytes never loaded replace the counters' lower bound
     ev = group["kv_events"]
     exact = ev["never_loaded_evicted_bytes"] + (ev["never_loaded_resident_bytes"] or 0)
