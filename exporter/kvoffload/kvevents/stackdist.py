@@ -453,7 +453,11 @@ class StackDistanceTracker:
             return
         top = min(self._drop_floor, self.threshold + 1)  # blocks at or above are in _drop
         want = max(2 * DROP_HEADROOM, live // 64) - len(self._drop)
-        floor = max(0, top - self.threshold * want // live - 1)
+        # Mixed hashes of tracked blocks spread evenly below the threshold: a range of this
+        # width holds ~1.25 × want of them (a range that just fits, halved when short, as
+        # the refill at once does, took half of them half the time, and a sort of them all).
+        width = self.threshold * want * 5 // (4 * live) + 1
+        floor = max(0, top - width)
         found: list[int] = []
         while True:
             for start in range(0, len(mixes), UPKEEP_PIECE):
@@ -461,9 +465,10 @@ class StackDistanceTracker:
                 piece = mixes[start : start + UPKEEP_PIECE]
                 picked = compress(range(start, start + len(piece)), map(floor.__le__, piece))
                 found.extend(k for k in picked if mixes[k] < top)
-            if len(found) >= min(want, live) or floor == 0:
+            if 2 * len(found) >= min(want, live) or floor == 0:
                 break
-            top, floor = floor, floor // 2  # too few: the range below too
+            width *= 2  # too few: the range below too, twice as wide
+            top, floor = floor, max(0, floor - width)
         if len(found) > 4 * want:
             cut = sorted(mixes[k] for k in found)[-want]
             found = [k for k in found if mixes[k] >= cut]

@@ -109,10 +109,21 @@ class ParentMap(dict[int, int | None]):
         return new
 
 
+def _at_once(steps: Generator[None, None, ParentMap]) -> ParentMap:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 @dataclass
 class EngineEvents:
     sample_rate: float = 1.0
     sample_budget: int | None = None
+    # False: the O(n) upkeep is done at once when needed, the event loop held meanwhile (the
+    # way before #25, kept as bench/kvevents_ingest.py's reference; the same figures)
+    upkeep_ahead: bool = True
     tracker: StackDistanceTracker = field(init=False)
     block_size: int = 0
     gpu_missed_blocks: int = 0
@@ -168,6 +179,10 @@ class EngineEvents:
         in pieces with a yield between them, so that the event loop keeps turning at the
         default budget (one piece at once was 0.2-1.5 s at 1M blocks). Called between
         steps; another message for this engine (two subscribers on one rank) waits for it."""
+        if not self.upkeep_ahead:
+            if self.gpu_parent.trimmed:
+                self.gpu_parent = _at_once(self.gpu_parent.rebuilt_steps())
+            return
         while self._in_upkeep:
             yield
         self._in_upkeep = True
@@ -370,9 +385,12 @@ class EngineEvents:
 class TargetEvents:
     """All DP ranks of one target."""
 
-    def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
+    def __init__(
+        self, sample_rate: float = 1.0, sample_budget: int | None = None, upkeep_ahead: bool = True
+    ) -> None:
         self.sample_rate = sample_rate
         self.sample_budget = sample_budget
+        self.upkeep_ahead = upkeep_ahead
         self.engines: dict[int, EngineEvents] = {}
         self.decode_errors = 0
         self.last_error: str | None = None
@@ -383,7 +401,7 @@ class TargetEvents:
     def engine(self, rank: int) -> EngineEvents:
         eng = self.engines.get(rank)
         if eng is None:
-            eng = EngineEvents(self.sample_rate, self.sample_budget)
+            eng = EngineEvents(self.sample_rate, self.sample_budget, self.upkeep_ahead)
             self.engines[rank] = eng
         return eng
 
