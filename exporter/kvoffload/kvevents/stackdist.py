@@ -434,25 +434,27 @@ class StackDistanceTracker:
         The figures are the same as when the work is done at once, when needed."""
         most = None if self.budget is None else self.budget + 1
         yield from self._index.grow_steps(most)
-        if (
-            self.sampled
-            and self.budget is not None
-            and self._index.count + DROP_HEADROOM > self.budget
-            and len(self._drop) < DROP_HEADROOM
-        ):
-            yield from self._extend_drop_steps()
+        if self.sampled and self.budget is not None:
+            room = self._drop_room()
+            if self._index.count + room > self.budget and len(self._drop) < room:
+                yield from self._extend_drop_steps()
         if self._pos + HEADROOM > self._limit and self._limit >= 4 * HEADROOM:
             yield from self._compact_steps()
 
+    def _drop_room(self) -> int:
+        """Blocks kept ready to drop: DROP_HEADROOM, less for a small budget."""
+        assert self.budget is not None
+        return min(DROP_HEADROOM, self.budget // 16 + 1)
+
     def _extend_drop_steps(self) -> Iterator[None]:
         """Add the tracked blocks next below `_drop_floor` in the mixed-hash order (at least
-        2 × DROP_HEADROOM or 1/64 of them) to the bottom of `_drop`, scanning in pieces."""
+        twice the room or 1/64 of them) to the bottom of `_drop`, scanning in pieces."""
         mixes = self._mixed
         live = self._index.count
         if not live or self.threshold <= 0:
             return
         top = min(self._drop_floor, self.threshold + 1)  # blocks at or above are in _drop
-        want = max(2 * DROP_HEADROOM, live // 64) - len(self._drop)
+        want = max(2 * self._drop_room(), live // 64) - len(self._drop)
         # Mixed hashes of tracked blocks spread evenly below the threshold: a range of this
         # width holds ~1.25 × want of them (a range that just fits, halved when short, as
         # the refill at once does, took half of them half the time, and a sort of them all).
