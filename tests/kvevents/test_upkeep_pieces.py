@@ -103,3 +103,44 @@ def test_upkeep_in_pieces_gives_the_same_state_as_at_once():
     want, got = _figures(at_once), _figures(ahead)
     for key in want:
         assert got[key] == want[key], key
+
+
+def _drop_list_holds(e: EngineEvents) -> None:
+    """The tracker's drop list: tracked blocks only, sorted, and every tracked block at or
+    above its floor in the mixed-hash order (what the budget's drops rely on)."""
+    t = e.tracker
+    index, mixes = t._index, t._mixed
+    assert t._drop == sorted(t._drop)
+    for mixed, neg in t._drop:
+        k = index.find(-neg)
+        assert k >= 0 and mixes[k] == mixed
+    listed = {-neg for _, neg in t._drop}
+    for k, h in zip(index.ids(), index.hashes(index.ids()), strict=True):
+        if mixes[k] >= t._drop_floor:
+            assert h in listed
+
+
+def test_two_messages_for_one_engine_wait_for_each_others_upkeep():
+    """Two subscribers on one rank (two --kv-events for one target) interleave their messages'
+    steps: the upkeep of one (here the drop list at a small budget, gathered in pieces) is
+    never cut by the other's ingestion."""
+    rng = random.Random(3)
+    state = TargetEvents(1.0, 2_000)
+    gens = []
+    for seq in range(400):
+        hashes = [rng.getrandbits(63) for _ in range(150)]
+        batch = encode_batch(float(seq), [_event("BlockStored", "GPU", hashes, None)], 0)
+        gens.append(state.ingest_message_steps(RawMessage(0, seq, time.time(), b"", batch)))
+    waits = 0
+    for a, b in zip(gens[::2], gens[1::2], strict=True):
+        live = [a, b]
+        while live:  # one step of each in turn
+            for gen in list(live):
+                try:
+                    next(gen)
+                    waits += 1
+                except StopIteration:
+                    live.remove(gen)
+    e = state.engines[0]
+    assert e.tracker.tracked <= 2_000 < e.gpu_missed_blocks and waits > 2 * len(gens)
+    _drop_list_holds(e)
