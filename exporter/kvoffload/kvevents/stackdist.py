@@ -128,7 +128,8 @@ class StackDistanceTracker:
     The tree is filled as positions are used: the node of a new position is written then, as
     the sum of its children (on average one) plus its mark, so a new mark costs O(1), and
     moving a mark from position q walks only the nodes between q and the latest position.
-    Positions are renumbered (compacted) when there are twice as many as tracked blocks.
+    Positions are renumbered (compacted) when there are twice as many as tracked blocks (ahead
+    of need and in pieces when ingested in steps: `upkeep`).
     """
 
     def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
