@@ -20,7 +20,7 @@ from kvoffload.sim.kv_events import encode_batch
 from helpers import free_port
 
 MESSAGES, PER = 1300, 1000
-HEALTHZ_BOUND_S = 2.0  # slowest measured here: 0.49 s (1.27 s with the upkeep at once)
+HEALTHZ_BOUND_S = 2.0  # slowest measured here: 0.49 s (1.27 s with the code before)
 
 
 def _stored(hashes: list[int], medium: str) -> dict[str, object]:
