@@ -19,6 +19,12 @@ _GOLD = 0x9E3779B97F4A7C15  # Fibonacci hashing: the slot is the top bits of has
 # differ in their low word); the few hashes outside go to a plain dict.
 _LOW, _HIGH = -(1 << 64), (1 << 128) - (1 << 64)
 _MIN_BITS = 10
+# Upkeep (see EngineEvents.upkeep): O(n) work is done ahead of need, between ingestion steps,
+# in pieces of UPKEEP_PIECE elements (~10-30 ms of a loaded core), on new arrays swapped in at
+# the end, so that readers between pieces see the old, whole state. It starts when a step
+# adding up to HEADROOM blocks could need it; a bigger step does it at once, as before.
+UPKEEP_PIECE = 1 << 16
+HEADROOM = 1 << 16
 
 
 class BlockIndex:
@@ -112,20 +118,40 @@ class BlockIndex:
         return k
 
     def grow(self) -> None:
+        for _ in self._grow_steps():
+            pass
+
+    def grow_steps(self, most: int | None = None) -> Iterator[None]:
+        """Double the table ahead of need, yielding between pieces, when HEADROOM more adds
+        could need it and the table is big enough for that to matter; `most`: the count it
+        never exceeds (a budget), past which it never grows. Nothing may add or remove
+        between the pieces (EngineEvents.upkeep runs them between ingestion steps)."""
+        slots = len(self.slots)
+        if 2 * (self.count + HEADROOM) <= slots or slots < 4 * HEADROOM:
+            return
+        if most is not None and 2 * most <= slots:
+            return
+        yield from self._grow_steps()
+
+    def _grow_steps(self) -> Iterator[None]:
         old = self.slots
         bits = (len(old) << 1).bit_length() - 1
-        self.slots = slots = array("i", [-1]) * (1 << bits)
-        self.mask = mask = (1 << bits) - 1
-        self.shift = shift = 64 - bits
+        slots = array("i", [-1]) * (1 << bits)
+        mask = (1 << bits) - 1
+        shift = 64 - bits
         keys, wide = self.keys, self.wide
-        for k in old:
-            if k < 0:
-                continue
-            key = keys[k] if wide is None else keys[k] ^ wide[k]
-            i = ((key * _GOLD) & _M64) >> shift
-            while slots[i] >= 0:
-                i = (i + 1) & mask
-            slots[i] = k
+        for at in range(0, len(old), UPKEEP_PIECE):
+            if at:
+                yield
+            for k in old[at : at + UPKEEP_PIECE]:
+                if k < 0:
+                    continue
+                key = keys[k] if wide is None else keys[k] ^ wide[k]
+                i = ((key * _GOLD) & _M64) >> shift
+                while slots[i] >= 0:
+                    i = (i + 1) & mask
+                slots[i] = k
+        self.slots, self.mask, self.shift = slots, mask, shift
 
     def remove(self, h: int) -> int:
         """Forget `h`; its id (now free, reused by a later add) or -1 when it was absent."""
@@ -258,14 +284,31 @@ class _Oldest:
         """Clear the per-id data of `k` (removed or evicted)."""
 
     def _compact(self) -> None:
-        queue, at = self._queue, self._at
+        for _ in self._compact_steps():
+            pass
+
+    def upkeep(self) -> Iterator[None]:
+        """The table's growth and the queue's rebuild ahead of need, in pieces (see
+        UPKEEP_PIECE); nothing may add or remove between them."""
+        yield from self._index.grow_steps(None if self.limit is None else self.limit + 1)
+        due = 2 * self._index.count + 1024
+        if len(self._queue) + HEADROOM > due >= 4 * HEADROOM:
+            yield from self._compact_steps()
+
+    def _compact_steps(self) -> Iterator[None]:
+        """The queue without its stale entries, built beside the old one and swapped in."""
+        queue, old_at = self._queue, self._at
+        at = old_at[:]
         new = array("i")
-        for i in range(self._head, len(queue)):
-            k = queue[i]
-            if at[k] == i:
-                at[k] = len(new)
-                new.append(k)
-        self._queue, self._head = new, 0
+        for start in range(self._head, len(queue), UPKEEP_PIECE):
+            if start > self._head:
+                yield
+            for i in range(start, min(start + UPKEEP_PIECE, len(queue))):
+                k = queue[i]
+                if old_at[k] == i:
+                    at[k] = len(new)
+                    new.append(k)
+        self._queue, self._head, self._at = new, 0, at
 
     def _ids_oldest_first(self) -> list[int]:
         queue, at = self._queue, self._at

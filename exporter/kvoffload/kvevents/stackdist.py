@@ -18,11 +18,15 @@ import bisect
 import math
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import compress
 
-from kvoffload.kvevents.blockindex import _GOLD, _M64, BlockIndex
+from kvoffload.kvevents.blockindex import _GOLD, _M64, HEADROOM, UPKEEP_PIECE, BlockIndex
 
 _SPACE = 1 << 24  # SHARDS threshold space
 _MIN_POSITIONS = 4096
+# Upkeep keeps at least this many blocks ready to drop at the budget (a step adds at most
+# ~STEP_BLOCKS new blocks; each entry is ~100 B, so not HEADROOM of them).
+DROP_HEADROOM = 1 << 13
 
 
 def _mix(h: int) -> int:
@@ -124,7 +128,8 @@ class StackDistanceTracker:
     The tree is filled as positions are used: the node of a new position is written then, as
     the sum of its children (on average one) plus its mark, so a new mark costs O(1), and
     moving a mark from position q walks only the nodes between q and the latest position.
-    Positions are renumbered (compacted) when there are twice as many as tracked blocks.
+    Positions are renumbered (compacted) when there are twice as many as tracked blocks (ahead
+    of need and in pieces when ingested in steps: `upkeep`).
     """
 
     def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
@@ -311,8 +316,8 @@ class StackDistanceTracker:
                     continue
             if pos >= limit:
                 self._pos = pos
-                self._compact()  # renumbers positions, not ids
-                tree, pos, limit = self._tree, self._pos, self._limit
+                self._compact()  # renumbers positions (a new _last), not ids
+                tree, pos, limit, last = self._tree, self._pos, self._limit, self._last
             k = ids[x] if x < known else -1
             if k >= 0:
                 # Its mark moves: -1 on the nodes above its old position, up to the end.
@@ -405,7 +410,7 @@ class StackDistanceTracker:
         want = max(64, live // 64)
         floor = max(0, self.threshold - self.threshold * want // live - 1)
         while True:
-            ids = [k for k, m in enumerate(mixes) if m >= floor]
+            ids = list(compress(range(len(mixes)), map(floor.__le__, mixes)))  # m >= floor
             if len(ids) >= min(want, live) or floor == 0:
                 break
             floor //= 2
@@ -419,17 +424,83 @@ class StackDistanceTracker:
 
     def _compact(self) -> None:
         """Renumber the tracked blocks' positions 0..n-1, in access order."""
+        for _ in self._compact_steps():
+            pass
+
+    def upkeep(self) -> Iterator[None]:
+        """The O(n) work the next step could need, done ahead in pieces (UPKEEP_PIECE) with a
+        yield between them: the index's growth, the blocks to drop at the budget, the
+        positions' compaction. Nothing may access the tracker between the pieces (the
+        engine's ingestion waits for them); readers see the whole old state until the end.
+        The figures are the same as when the work is done at once, when needed."""
+        most = None if self.budget is None else self.budget + 1
+        yield from self._index.grow_steps(most)
+        if self.sampled and self.budget is not None:
+            room = self._drop_room()
+            if self._index.count + room > self.budget and len(self._drop) < room:
+                yield from self._extend_drop_steps()
+        if self._pos + HEADROOM > self._limit and self._limit >= 4 * HEADROOM:
+            yield from self._compact_steps()
+
+    def _drop_room(self) -> int:
+        """Blocks kept ready to drop: DROP_HEADROOM, less for a small budget."""
+        assert self.budget is not None
+        return min(DROP_HEADROOM, self.budget // 16 + 1)
+
+    def _extend_drop_steps(self) -> Iterator[None]:
+        """Add the tracked blocks next below `_drop_floor` in the mixed-hash order (at least
+        twice the room or 1/64 of them) to the bottom of `_drop`, scanning in pieces."""
+        mixes = self._mixed
+        live = self._index.count
+        if not live or self.threshold <= 0:
+            return
+        top = min(self._drop_floor, self.threshold + 1)  # blocks at or above are in _drop
+        want = max(2 * self._drop_room(), live // 64) - len(self._drop)
+        # Mixed hashes of tracked blocks spread evenly below the threshold: a range of this
+        # width holds ~1.25 × want of them (a range that just fits, halved when short, as
+        # the refill at once does, took half of them half the time, and a sort of them all).
+        width = self.threshold * want * 5 // (4 * live) + 1
+        floor = max(0, top - width)
+        found: list[int] = []
+        while True:
+            for start in range(0, len(mixes), UPKEEP_PIECE):
+                yield
+                piece = mixes[start : start + UPKEEP_PIECE]
+                picked = compress(range(start, start + len(piece)), map(floor.__le__, piece))
+                found.extend(k for k in picked if mixes[k] < top)
+            if 2 * len(found) >= min(want, live) or floor == 0:
+                break
+            width *= 2  # too few: the range below too, twice as wide
+            top, floor = floor, max(0, floor - width)
+        if len(found) > 4 * want:
+            cut = sorted(mixes[k] for k in found)[-want]
+            found = [k for k in found if mixes[k] >= cut]
+            floor = cut
+        hashes = self._index.hashes(found)
+        self._drop = sorted((mixes[k], -h) for k, h in zip(found, hashes, strict=True)) + self._drop
+        self._drop_floor = floor
+
+    def _compact_steps(self) -> Iterator[None]:
+        """_compact in pieces: the new positions in a copy, swapped in at the end."""
         last = self._last
+        n = len(last)
         order = array("i", [-1]) * self._pos  # position → id
-        for k, p in enumerate(last):
-            if p >= 0:
-                order[p] = k
+        for start in range(0, n, UPKEEP_PIECE):
+            yield
+            for k in range(start, min(start + UPKEEP_PIECE, n)):
+                p = last[k]
+                if p >= 0:
+                    order[p] = k
+        new = last[:]
         live = 0
-        for k in order:
-            if k >= 0:
-                last[k] = live
-                live += 1
+        for start in range(0, len(order), UPKEEP_PIECE):
+            yield
+            for k in order[start : start + UPKEEP_PIECE]:
+                if k >= 0:
+                    new[k] = live
+                    live += 1
         del order
+        self._last = new
         self._set_positions(live)
 
     def _set_positions(self, live: int) -> None:

@@ -16,12 +16,13 @@ counted as losses.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
 from kvoffload.errors import InputError
-from kvoffload.kvevents.blockindex import ResidentBlocks
+from kvoffload.kvevents.blockindex import UPKEEP_PIECE, ResidentBlocks
 from kvoffload.kvevents.decode import CLEARED, REMOVED, STORED, Batch, decode_batch
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.stackdist import StackDistanceTracker
@@ -76,27 +77,53 @@ class ParentMap(dict[int, int | None]):
     store), counted in `evicted`. vLLM's BlockRemoved keeps it to the GPU cache; a publisher
     that never sends one cannot grow it past the limit."""
 
-    __slots__ = ("evicted", "limit")
+    __slots__ = ("evicted", "limit", "trimmed")
 
     def __init__(self, limit: int | None = None) -> None:
         super().__init__()
         self.limit = limit
         self.evicted = 0
+        # Entries deleted in place since the dict was last rebuilt: a dict does not reuse
+        # their room, and left alone it would resize to twice the table (40 → 80 MB at 1M).
+        self.trimmed = 0
 
     def trim(self) -> None:
         limit = self.limit
         if limit is not None and len(self) > limit:
             drop = len(self) - limit + limit // 8
-            keep = list(islice(self.items(), drop, None))  # insertion order: the newest
-            self.clear()
-            self.update(keep)
+            # insertion order: the oldest first; deleted by C-level calls (a rebuild here
+            # was 0.45 s at 1M blocks, the event loop held); `rebuilt` compacts later
+            deque(map(self.__delitem__, list(islice(self, drop))), maxlen=0)
             self.evicted += drop
+            self.trimmed += drop
+
+    def rebuilt_steps(self) -> Generator[None, None, ParentMap]:
+        """A compact copy (the same entries in the same order), built in pieces with a
+        yield between them; nothing may change this map meanwhile."""
+        new = ParentMap(self.limit)
+        new.evicted = self.evicted
+        items = iter(self.items())
+        while len(new) < len(self):
+            yield
+            new.update(islice(items, UPKEEP_PIECE))
+        return new
+
+
+def _at_once(steps: Generator[None, None, ParentMap]) -> ParentMap:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 @dataclass
 class EngineEvents:
     sample_rate: float = 1.0
     sample_budget: int | None = None
+    # False: the O(n) upkeep is done at once when needed, the event loop held meanwhile (the
+    # way before #25, kept as bench/kvevents_ingest.py's reference; the same figures)
+    upkeep_ahead: bool = True
     tracker: StackDistanceTracker = field(init=False)
     block_size: int = 0
     gpu_missed_blocks: int = 0
@@ -144,6 +171,33 @@ class EngineEvents:
         self.gpu_parent = ParentMap(self.sample_budget)
         self._prefix_allowance = float(PREFIX_ALLOWANCE_MAX)
         self._allowance_at: float | None = None  # receive time it was last topped up at
+        self._in_upkeep = False
+
+    def upkeep(self) -> Iterator[None]:
+        """The O(n) upkeep of the state that the next step could need (a table doubling,
+        the blocks to drop at the budget, a compaction, the parent map's rebuild), done now
+        in pieces with a yield between them, so that the event loop keeps turning at the
+        default budget (one piece at once was 0.2-1.5 s at 1M blocks). Called between
+        steps; another message for this engine (two subscribers on one rank) waits for it."""
+        if not self.upkeep_ahead:
+            if self.gpu_parent.trimmed:
+                self.gpu_parent = _at_once(self.gpu_parent.rebuilt_steps())
+            return
+        while self._in_upkeep:
+            yield
+        self._in_upkeep = True
+        try:
+            yield from self.tracker.upkeep()
+            yield from self.cpu_resident.upkeep()
+            if self.gpu_parent.trimmed:
+                self.gpu_parent = yield from self.gpu_parent.rebuilt_steps()
+        finally:
+            self._in_upkeep = False
+
+    def _pause(self) -> Iterator[None]:
+        """Between two steps: a turn for the event loop, then the upkeep the next one needs."""
+        yield
+        yield from self.upkeep()
 
     @property
     def evicted_blocks(self) -> dict[str, int]:
@@ -209,13 +263,14 @@ class EngineEvents:
                 earned = PREFIX_ALLOWANCE_PER_SECOND * (received - self._allowance_at)
                 self._prefix_allowance = min(PREFIX_ALLOWANCE_MAX, self._prefix_allowance + earned)
             self._allowance_at = received
+        yield from self.upkeep()
         self.unknown_events += batch.unknown
         self.first_ts = batch.ts if self.first_ts is None else self.first_ts
         self.last_ts = batch.ts
         work = 0
         for ev in batch.events:
             if work >= STEP_BLOCKS:
-                yield
+                yield from self._pause()
                 work = 0
             work += len(ev.block_hashes) + 1
             if ev.kind == STORED and not 0 <= ev.block_size <= MAX_BLOCK_SIZE:
@@ -229,7 +284,7 @@ class EngineEvents:
                     continue
                 loading = self._gpu_stored(hashes[:STEP_BLOCKS], ev.parent_block_hash)
                 for at in range(STEP_BLOCKS, len(hashes), STEP_BLOCKS):
-                    yield
+                    yield from self._pause()
                     piece = hashes[at : at + STEP_BLOCKS]
                     loading = self._gpu_stored(piece, hashes[at - 1], True, loading)
                 work = 0
@@ -330,9 +385,12 @@ class EngineEvents:
 class TargetEvents:
     """All DP ranks of one target."""
 
-    def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
+    def __init__(
+        self, sample_rate: float = 1.0, sample_budget: int | None = None, upkeep_ahead: bool = True
+    ) -> None:
         self.sample_rate = sample_rate
         self.sample_budget = sample_budget
+        self.upkeep_ahead = upkeep_ahead
         self.engines: dict[int, EngineEvents] = {}
         self.decode_errors = 0
         self.last_error: str | None = None
@@ -343,7 +401,7 @@ class TargetEvents:
     def engine(self, rank: int) -> EngineEvents:
         eng = self.engines.get(rank)
         if eng is None:
-            eng = EngineEvents(self.sample_rate, self.sample_budget)
+            eng = EngineEvents(self.sample_rate, self.sample_budget, self.upkeep_ahead)
             self.engines[rank] = eng
         return eng
 
@@ -367,6 +425,7 @@ class TargetEvents:
             self.last_error = f"rank {msg.dp_rank} message {msg.seq}: {exc}"
             return False
         yield  # decoding a big batch is work too
+        yield from self.engine(msg.dp_rank).upkeep()  # before its sequence number changes anything
         eng = self._placed(batch, msg.seq, msg.dp_rank, msg.received_at)
         if eng is None:
             return False
