@@ -119,19 +119,26 @@ def test_grafana_10_panel_options(rel: str) -> None:
 
 
 def test_the_job_variable_lists_jobs_rather_than_pinning_one() -> None:
-    """Target variables list the recording rules' targets (already the selector's): none is
-    pinned to job="vllm", and a regenerated selector changes none of them."""
-    for selector in (None, 'job="llm", namespace="prod"'):
-        cfg = MixinConfig() if selector is None else MixinConfig(vllm_selector=selector)
+    """Target variables list vLLM's own gauge under both spellings, narrowed by the rules'
+    vLLM selector and nothing else: no recording rule (they fill without kvoffload's rules),
+    and a regenerated selector is the only pin."""
+    for selector in ('job="vllm"', 'job="llm", namespace="prod"'):
+        cfg = MixinConfig(vllm_selector=selector)
         d = dashboards.overview(cfg)
         by_name = {v["name"]: v for v in d["templating"]["list"]}
-        rule = record_name("prompt_tokens_per_second", cfg)
-        assert by_name["job"]["definition"] == f"label_values({rule}, job)"
+        series = f'__name__=~"vllm[:_]num_requests_running", {selector}'
+        assert by_name["job"]["definition"] == f"label_values({{{series}}}, job)"
         assert by_name["instance"]["definition"] == (
-            f'label_values({rule}{{job=~"$job"}}, instance)'
+            f'label_values({{{series}, job=~"$job"}}, instance)'
         )
-        for name in ("job", "instance", "model_name"):
-            assert 'job="' not in by_name[name]["definition"], by_name[name]
+        assert by_name["engine"]["definition"] == (
+            f'label_values({{{series}, job=~"$job", instance=~"$instance", '
+            f'model_name=~"$model_name"}}, engine)'
+        )
+        for name in ("job", "instance", "model_name", "engine"):
+            definition = by_name[name]["definition"]
+            assert ":" not in definition.replace("vllm[:_]", ""), definition
+            assert definition.count('job="') == 1, definition
     for d in DASHBOARDS.values():
         job = next(v for v in d["templating"]["list"] if v["name"] == "job")
         assert job["includeAll"] and job["multi"] and job["allValue"] == ".+"

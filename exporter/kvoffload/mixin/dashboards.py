@@ -6,8 +6,9 @@ and the sidecar show the same figure), the sidecar's gauges for what PromQL cann
 `$__rate_interval`. One scope selector per source is injected into every query, like vLLM's
 own generator (vLLM's `tools/generate_grafana_dashboards.py`): a variable and a filter for each
 of the config's `target_labels` (the labels the rules group by), `model_name`, and `engine` on
-the per-engine views. The variables list what the recording rules hold (`label_values()` of a
-rule every target has), so they offer exactly the targets the rules' selector picked.
+the per-engine views. The variables list vLLM's own series (`label_values()` of a gauge every
+vLLM serves, under both spellings, narrowed by the rules' vLLM selector), so the dropdowns work on
+a Prometheus that has not loaded kvoffload's rules: importing a dashboard is the usual first step.
 
 A panel showing one catalog figure takes its unit and its description from the catalog
 (`signals.FIGURES`: the unit, and the help text /metrics and docs/metrics.md also print), so the
@@ -55,9 +56,10 @@ GRAFANA_UNITS = {
     "1/s": "ops",
 }
 
-# The variable listing the targets: a recording rule every target with traffic counters has,
-# grouped by the target labels and model_name.
-_TARGETS_RULE = "prompt_tokens_per_second"
+# The variables list the targets from a gauge every vLLM engine serves from its start (0.6 to
+# 0.26 and the simulator), labelled model_name and engine; not from a recording rule, so they
+# also fill on a Prometheus without kvoffload's rules.
+_TARGETS_SERIES = "num_requests_running"
 
 
 def unit(key: str) -> str:
@@ -136,24 +138,21 @@ class Scope:
 
 def _variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
     """One variable per target label, then model_name (and engine), each narrowed by those
-    before it; listed from a recording rule, so they hold the targets the rules selected."""
-    rule = record_name(_TARGETS_RULE, cfg)
+    before it; listed from vLLM's own gauge under both spellings (vllm: and vllm_)."""
     variables = [g.datasource_variable()]
-    before: list[str] = []
-    for label in (*cfg.target_labels, "model_name"):
-        selector = f"{rule}{{{', '.join(before)}}}" if before else rule
+    before = [f'__name__=~"vllm[:_]{_TARGETS_SERIES}"']
+    if cfg.vllm_selector:
+        before.append(cfg.vllm_selector)
+    labels = (*cfg.target_labels, "model_name", *(("engine",) if per_engine else ()))
+    for label in labels:
         variables.append(
             g.query_variable(
                 label,
-                f"label_values({selector}, {label})",
+                f"label_values({{{', '.join(before)}}}, {label})",
                 label="Model" if label == "model_name" else None,
             )
         )
         before.append(f'{label}=~"${label}"')
-    if per_engine:
-        # The rules sum engines away: the raw series name them.
-        raw = Scope(cfg, per_engine=False).raw("prompt_tokens_total")
-        variables.append(g.query_variable("engine", f"label_values({raw}, engine)"))
     return variables
 
 
