@@ -56,14 +56,18 @@ def _figure_series(cfg: MixinConfig) -> dict[str, str]:
 
 @pytest.mark.parametrize("rel", sorted(DASHBOARDS))
 def test_every_figure_shows_in_its_catalog_unit(rel: str) -> None:
-    """A query reading a figure (its rule or its sidecar gauge) is shown in the Grafana unit
+    """A query reading a figure (its rule, else its sidecar gauge) is shown in the Grafana unit
     of the figure's catalog unit: shares in percent, multiples as ×, bytes/s as Bps."""
     series = _figure_series(MixinConfig())
     checked = 0
     for panel in _all_panels(DASHBOARDS[rel]):
         units = _units(panel)
         for t in panel.get("targets", []):
-            names = set(re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+|kvoffload_[a-z_]+", t["expr"]))
+            # A rule's raw fallback may read sidecar gauges as operands: the rule names the
+            # figure shown; a query without one shows its sidecar gauge.
+            names = set(re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", t["expr"])) or set(
+                re.findall(r"kvoffload_[a-z_]+", t["expr"])
+            )
             keys = {series[n] for n in names if n in series}
             for key in keys:
                 checked += 1
@@ -265,3 +269,36 @@ def test_figure_panels_say_what_the_catalog_says() -> None:
     assert "lower bound" in wasted and record_name("wasted_bytes", cfg) in wasted
     for rel, text in render_all().items():
         assert not re.search(r"upper[ -]bound", text, re.I), rel
+
+
+@pytest.mark.parametrize("rel", sorted(DASHBOARDS))
+def test_panels_reading_a_rule_without_fallback_say_so_and_are_listed(rel: str) -> None:
+    """Every recording rule a query reads has its raw fallback beside it, or the panel's
+    description says it needs the rules and the top text panel names it."""
+    cfg = MixinConfig()
+    d = DASHBOARDS[rel]
+    note = d["panels"][1]
+    assert note["type"] == "text" and note["title"] == dashboards.NEEDS_RULES_TITLE
+    fallback = dashboards.fallback_rules(cfg)
+    for panel in _all_panels(d):
+        for t in panel.get("targets", []):
+            for name in dashboards.RULE_NAME.findall(t["expr"]):
+                if name in fallback:
+                    assert "\nor\n" in t["expr"], (panel["title"], name)
+                else:
+                    assert dashboards.NEEDS_RULES in panel["description"], panel["title"]
+                    assert f"**{panel['title']}**" in note["options"]["content"]
+
+
+def test_a_rule_only_panel_is_marked_and_listed() -> None:
+    """A query on a rule whose expression reads another rule (no raw stand-in) gets the note in
+    its description and a line in the text panel; one with a fallback gets neither."""
+    cfg = MixinConfig()
+    s = dashboards.Scope(cfg, per_engine=False)
+    rule_only = grafana.timeseries("Rule only", "d.", "s", [grafana.target("a:b:rate5m{x}")])
+    raw = grafana.timeseries("Raw too", "d.", "s", [grafana.target(s.rule("offload_hit_ratio"))])
+    about, _section = dashboards.with_rules_note(cfg, [grafana.Section("S", [rule_only, raw])])
+    assert dashboards.NEEDS_RULES in rule_only.body.description
+    assert dashboards.NEEDS_RULES not in raw.body.description
+    content = about.panels[0].body.content
+    assert "**Rule only** (S): a:b:rate5m" in content and "Raw too" not in content

@@ -133,6 +133,10 @@ class Live:
     panels: list[tuple[str, str, str, int]] = field(default_factory=list)
     variables: list[tuple[str, str, int]] = field(default_factory=list)
     rule_health: list[tuple[str, str, str]] = field(default_factory=list)
+    # The same dashboards on a second Prometheus scraping the same targets without the rules.
+    bare_panels: list[tuple[str, str, str, int]] = field(default_factory=list)
+    bare_variables: list[tuple[str, str, int]] = field(default_factory=list)
+    bare_rules: int = -1
 
 
 def _substitute(expr: str, live: Live) -> str:
@@ -143,7 +147,8 @@ def _substitute(expr: str, live: Live) -> str:
         "engine": "0",
         "__rate_interval": "30s",
     }
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
+    # Grafana leaves `$1` (a label_replace replacement) alone: no variable has that name.
+    return re.sub(r"\$\{?([a-z_]\w*)\}?", lambda m: values[m.group(1)], expr)
 
 
 async def _collect(api: PromAPI, live: Live) -> None:
@@ -151,6 +156,17 @@ async def _collect(api: PromAPI, live: Live) -> None:
     for name in names:
         live.records[name] = await api.query(name, live.at)
     live.sidecar = await api.query('{__name__=~"kvoffload_.+", job="kvoffload"}', live.at)
+    await _collect_dashboards(api, live, live.panels, live.variables)
+    live.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in await api.rules()]
+
+
+async def _collect_dashboards(
+    api: PromAPI,
+    live: Live,
+    panels_out: list[tuple[str, str, str, int]],
+    variables_out: list[tuple[str, str, int]],
+) -> None:
+    """Every panel query's series count and every variable's value count, at `live.at`."""
     for build in (dashboards.overview, dashboards.fleet):
         d = build(CFG)
         # A collapsed row holds its panels: they are queried like the others.
@@ -159,7 +175,7 @@ async def _collect(api: PromAPI, live: Live) -> None:
             for target in panel.get("targets", []):
                 expr = _substitute(target["expr"], live)
                 result = await api.query(expr, live.at)
-                live.panels.append((d["title"], panel["title"], expr, len(result)))
+                panels_out.append((d["title"], panel["title"], expr, len(result)))
         for var in d["templating"]["list"]:
             if var["type"] != "query":
                 continue
@@ -167,8 +183,7 @@ async def _collect(api: PromAPI, live: Live) -> None:
             assert m, var["definition"]
             series = await api.series(_substitute(m.group(1), live))
             values = {s[m.group(2)] for s in series if m.group(2) in s}
-            live.variables.append((d["title"], var["name"], len(values)))
-    live.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in await api.rules()]
+            variables_out.append((d["title"], var["name"], len(values)))
 
 
 async def _run(workdir: Path) -> Live:
@@ -247,10 +262,13 @@ async def _run(workdir: Path) -> Live:
             rule_files = {n: files[n] for n in (rules.RULES_FILE, rules.ALERTS_FILE)}
             async with (
                 prometheus(workdir, config, rule_files) as url,
+                prometheus(workdir / "bare", config, {}) as bare_url,
                 aiohttp.ClientSession() as session,
             ):
                 api = PromAPI(session, url)
+                bare = PromAPI(session, bare_url)
                 await api.wait_for("up == 1", 4)
+                await bare.wait_for("up == 1", 4)
                 await asyncio.sleep(HOLD)
                 first_change = time.time()
                 for i in range(1, len(h200)):
@@ -262,6 +280,8 @@ async def _run(workdir: Path) -> Live:
                 assert live.at > time.time() + 1.0, "the replay took longer than planned"
                 await asyncio.sleep(live.at - time.time() + 2 * INTERVAL)
                 await _collect(api, live)
+                await _collect_dashboards(bare, live, live.bare_panels, live.bare_variables)
+                live.bare_rules = len(await bare.rules())
                 return live
 
 
@@ -430,3 +450,42 @@ def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> 
         if s["metric"]["model_name"] == MODEL
     ]
     assert effect == pytest.approx(means["on"] - means["off"])
+
+
+def _listed_as_needing_rules() -> set[tuple[str, str]]:
+    """(dashboard, panel) of every panel whose description says it needs the rules."""
+    out = set()
+    for build in (dashboards.overview, dashboards.fleet):
+        d = build(CFG)
+        for p in d["panels"]:
+            for c in (p, *p.get("panels", [])):
+                if dashboards.NEEDS_RULES in c.get("description", ""):
+                    out.add((d["title"], c["title"]))
+    return out
+
+
+def test_without_the_rules_every_panel_returns_data_or_says_it_needs_them(live: Live) -> None:
+    """A Prometheus that never loaded the rules (import-only, the usual first step): each
+    query falls back to the rule's own PromQL over vLLM's series, or its panel is listed."""
+    assert live.bare_rules == 0
+    assert len(live.bare_panels) == len(live.panels)
+    listed = _listed_as_needing_rules()
+    empty = [(d, p, e) for d, p, e, n in live.bare_panels if n == 0 and (d, p) not in listed]
+    assert not empty, "\n".join(f"{d} / {p}: {e}" for d, p, e in empty)
+
+
+def test_without_the_rules_every_dashboard_variable_has_values(live: Live) -> None:
+    assert len(live.bare_variables) == len(live.variables)
+    assert all(n > 0 for _d, _v, n in live.bare_variables), live.bare_variables
+
+
+def test_with_the_rules_a_fallback_adds_no_series(live: Live) -> None:
+    """`rule or raw` with the rules loaded: the raw side has the rule's label sets, so the
+    panels show as many series as on the rule-less Prometheus (no doubled legends)."""
+    counts = {(d, p, e): n for d, p, e, n in live.bare_panels}
+    doubled = [
+        (d, p, n, counts[(d, p, e)])
+        for d, p, e, n in live.panels
+        if "\nor\n" in e and counts[(d, p, e)] and n != counts[(d, p, e)]
+    ]
+    assert not doubled, doubled

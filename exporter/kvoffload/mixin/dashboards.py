@@ -10,6 +10,11 @@ the per-engine views. The variables list vLLM's own series (`label_values()` of 
 vLLM serves, under both spellings, narrowed by the rules' vLLM selector), so the dropdowns work on
 a Prometheus that has not loaded kvoffload's rules: importing a dashboard is the usual first step.
 
+On a Prometheus without kvoffload's rules (import-only, the usual first step) a panel reads
+`rule or <the rule's own PromQL over vLLM's series>`, so it still shows the same figure; a panel
+whose rule cannot be written that way says "Needs kvoffload's recording rules" in its
+description, and a text panel on top lists them.
+
 A panel showing one catalog figure takes its unit and its description from the catalog
 (`signals.FIGURES`: the unit, and the help text /metrics and docs/metrics.md also print), so the
 dashboards say what the sidecar and the docs say.
@@ -17,14 +22,23 @@ dashboards say what the sidecar and the docs say.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvoffload.analysis.advisor import Thresholds
-from kvoffload.analysis.formula import counter_series
+from kvoffload.analysis.formula import GATE_RECORD, counter_series
 from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
-from kvoffload.mixin.promql import MixinConfig, helper_record, record_name, rendering_for
+from kvoffload.mixin.promql import (
+    RENDERINGS,
+    MixinConfig,
+    Rendering,
+    helper_record,
+    offload_configured,
+    record_name,
+    rendering_for,
+)
 from kvoffload.sidecar.metrics import (
     ADVICE_METRICS,
     HOST_MEMORY_METRICS,
@@ -60,6 +74,45 @@ GRAFANA_UNITS = {
 # 0.26 and the simulator), labelled model_name and engine; not from a recording rule, so they
 # also fill on a Prometheus without kvoffload's rules.
 _TARGETS_SERIES = "num_requests_running"
+
+
+# A recording rule's name (level:metric:operation); `vllm[:_]name` selectors do not match.
+RULE_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
+# What the description of a panel that reads a rule with no raw fallback says.
+NEEDS_RULES = "Needs kvoffload's recording rules"
+NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
+
+
+def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "") -> str | None:
+    """The rule's own PromQL (what Prometheus evaluates to record it) with `scope` added to
+    its vLLM selectors, and its static labels; None where it reads another recording rule and
+    so cannot stand in for it. The offload gate, a rule of raw series itself, is inlined
+    (unscoped: vLLM's config info has no model_name)."""
+    expr = r.build(cfg, r.window(cfg, which) if which else "")
+    if scope:
+        expr = re.sub(r'\{__name__=~"vllm\[:_\][^"]*"', lambda m: f"{m.group(0)}, {scope}", expr)
+    expr = expr.replace(GATE_RECORD, f"(\n{offload_configured(cfg)}\n)")
+    if RULE_NAME.search(expr):
+        return None
+    for label, value in r.labels:
+        expr = f'label_replace({expr}, "{label}", "{value}", "", "")'
+    return expr
+
+
+def fallback_rules(cfg: MixinConfig) -> set[str]:
+    """Recording rules a panel reads as `rule or raw`: it shows data without the rules."""
+    return {
+        r.record(cfg, w)
+        for r in RENDERINGS
+        for w in r.windows or (None,)
+        if raw_expr(r, cfg, w) is not None
+    }
+
+
+def needs_rules(expr: str, cfg: MixinConfig) -> list[str]:
+    """The recording rules `expr` reads that have no raw fallback."""
+    fallback = fallback_rules(cfg)
+    return sorted({n for n in RULE_NAME.findall(expr) if n not in fallback})
 
 
 def unit(key: str) -> str:
@@ -106,11 +159,53 @@ class Scope:
         self.scope = _scope(cfg)
 
     def rule(self, key: str, which: str | None = None) -> str:
-        return f"{record_name(key, self.cfg, which)}{{{self.scope}}}"
+        r = rendering_for(key)
+        return self._or_raw(r, which or (r.windows[0] if r.windows else None))
 
     def helper(self, metric: str, op: str, *matchers: str, which: str = "fast") -> str:
-        scope = ", ".join([self.scope, *matchers])
-        return f"{helper_record(metric, op, self.cfg, which)}{{{scope}}}"
+        # Renderings of one name differ in their static labels (the quantile): the matchers pick.
+        for r in RENDERINGS:
+            labels = {f'{k}="{v}"' for k, v in r.labels}
+            if r.metric == metric and r.op == op and which in r.windows and labels <= set(matchers):
+                return self._or_raw(r, which, *matchers)
+        raise KeyError((metric, op, which))
+
+    def _or_raw(
+        self, r: Rendering, which: str | None, *matchers: str, scope: str | None = None
+    ) -> str:
+        """The rule, else (no rules loaded) its own expression over the raw series, scoped by
+        the variables: on a Prometheus without kvoffload's rules the panel still shows it.
+        With the rules both sides hold the same label sets, so `or` adds nothing."""
+        scope = self.scope if scope is None else scope
+        rule = f"{r.record(self.cfg, which)}{{{', '.join([scope, *matchers])}}}"
+        raw = raw_expr(r, self.cfg, which, scope)
+        return rule if raw is None else f"(\n{rule}\nor\n{raw}\n)"
+
+    def fleet_mean(self, metric: str, op: str, which: str) -> str:
+        """A per-model fleet rule (no target labels; one rendering per static label set, e.g.
+        with and without a tier) scoped by the model alone, else all its renderings raw."""
+        scope = 'model_name=~"$model_name"'
+        family = [r for r in RENDERINGS if r.metric == metric and r.op == op]
+        rule = f"{family[0].record(self.cfg, which)}{{{scope}}}"
+        raws = [raw_expr(r, self.cfg, which, scope) for r in family]
+        if any(raw is None for raw in raws):
+            return rule
+        return "(\n" + "\nor\n".join([rule, *(str(raw) for raw in raws)]) + "\n)"
+
+    def fleet_effect(self) -> str:
+        """The fleet A/B difference (with a tier minus without), else from the raw means: its
+        rule reads the mean rules, so its own expression cannot stand in for it."""
+        scope = 'model_name=~"$model_name"'
+        rule = helper_record(
+            "kvoffload_offload_ttft_effect_seconds", "fleet_rate", self.cfg, "slow"
+        )
+        on, off = (
+            raw_expr(r, self.cfg, "slow", scope)
+            for r in RENDERINGS
+            if r.metric == "vllm_time_to_first_token_seconds" and r.op == "fleet_mean_rate"
+        )
+        assert on and off and 'offloading", "on"' in on
+        return f"(\n{rule}{{{scope}}}\nor\n(\n{on}\n- ignoring (offloading)\n{off}\n)\n)"
 
     def raw(self, name: str, *matchers: str) -> str:
         """Raw vLLM series: the rules' selector too (the variables' "All" is `.+`)."""
@@ -682,17 +777,20 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         description="Is vLLM's CPU KV offloading paying off, what does it cost, is the CPU tier "
         "the right size, and should it be on? Generated by kvoffload.",
         tags=cfg.dashboard_tags,
-        sections=[
-            g.Section("Advice", advice),
-            g.Section("Time to first token: the verdict", verdict),
-            g.Section("Is offloading paying off?", paying),
-            g.Section("What does it cost?", cost),
-            g.Section("TTFT parts", parts),
-            g.Section("Transfers", transfers),
-            g.Section("Capacity", capacity),
-            g.Section("Host memory", host),
-            g.Section(EXACT_ROW, exact, collapsed=True),
-        ],
+        sections=with_rules_note(
+            cfg,
+            [
+                g.Section("Advice", advice),
+                g.Section("Time to first token: the verdict", verdict),
+                g.Section("Is offloading paying off?", paying),
+                g.Section("What does it cost?", cost),
+                g.Section("TTFT parts", parts),
+                g.Section("Transfers", transfers),
+                g.Section("Capacity", capacity),
+                g.Section("Host memory", host),
+                g.Section(EXACT_ROW, exact, collapsed=True),
+            ],
+        ),
         variables=_variables(cfg, per_engine=True),
         refresh=cfg.dashboard_refresh,
         time_from=cfg.dashboard_time_from,
@@ -779,7 +877,6 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         min_value=0,
         width=24,
     )
-    model = 'model_name=~"$model_name"'
     mean = helper_record("vllm_time_to_first_token_seconds", "fleet_mean_rate", cfg, "slow")
     effect = helper_record("kvoffload_offload_ttft_effect_seconds", "fleet_rate", cfg, "slow")
     ab = [
@@ -789,7 +886,12 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
             f"offloading and over those without ({mean}): where a fleet runs both, "
             "the measured A/B. Load is not matched: compare the request rates.",
             "s",
-            [t(f"{mean}{{{model}}}", "{{model_name}} offloading {{offloading}}")],
+            [
+                t(
+                    s.fleet_mean("vllm_time_to_first_token_seconds", "fleet_mean_rate", "slow"),
+                    "{{model_name}} offloading {{offloading}}",
+                )
+            ],
         ),
         g.timeseries(
             "TTFT effect of offloading across the fleet",
@@ -797,7 +899,7 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
             "negative = the tier makes TTFT better. The sidecar's fleet A/B "
             "(basis fleet) also matches load before comparing.",
             "s",
-            [t(f"{effect}{{{model}}}", "{{model_name}}")],
+            [t(s.fleet_effect(), "{{model_name}}")],
             lines=[(0.0, "red")],
         ),
     ]
@@ -871,16 +973,61 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         description="KV offloading across every vLLM instance: who benefits, who pays, who "
         "should change. Generated by kvoffload.",
         tags=cfg.dashboard_tags,
-        sections=[
-            g.Section("Fleet", [overview_table, advice]),
-            g.Section("Fleet A/B: with and without a tier", ab),
-            g.Section("By instance", per_instance),
-        ],
+        sections=with_rules_note(
+            cfg,
+            [
+                g.Section("Fleet", [overview_table, advice]),
+                g.Section("Fleet A/B: with and without a tier", ab),
+                g.Section("By instance", per_instance),
+            ],
+        ),
         variables=_variables(cfg, per_engine=False),
         refresh=cfg.dashboard_refresh,
         time_from=cfg.dashboard_time_from,
         links=_links(cfg),
     )
+
+
+def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Section]:
+    """Mark each panel that reads a rule with no raw fallback (its description says so) and
+    put a text panel listing them on top: on a Prometheus without the rules they are blank,
+    and the dashboard says why."""
+    listed: list[str] = []
+    for section in sections:
+        for panel in section.panels:
+            names = sorted(
+                {n for t in getattr(panel.body, "targets", []) for n in needs_rules(t.expr, cfg)}
+            )
+            if names:
+                panel.body.description += f" {NEEDS_RULES} ({', '.join(names)})."
+                listed.append(f"- **{panel.body.title}** ({section.title}): {', '.join(names)}")
+    intro = (
+        "Panels read kvoffload's recording rules (`alerts/kvoffload-rules.yaml`, "
+        f"[the rules]({doc('rules.md')})) and, where a rule is missing, the same PromQL over "
+        "vLLM's own series, so a Prometheus without the rules still fills them; the variables "
+        "list vLLM's own series. Panels reading the sidecar (`kvoffload_*`) need "
+        "`kvoffload serve` scraped."
+    )
+    if listed:
+        body = f"{intro}\n\n{NEEDS_RULES} (blank without them):\n\n" + "\n".join(listed)
+    else:
+        body = f"{intro}\n\nNo panel here needs the rules."
+    height = 4 + len(listed) // 2
+    return [
+        g.Section(
+            "About this dashboard",
+            [
+                g.text(
+                    NEEDS_RULES_TITLE,
+                    "What this dashboard reads, and which panels stay blank on a Prometheus "
+                    "without kvoffload's recording rules.",
+                    body,
+                    height=height,
+                )
+            ],
+        ),
+        *sections,
+    ]
 
 
 def _links(cfg: MixinConfig) -> list[dict[str, Any]]:
