@@ -13,7 +13,7 @@ import pytest
 
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.mixin import dashboards, grafana
-from kvoffload.mixin.dashboards import EXACT_ROW, NEEDS_KV_EVENTS, unit
+from kvoffload.mixin.dashboards import DIAGNOSTICS_ROW, EXACT_ROW, NEEDS_KV_EVENTS, unit
 from kvoffload.mixin.generate import render_all
 from kvoffload.mixin.promql import RENDERINGS, MixinConfig, record_name
 from kvoffload.mixin.validate import validate
@@ -188,11 +188,17 @@ def test_rows_needing_kv_events_are_collapsed_and_say_so(rel: str) -> None:
         needs = [c["title"] for c in p["panels"] if _reads_kv_events(c)]
         if p["title"].endswith(NEEDS_KV_EVENTS):
             assert p["collapsed"] and p["panels"] and needs, p["title"]
+        elif p["title"] == DIAGNOSTICS_ROW:
+            # Collapsed for its detail, not for KV events: none of its panels reads them.
+            assert p["collapsed"] and p["panels"] and not needs, p["title"]
         else:
             assert not p["collapsed"] and not p["panels"], p["title"]
     if "overview" in rel:
-        (row,) = [p for p in d["panels"] if p["type"] == "row" and p["collapsed"]]
-        assert row["title"] == EXACT_ROW and len(row["panels"]) == 7
+        rows = [p for p in d["panels"] if p["type"] == "row" and p["collapsed"]]
+        assert [(r["title"], len(r["panels"])) for r in rows] == [
+            (EXACT_ROW, 7),
+            (DIAGNOSTICS_ROW, 6),
+        ]
 
 
 def _tiles(panels: list[dict[str, Any]], top: int, bottom: int) -> list[str]:

@@ -54,6 +54,27 @@ FLEET = "fleet"
 # are collapsed, so a dashboard without KV events shows no wall of empty panels.
 NEEDS_KV_EVENTS = "(needs KV events)"
 EXACT_ROW = f"Exact sizing {NEEDS_KV_EVENTS}"
+DIAGNOSTICS_ROW = "vLLM's own offload diagnostics"
+# What the description of a panel reading series only some vLLM versions or settings export
+# says (kv_offload_config_info is 0.33's; stores_skipped needs store_threshold >= 2).
+ONLY_WHERE = "Only where vLLM has the series"
+# The cache_config_info labels an operator checks first for the CPU tier.
+CONFIG_LABELS = (
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "block_size",
+    "num_gpu_blocks",
+    "kv_cache_size_tokens",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+    "cache_dtype",
+)
+OFFLOAD_CONFIG_LABELS = (
+    "cpu_num_chunks",
+    "cpu_blocks_per_chunk",
+    "cpu_kv_cache_size_bytes",
+    "cpu_kv_cache_size_tokens",
+)
 
 # Grafana's unit for each unit of the catalog (signals.Figure.unit). The rules and the sidecar's
 # /metrics carry base units (bytes/s where the JSON says GB/s).
@@ -216,6 +237,23 @@ class Scope:
         if self.per_engine:
             parts.append('engine=~"$engine"')
         return "{" + ", ".join([*parts, *matchers]) + "}"
+
+    def raw_info(self, name: str) -> str:
+        """vLLM's info gauges: no model_name label, so only the target labels and engine."""
+        parts = [f'__name__=~"vllm[:_]{name}"']
+        if self.cfg.vllm_selector:
+            parts.append(self.cfg.vllm_selector)
+        parts += [f'{label}=~"${label}"' for label in self.cfg.target_labels]
+        if self.per_engine:
+            parts.append('engine=~"$engine"')
+        return "{" + ", ".join(parts) + "}"
+
+    def labelled(self, label: str, parts: dict[str, str]) -> str:
+        """Several queries as one, each tagged by `label`: one series set, one legend, and
+        data as soon as any part has some."""
+        return "\nor\n".join(
+            f'label_replace({expr}, "{label}", "{value}", "", "")' for value, expr in parts.items()
+        )
 
     def sidecar(self, name: str, *matchers: str) -> str:
         parts = [self.cfg.sidecar_selector] if self.cfg.sidecar_selector else []
@@ -771,6 +809,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         ),
     ]
     host = _host_memory_panels(cfg)
+    diagnostics = _diagnostics_panels(s)
     return g.dashboard(
         title=f"{cfg.dashboard_title_prefix}Overview",
         uid=f"{cfg.dashboard_uid_prefix}-{OVERVIEW}",
@@ -789,6 +828,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
                 g.Section("Capacity", capacity),
                 g.Section("Host memory", host),
                 g.Section(EXACT_ROW, exact, collapsed=True),
+                g.Section(DIAGNOSTICS_ROW, diagnostics, collapsed=True),
             ],
         ),
         variables=_variables(cfg, per_engine=True),
@@ -796,6 +836,114 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         time_from=cfg.dashboard_time_from,
         links=_links(cfg),
     )
+
+
+def _diagnostics_panels(s: Scope) -> list[Any]:
+    """What upstream's KV-cache dashboard shows of the offloading connector, from vLLM's own
+    series per engine: lookup delay, transfer sizes, pinned slots, failed and skipped stores,
+    the configuration."""
+    t = g.target
+    by = "instance, engine"
+
+    def rate(name: str, *matchers: str) -> str:
+        return f"rate({s.raw(name, *matchers)}[$__rate_interval])"
+
+    def quantile(q: str, name: str, *matchers: str) -> str:
+        return f"histogram_quantile({q}, sum by ({by}, le) ({rate(name + '_bucket', *matchers)}))"
+
+    lookup = {
+        kind: quantile("0.99", f"kv_offload_lookup_{kind}_delay_seconds")
+        for kind in ("sync", "async")
+    }
+    # Flat load/store histograms (0.24+), else the deprecated transfer_type mirror.
+    mirror = {"load": 'transfer_type="CPU_to_GPU"', "store": 'transfer_type="GPU_to_CPU"'}
+    sizes = {
+        f"{direction} p{float(q) * 100:g}": (
+            f"(\n{quantile(q, f'kv_offload_{direction}_size')}\nor\n"
+            f"{quantile(q, 'kv_offload_size', mirror[direction])}\n)"
+        )
+        for direction in ("load", "store")
+        for q in ("0.5", "0.99")
+    }
+    pinned = {
+        kind: f"max by ({by}) ({s.raw(f'kv_offload_cpu_cache_{kind}_usage_perc')})"
+        for kind in ("write", "read")
+    }
+    stores = {
+        "failed": f"sum by ({by}) ({rate('kv_offload_allocation_failure_total')})",
+        "skipped": f"sum by ({by}) ({rate('kv_offload_stores_skipped_total')})",
+    }
+    config = ", ".join(("instance", "engine", *CONFIG_LABELS))
+    offload_config = ", ".join(("instance", "engine", *OFFLOAD_CONFIG_LABELS))
+    return [
+        g.timeseries(
+            "Offload lookup delay p99",
+            "99th percentile of one offload lookup's wall time (vllm:kv_offload_lookup_sync_"
+            "delay_seconds), and of a deferred lookup from its first retry to resolution "
+            "(vllm:kv_offload_lookup_async_delay_seconds; a CPU-only tier never defers, so "
+            "usually empty). Every prefill with a connector pays the sync lookup.",
+            "s",
+            [t(s.labelled("lookup", lookup), "{{instance}} engine {{engine}} {{lookup}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "Transfer sizes",
+            "Median and 99th percentile bytes of one load and one store job per worker "
+            "(vllm:kv_offload_load_size, vllm:kv_offload_store_size; else the deprecated "
+            "vllm:kv_offload_size by transfer_type). Small jobs pay the copy's fixed cost.",
+            "bytes",
+            [t(s.labelled("size", sizes), "{{instance}} engine {{engine}} {{size}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "CPU tier slots pinned by writes and reads",
+            "Share of CPU chunk slots pinned by in-flight stores (vllm:kv_offload_cpu_cache_"
+            "write_usage_perc) and loads (…_read_usage_perc). Near 1 for writes, new stores "
+            "find no free slot and fail.",
+            "percentunit",
+            [t(s.labelled("pinned", pinned), "{{instance}} engine {{engine}} {{pinned}}")],
+            min_value=0,
+            max_value=1,
+            width=8,
+        ),
+        g.timeseries(
+            "Failed and skipped stores",
+            "Store attempts per second that found no free slot (vllm:kv_offload_allocation_"
+            "failure_total) and store candidates rejected for being offered fewer than "
+            "store_threshold times (vllm:kv_offload_stores_skipped_total: only with "
+            "store_threshold >= 2). Neither block reaches the CPU tier.",
+            "ops",
+            [t(s.labelled("stores", stores), "{{instance}} engine {{engine}} {{stores}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.table(
+            "Cache configuration",
+            "vLLM's cache_config_info labels per engine: the offloading backend and size "
+            "(GiB), the GPU KV cache's blocks and tokens, block size, memory utilisation.",
+            [t(f"max by ({config}) ({s.raw_info('cache_config_info')})", instant=True, table=True)],
+            [("A", "Info", "none")],
+            width=8,
+            height=8,
+        ),
+        g.table(
+            "CPU tier configuration",
+            f"{ONLY_WHERE} (vllm:kv_offload_config_info, vLLM 0.33+): the CPU tier's chunks, "
+            "blocks per chunk, bytes and tokens per engine.",
+            [
+                t(
+                    f"max by ({offload_config}) ({s.raw_info('kv_offload_config_info')})",
+                    instant=True,
+                    table=True,
+                )
+            ],
+            [("A", "Info", "none")],
+            width=8,
+            height=8,
+        ),
+    ]
 
 
 def _host_memory_panels(cfg: MixinConfig) -> list[Any]:
@@ -993,8 +1141,11 @@ def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Secti
     put a text panel listing them on top: on a Prometheus without the rules they are blank,
     and the dashboard says why."""
     listed: list[str] = []
+    only_where: list[str] = []
     for section in sections:
         for panel in section.panels:
+            if ONLY_WHERE in panel.body.description:
+                only_where.append(f"- **{panel.body.title}** ({section.title})")
             names = sorted(
                 {n for t in getattr(panel.body, "targets", []) for n in needs_rules(t.expr, cfg)}
             )
@@ -1012,7 +1163,11 @@ def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Secti
         body = f"{intro}\n\n{NEEDS_RULES} (blank without them):\n\n" + "\n".join(listed)
     else:
         body = f"{intro}\n\nNo panel here needs the rules."
-    height = 4 + len(listed) // 2
+    if only_where:
+        body += f"\n\n{ONLY_WHERE} (blank on other versions or settings):\n\n" + "\n".join(
+            only_where
+        )
+    height = 4 + (len(listed) + len(only_where)) // 2
     return [
         g.Section(
             "About this dashboard",
