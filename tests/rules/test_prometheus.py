@@ -8,7 +8,9 @@ One live run (module fixture, ~40 s) with three fake vLLM targets:
 - `sim`: the simulator's `dp2` scenario (vLLM 0.33 names: tier-attributed cached tokens,
   kv_offload_config_info; two data-parallel engines), rendered at 30 virtual seconds per body.
 Prometheus scrapes them and the kvoffload sidecar every 0.1 s and evaluates the generated
-rules with 30 s windows; the sidecar scrapes `h200` and `sim` with a 30 s window.
+rules with 30 s windows; the sidecar scrapes `h200` and `sim` with a 30 s window. A second
+Prometheus scrapes the same targets without the rules (a dashboard imported first): the
+dashboards' queries run on both.
 
 Timeline: the first bodies are held for a few seconds, then 20 more follow every 0.5 s, then
 the last are held. At the moment of comparison both windows start before the first change and
