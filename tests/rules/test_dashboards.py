@@ -308,3 +308,24 @@ def test_a_rule_only_panel_is_marked_and_listed() -> None:
     assert dashboards.NEEDS_RULES not in raw.body.description
     content = about.panels[0].body.content
     assert "**Rule only** (S): a:b:rate5m" in content and "Raw too" not in content
+
+
+def test_without_the_fallback_every_rule_panel_is_marked_and_listed() -> None:
+    """`dashboard_raw_fallback=false` (rules alone, cheaper on a large fleet): no query carries
+    a raw side, and every panel reading a rule says it needs them and is listed on top."""
+    cfg = MixinConfig(dashboard_raw_fallback=False)
+    assert dashboards.fallback_rules(cfg) == set()
+    marked = 0
+    for build in (dashboards.overview, dashboards.fleet):
+        d = build(cfg)
+        content = d["panels"][1]["options"]["content"]
+        for panel in _all_panels(d):
+            exprs = [t["expr"] for t in panel.get("targets", [])]
+            if any(dashboards.RULE_NAME.search(e) for e in exprs):
+                assert dashboards.NEEDS_RULES in panel["description"], panel["title"]
+                assert f"**{panel['title']}**" in content, panel["title"]
+                marked += 1
+                # A rule and vLLM's raw series in one query would be a fallback.
+                assert not any('__name__=~"vllm' in e for e in exprs), panel["title"]
+    assert marked > 30
+    validate(render_all(cfg), None)

@@ -109,6 +109,8 @@ def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "")
     its vLLM selectors, and its static labels; None where it reads another recording rule and
     so cannot stand in for it. The offload gate, a rule of raw series itself, is inlined
     (unscoped: vLLM's config info has no model_name)."""
+    if not cfg.dashboard_raw_fallback:
+        return None
     expr = r.build(cfg, r.window(cfg, which) if which else "")
     if scope:
         expr = re.sub(r'\{__name__=~"vllm\[:_\][^"]*"', lambda m: f"{m.group(0)}, {scope}", expr)
@@ -225,7 +227,9 @@ class Scope:
             for r in RENDERINGS
             if r.metric == "vllm_time_to_first_token_seconds" and r.op == "fleet_mean_rate"
         )
-        assert on and off and 'offloading", "on"' in on
+        if on is None or off is None:
+            return f"{rule}{{{scope}}}"
+        assert 'offloading", "on"' in on
         return f"(\n{rule}{{{scope}}}\nor\n(\n{on}\n- ignoring (offloading)\n{off}\n)\n)"
 
     def raw(self, name: str, *matchers: str) -> str:
