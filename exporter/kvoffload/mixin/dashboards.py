@@ -1171,7 +1171,8 @@ def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Secti
         body += f"\n\n{ONLY_WHERE} (blank on other versions or settings):\n\n" + "\n".join(
             only_where
         )
-    height = 4 + (len(listed) + len(only_where)) // 2
+    # Grid units of 30 px: the paragraph takes about four, each listed line about 0.8.
+    height = 5 + (len(listed) + len(only_where)) * 4 // 5
     return [
         g.Section(
             "About this dashboard",
