@@ -159,6 +159,29 @@ def _selector_name(vs: promql_parser.VectorSelector) -> str:
     return ""
 
 
+def _leftmost(node: Any) -> Any:
+    while isinstance(node, promql_parser.BinaryExpr | promql_parser.ParenExpr):
+        node = node.lhs if isinstance(node, promql_parser.BinaryExpr) else node.expr
+    return node
+
+
+def _rule_window(parents: list[Any]) -> timedelta | None:
+    """Inside a dashboard's `rule or raw` fallback (the rule's own expression, for a Prometheus
+    without the rules): the window the rule's name ends in (…rate5m → 5 minutes). That branch
+    follows the rule's lint (its window, its counters since start), not the dashboard's."""
+    for p in parents:
+        if isinstance(p, promql_parser.BinaryExpr) and str(p.op) == "or":
+            lhs = _leftmost(p.lhs)
+            name = _selector_name(lhs) if isinstance(lhs, promql_parser.VectorSelector) else ""
+            m = re.search(r":[a-z_]+?(\d+)([smhd])$", name) if name.count(":") == 2 else None
+            if m:
+                unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+                return timedelta(**{unit: int(m.group(1))})
+            if name.count(":") == 2:
+                return timedelta(0)  # a rule without a window: no rate in its expression
+    return None
+
+
 def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False) -> list[str]:
     """Problems of one query. dashboard: Grafana variables substituted and the dashboard-linter
     rules applied (rules may read raw counters); series_only: a label_values() selector, only
@@ -172,7 +195,8 @@ def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False
         return problems
 
     def visit(node: Any, parents: list[Any]) -> None:
-        if isinstance(node, promql_parser.VectorSelector) and dashboard:
+        window = _rule_window(parents) if dashboard else None
+        if isinstance(node, promql_parser.VectorSelector) and dashboard and window is None:
             name = _selector_name(node)
             # A regex like vllm[:_]x_total ends with the same suffix as the name it matches.
             if name.endswith(COUNTER_SUFFIXES):
@@ -185,11 +209,13 @@ def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False
                 if not ok:
                     problems.append(f"counter {name} not inside rate/irate/increase")
         if isinstance(node, promql_parser.Call) and node.func.name in RATE_FUNCTIONS and dashboard:
+            want = timedelta(days=211) if window is None else window
             for arg in node.args:
-                if isinstance(arg, promql_parser.MatrixSelector) and arg.range != timedelta(
-                    days=211
-                ):
-                    problems.append(f"{node.func.name}() range is not $__rate_interval")
+                if isinstance(arg, promql_parser.MatrixSelector) and arg.range != want:
+                    problems.append(
+                        f"{node.func.name}() range is not "
+                        f"{'$__rate_interval' if window is None else 'the rule window'}"
+                    )
         for child in _children(node):
             visit(child, [*parents, node])
 
@@ -272,7 +298,7 @@ def lint_panel(panel: dict[str, Any]) -> list[str]:
         if not valid_unit(unit):
             problems.append(f"no or invalid unit {unit!r}")
     targets = panel.get("targets") or []
-    if not targets:
+    if not targets and panel.get("type") != "text":
         problems.append("no targets")
     for t in targets:
         if not _uses_datasource_var(t.get("datasource", panel.get("datasource"))):

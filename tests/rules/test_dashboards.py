@@ -13,7 +13,7 @@ import pytest
 
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.mixin import dashboards, grafana
-from kvoffload.mixin.dashboards import EXACT_ROW, NEEDS_KV_EVENTS, unit
+from kvoffload.mixin.dashboards import DIAGNOSTICS_ROW, EXACT_ROW, NEEDS_KV_EVENTS, unit
 from kvoffload.mixin.generate import render_all
 from kvoffload.mixin.promql import RENDERINGS, MixinConfig, record_name
 from kvoffload.mixin.validate import validate
@@ -56,14 +56,18 @@ def _figure_series(cfg: MixinConfig) -> dict[str, str]:
 
 @pytest.mark.parametrize("rel", sorted(DASHBOARDS))
 def test_every_figure_shows_in_its_catalog_unit(rel: str) -> None:
-    """A query reading a figure (its rule or its sidecar gauge) is shown in the Grafana unit
+    """A query reading a figure (its rule, else its sidecar gauge) is shown in the Grafana unit
     of the figure's catalog unit: shares in percent, multiples as ×, bytes/s as Bps."""
     series = _figure_series(MixinConfig())
     checked = 0
     for panel in _all_panels(DASHBOARDS[rel]):
         units = _units(panel)
         for t in panel.get("targets", []):
-            names = set(re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+|kvoffload_[a-z_]+", t["expr"]))
+            # A rule's raw fallback may read sidecar gauges as operands: the rule names the
+            # figure shown; a query without one shows its sidecar gauge.
+            names = set(re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", t["expr"])) or set(
+                re.findall(r"kvoffload_[a-z_]+", t["expr"])
+            )
             keys = {series[n] for n in names if n in series}
             for key in keys:
                 checked += 1
@@ -119,19 +123,26 @@ def test_grafana_10_panel_options(rel: str) -> None:
 
 
 def test_the_job_variable_lists_jobs_rather_than_pinning_one() -> None:
-    """Target variables list the recording rules' targets (already the selector's): none is
-    pinned to job="vllm", and a regenerated selector changes none of them."""
-    for selector in (None, 'job="llm", namespace="prod"'):
-        cfg = MixinConfig() if selector is None else MixinConfig(vllm_selector=selector)
+    """Target variables list vLLM's own gauge under both spellings, narrowed by the rules'
+    vLLM selector and nothing else: no recording rule (they fill without kvoffload's rules),
+    and a regenerated selector is the only pin."""
+    for selector in ('job="vllm"', 'job="llm", namespace="prod"'):
+        cfg = MixinConfig(vllm_selector=selector)
         d = dashboards.overview(cfg)
         by_name = {v["name"]: v for v in d["templating"]["list"]}
-        rule = record_name("prompt_tokens_per_second", cfg)
-        assert by_name["job"]["definition"] == f"label_values({rule}, job)"
+        series = f'__name__=~"vllm[:_]num_requests_running", {selector}'
+        assert by_name["job"]["definition"] == f"label_values({{{series}}}, job)"
         assert by_name["instance"]["definition"] == (
-            f'label_values({rule}{{job=~"$job"}}, instance)'
+            f'label_values({{{series}, job=~"$job"}}, instance)'
         )
-        for name in ("job", "instance", "model_name"):
-            assert 'job="' not in by_name[name]["definition"], by_name[name]
+        assert by_name["engine"]["definition"] == (
+            f'label_values({{{series}, job=~"$job", instance=~"$instance", '
+            f'model_name=~"$model_name"}}, engine)'
+        )
+        for name in ("job", "instance", "model_name", "engine"):
+            definition = by_name[name]["definition"]
+            assert ":" not in definition.replace("vllm[:_]", ""), definition
+            assert definition.count('job="') == 1, definition
     for d in DASHBOARDS.values():
         job = next(v for v in d["templating"]["list"] if v["name"] == "job")
         assert job["includeAll"] and job["multi"] and job["allValue"] == ".+"
@@ -177,11 +188,17 @@ def test_rows_needing_kv_events_are_collapsed_and_say_so(rel: str) -> None:
         needs = [c["title"] for c in p["panels"] if _reads_kv_events(c)]
         if p["title"].endswith(NEEDS_KV_EVENTS):
             assert p["collapsed"] and p["panels"] and needs, p["title"]
+        elif p["title"] == DIAGNOSTICS_ROW:
+            # Collapsed for its detail, not for KV events: none of its panels reads them.
+            assert p["collapsed"] and p["panels"] and not needs, p["title"]
         else:
             assert not p["collapsed"] and not p["panels"], p["title"]
     if "overview" in rel:
-        (row,) = [p for p in d["panels"] if p["type"] == "row" and p["collapsed"]]
-        assert row["title"] == EXACT_ROW and len(row["panels"]) == 7
+        rows = [p for p in d["panels"] if p["type"] == "row" and p["collapsed"]]
+        assert [(r["title"], len(r["panels"])) for r in rows] == [
+            (EXACT_ROW, 7),
+            (DIAGNOSTICS_ROW, 6),
+        ]
 
 
 def _tiles(panels: list[dict[str, Any]], top: int, bottom: int) -> list[str]:
@@ -258,3 +275,57 @@ def test_figure_panels_say_what_the_catalog_says() -> None:
     assert "lower bound" in wasted and record_name("wasted_bytes", cfg) in wasted
     for rel, text in render_all().items():
         assert not re.search(r"upper[ -]bound", text, re.I), rel
+
+
+@pytest.mark.parametrize("rel", sorted(DASHBOARDS))
+def test_panels_reading_a_rule_without_fallback_say_so_and_are_listed(rel: str) -> None:
+    """Every recording rule a query reads has its raw fallback beside it, or the panel's
+    description says it needs the rules and the top text panel names it."""
+    cfg = MixinConfig()
+    d = DASHBOARDS[rel]
+    note = d["panels"][1]
+    assert note["type"] == "text" and note["title"] == dashboards.NEEDS_RULES_TITLE
+    fallback = dashboards.fallback_rules(cfg)
+    for panel in _all_panels(d):
+        for t in panel.get("targets", []):
+            for name in dashboards.RULE_NAME.findall(t["expr"]):
+                if name in fallback:
+                    assert "\nor\n" in t["expr"], (panel["title"], name)
+                else:
+                    assert dashboards.NEEDS_RULES in panel["description"], panel["title"]
+                    assert f"**{panel['title']}**" in note["options"]["content"]
+
+
+def test_a_rule_only_panel_is_marked_and_listed() -> None:
+    """A query on a rule whose expression reads another rule (no raw stand-in) gets the note in
+    its description and a line in the text panel; one with a fallback gets neither."""
+    cfg = MixinConfig()
+    s = dashboards.Scope(cfg, per_engine=False)
+    rule_only = grafana.timeseries("Rule only", "d.", "s", [grafana.target("a:b:rate5m{x}")])
+    raw = grafana.timeseries("Raw too", "d.", "s", [grafana.target(s.rule("offload_hit_ratio"))])
+    about, _section = dashboards.with_rules_note(cfg, [grafana.Section("S", [rule_only, raw])])
+    assert dashboards.NEEDS_RULES in rule_only.body.description
+    assert dashboards.NEEDS_RULES not in raw.body.description
+    content = about.panels[0].body.content
+    assert "**Rule only** (S): a:b:rate5m" in content and "Raw too" not in content
+
+
+def test_without_the_fallback_every_rule_panel_is_marked_and_listed() -> None:
+    """`dashboard_raw_fallback=false` (rules alone, cheaper on a large fleet): no query carries
+    a raw side, and every panel reading a rule says it needs them and is listed on top."""
+    cfg = MixinConfig(dashboard_raw_fallback=False)
+    assert dashboards.fallback_rules(cfg) == set()
+    marked = 0
+    for build in (dashboards.overview, dashboards.fleet):
+        d = build(cfg)
+        content = d["panels"][1]["options"]["content"]
+        for panel in _all_panels(d):
+            exprs = [t["expr"] for t in panel.get("targets", [])]
+            if any(dashboards.RULE_NAME.search(e) for e in exprs):
+                assert dashboards.NEEDS_RULES in panel["description"], panel["title"]
+                assert f"**{panel['title']}**" in content, panel["title"]
+                marked += 1
+                # A rule and vLLM's raw series in one query would be a fallback.
+                assert not any('__name__=~"vllm' in e for e in exprs), panel["title"]
+    assert marked > 30
+    validate(render_all(cfg), None)

@@ -6,8 +6,14 @@ and the sidecar show the same figure), the sidecar's gauges for what PromQL cann
 `$__rate_interval`. One scope selector per source is injected into every query, like vLLM's
 own generator (vLLM's `tools/generate_grafana_dashboards.py`): a variable and a filter for each
 of the config's `target_labels` (the labels the rules group by), `model_name`, and `engine` on
-the per-engine views. The variables list what the recording rules hold (`label_values()` of a
-rule every target has), so they offer exactly the targets the rules' selector picked.
+the per-engine views. The variables list vLLM's own series (`label_values()` of a gauge every
+vLLM serves, under both spellings, narrowed by the rules' vLLM selector), so the dropdowns work on
+a Prometheus that has not loaded kvoffload's rules: importing a dashboard is the usual first step.
+
+On a Prometheus without kvoffload's rules (import-only, the usual first step) a panel reads
+`rule or <the rule's own PromQL over vLLM's series>`, so it still shows the same figure; a panel
+whose rule cannot be written that way says "Needs kvoffload's recording rules" in its
+description, and a text panel on top lists them.
 
 A panel showing one catalog figure takes its unit and its description from the catalog
 (`signals.FIGURES`: the unit, and the help text /metrics and docs/metrics.md also print), so the
@@ -16,14 +22,23 @@ dashboards say what the sidecar and the docs say.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvoffload.analysis.advisor import Thresholds
-from kvoffload.analysis.formula import counter_series
+from kvoffload.analysis.formula import GATE_RECORD, counter_series
 from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
-from kvoffload.mixin.promql import MixinConfig, helper_record, record_name, rendering_for
+from kvoffload.mixin.promql import (
+    RENDERINGS,
+    MixinConfig,
+    Rendering,
+    helper_record,
+    offload_configured,
+    record_name,
+    rendering_for,
+)
 from kvoffload.sidecar.metrics import (
     ADVICE_METRICS,
     HOST_MEMORY_METRICS,
@@ -39,6 +54,27 @@ FLEET = "fleet"
 # are collapsed, so a dashboard without KV events shows no wall of empty panels.
 NEEDS_KV_EVENTS = "(needs KV events)"
 EXACT_ROW = f"Exact sizing {NEEDS_KV_EVENTS}"
+DIAGNOSTICS_ROW = "vLLM's own offload diagnostics"
+# What the description of a panel reading series only some vLLM versions or settings export
+# says (kv_offload_config_info is 0.33's; stores_skipped needs store_threshold >= 2).
+ONLY_WHERE = "Only where vLLM has the series"
+# The cache_config_info labels an operator checks first for the CPU tier.
+CONFIG_LABELS = (
+    "kv_offloading_backend",
+    "kv_offloading_size",
+    "block_size",
+    "num_gpu_blocks",
+    "kv_cache_size_tokens",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+    "cache_dtype",
+)
+OFFLOAD_CONFIG_LABELS = (
+    "cpu_num_chunks",
+    "cpu_blocks_per_chunk",
+    "cpu_kv_cache_size_bytes",
+    "cpu_kv_cache_size_tokens",
+)
 
 # Grafana's unit for each unit of the catalog (signals.Figure.unit). The rules and the sidecar's
 # /metrics carry base units (bytes/s where the JSON says GB/s).
@@ -55,9 +91,51 @@ GRAFANA_UNITS = {
     "1/s": "ops",
 }
 
-# The variable listing the targets: a recording rule every target with traffic counters has,
-# grouped by the target labels and model_name.
-_TARGETS_RULE = "prompt_tokens_per_second"
+# The variables list the targets from a gauge every vLLM engine serves from its start (0.6 to
+# 0.26 and the simulator), labelled model_name and engine; not from a recording rule, so they
+# also fill on a Prometheus without kvoffload's rules.
+_TARGETS_SERIES = "num_requests_running"
+
+
+# A recording rule's name (level:metric:operation); `vllm[:_]name` selectors do not match.
+RULE_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
+# What the description of a panel that reads a rule with no raw fallback says.
+NEEDS_RULES = "Needs kvoffload's recording rules"
+NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
+
+
+def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "") -> str | None:
+    """The rule's own PromQL (what Prometheus evaluates to record it) with `scope` added to
+    its vLLM selectors, and its static labels; None where it reads another recording rule and
+    so cannot stand in for it. The offload gate, a rule of raw series itself, is inlined
+    (unscoped: vLLM's config info has no model_name)."""
+    if not cfg.dashboard_raw_fallback:
+        return None
+    expr = r.build(cfg, r.window(cfg, which) if which else "")
+    if scope:
+        expr = re.sub(r'\{__name__=~"vllm\[:_\][^"]*"', lambda m: f"{m.group(0)}, {scope}", expr)
+    expr = expr.replace(GATE_RECORD, f"(\n{offload_configured(cfg)}\n)")
+    if RULE_NAME.search(expr):
+        return None
+    for label, value in r.labels:
+        expr = f'label_replace({expr}, "{label}", "{value}", "", "")'
+    return expr
+
+
+def fallback_rules(cfg: MixinConfig) -> set[str]:
+    """Recording rules a panel reads as `rule or raw`: it shows data without the rules."""
+    return {
+        r.record(cfg, w)
+        for r in RENDERINGS
+        for w in r.windows or (None,)
+        if raw_expr(r, cfg, w) is not None
+    }
+
+
+def needs_rules(expr: str, cfg: MixinConfig) -> list[str]:
+    """The recording rules `expr` reads that have no raw fallback."""
+    fallback = fallback_rules(cfg)
+    return sorted({n for n in RULE_NAME.findall(expr) if n not in fallback})
 
 
 def unit(key: str) -> str:
@@ -104,11 +182,55 @@ class Scope:
         self.scope = _scope(cfg)
 
     def rule(self, key: str, which: str | None = None) -> str:
-        return f"{record_name(key, self.cfg, which)}{{{self.scope}}}"
+        r = rendering_for(key)
+        return self._or_raw(r, which or (r.windows[0] if r.windows else None))
 
     def helper(self, metric: str, op: str, *matchers: str, which: str = "fast") -> str:
-        scope = ", ".join([self.scope, *matchers])
-        return f"{helper_record(metric, op, self.cfg, which)}{{{scope}}}"
+        # Renderings of one name differ in their static labels (the quantile): the matchers pick.
+        for r in RENDERINGS:
+            labels = {f'{k}="{v}"' for k, v in r.labels}
+            if r.metric == metric and r.op == op and which in r.windows and labels <= set(matchers):
+                return self._or_raw(r, which, *matchers)
+        raise KeyError((metric, op, which))
+
+    def _or_raw(
+        self, r: Rendering, which: str | None, *matchers: str, scope: str | None = None
+    ) -> str:
+        """The rule, else (no rules loaded) its own expression over the raw series, scoped by
+        the variables: on a Prometheus without kvoffload's rules the panel still shows it.
+        With the rules both sides hold the same label sets, so `or` adds nothing."""
+        scope = self.scope if scope is None else scope
+        rule = f"{r.record(self.cfg, which)}{{{', '.join([scope, *matchers])}}}"
+        raw = raw_expr(r, self.cfg, which, scope)
+        return rule if raw is None else f"(\n{rule}\nor\n{raw}\n)"
+
+    def fleet_mean(self, metric: str, op: str, which: str) -> str:
+        """A per-model fleet rule (no target labels; one rendering per static label set, e.g.
+        with and without a tier) scoped by the model alone, else all its renderings raw."""
+        scope = 'model_name=~"$model_name"'
+        family = [r for r in RENDERINGS if r.metric == metric and r.op == op]
+        rule = f"{family[0].record(self.cfg, which)}{{{scope}}}"
+        raws = [raw_expr(r, self.cfg, which, scope) for r in family]
+        if any(raw is None for raw in raws):
+            return rule
+        return "(\n" + "\nor\n".join([rule, *(str(raw) for raw in raws)]) + "\n)"
+
+    def fleet_effect(self) -> str:
+        """The fleet A/B difference (with a tier minus without), else from the raw means: its
+        rule reads the mean rules, so its own expression cannot stand in for it."""
+        scope = 'model_name=~"$model_name"'
+        rule = helper_record(
+            "kvoffload_offload_ttft_effect_seconds", "fleet_rate", self.cfg, "slow"
+        )
+        on, off = (
+            raw_expr(r, self.cfg, "slow", scope)
+            for r in RENDERINGS
+            if r.metric == "vllm_time_to_first_token_seconds" and r.op == "fleet_mean_rate"
+        )
+        if on is None or off is None:
+            return f"{rule}{{{scope}}}"
+        assert 'offloading", "on"' in on
+        return f"(\n{rule}{{{scope}}}\nor\n(\n{on}\n- ignoring (offloading)\n{off}\n)\n)"
 
     def raw(self, name: str, *matchers: str) -> str:
         """Raw vLLM series: the rules' selector too (the variables' "All" is `.+`)."""
@@ -119,6 +241,23 @@ class Scope:
         if self.per_engine:
             parts.append('engine=~"$engine"')
         return "{" + ", ".join([*parts, *matchers]) + "}"
+
+    def raw_info(self, name: str) -> str:
+        """vLLM's info gauges: no model_name label, so only the target labels and engine."""
+        parts = [f'__name__=~"vllm[:_]{name}"']
+        if self.cfg.vllm_selector:
+            parts.append(self.cfg.vllm_selector)
+        parts += [f'{label}=~"${label}"' for label in self.cfg.target_labels]
+        if self.per_engine:
+            parts.append('engine=~"$engine"')
+        return "{" + ", ".join(parts) + "}"
+
+    def labelled(self, label: str, parts: dict[str, str]) -> str:
+        """Several queries as one, each tagged by `label`: one series set, one legend, and
+        data as soon as any part has some."""
+        return "\nor\n".join(
+            f'label_replace({expr}, "{label}", "{value}", "", "")' for value, expr in parts.items()
+        )
 
     def sidecar(self, name: str, *matchers: str) -> str:
         parts = [self.cfg.sidecar_selector] if self.cfg.sidecar_selector else []
@@ -136,24 +275,21 @@ class Scope:
 
 def _variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
     """One variable per target label, then model_name (and engine), each narrowed by those
-    before it; listed from a recording rule, so they hold the targets the rules selected."""
-    rule = record_name(_TARGETS_RULE, cfg)
+    before it; listed from vLLM's own gauge under both spellings (vllm: and vllm_)."""
     variables = [g.datasource_variable()]
-    before: list[str] = []
-    for label in (*cfg.target_labels, "model_name"):
-        selector = f"{rule}{{{', '.join(before)}}}" if before else rule
+    before = [f'__name__=~"vllm[:_]{_TARGETS_SERIES}"']
+    if cfg.vllm_selector:
+        before.append(cfg.vllm_selector)
+    labels = (*cfg.target_labels, "model_name", *(("engine",) if per_engine else ()))
+    for label in labels:
         variables.append(
             g.query_variable(
                 label,
-                f"label_values({selector}, {label})",
+                f"label_values({{{', '.join(before)}}}, {label})",
                 label="Model" if label == "model_name" else None,
             )
         )
         before.append(f'{label}=~"${label}"')
-    if per_engine:
-        # The rules sum engines away: the raw series name them.
-        raw = Scope(cfg, per_engine=False).raw("prompt_tokens_total")
-        variables.append(g.query_variable("engine", f"label_values({raw}, engine)"))
     return variables
 
 
@@ -677,28 +813,141 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         ),
     ]
     host = _host_memory_panels(cfg)
+    diagnostics = _diagnostics_panels(s)
     return g.dashboard(
         title=f"{cfg.dashboard_title_prefix}Overview",
         uid=f"{cfg.dashboard_uid_prefix}-{OVERVIEW}",
         description="Is vLLM's CPU KV offloading paying off, what does it cost, is the CPU tier "
         "the right size, and should it be on? Generated by kvoffload.",
         tags=cfg.dashboard_tags,
-        sections=[
-            g.Section("Advice", advice),
-            g.Section("Time to first token: the verdict", verdict),
-            g.Section("Is offloading paying off?", paying),
-            g.Section("What does it cost?", cost),
-            g.Section("TTFT parts", parts),
-            g.Section("Transfers", transfers),
-            g.Section("Capacity", capacity),
-            g.Section("Host memory", host),
-            g.Section(EXACT_ROW, exact, collapsed=True),
-        ],
+        sections=with_rules_note(
+            cfg,
+            [
+                g.Section("Advice", advice),
+                g.Section("Time to first token: the verdict", verdict),
+                g.Section("Is offloading paying off?", paying),
+                g.Section("What does it cost?", cost),
+                g.Section("TTFT parts", parts),
+                g.Section("Transfers", transfers),
+                g.Section("Capacity", capacity),
+                g.Section("Host memory", host),
+                g.Section(EXACT_ROW, exact, collapsed=True),
+                g.Section(DIAGNOSTICS_ROW, diagnostics, collapsed=True),
+            ],
+        ),
         variables=_variables(cfg, per_engine=True),
         refresh=cfg.dashboard_refresh,
         time_from=cfg.dashboard_time_from,
         links=_links(cfg),
     )
+
+
+def _diagnostics_panels(s: Scope) -> list[Any]:
+    """What upstream's KV-cache dashboard shows of the offloading connector, from vLLM's own
+    series per engine: lookup delay, transfer sizes, pinned slots, failed and skipped stores,
+    the configuration."""
+    t = g.target
+    by = "instance, engine"
+
+    def rate(name: str, *matchers: str) -> str:
+        return f"rate({s.raw(name, *matchers)}[$__rate_interval])"
+
+    def quantile(q: str, name: str, *matchers: str) -> str:
+        return f"histogram_quantile({q}, sum by ({by}, le) ({rate(name + '_bucket', *matchers)}))"
+
+    lookup = {
+        kind: quantile("0.99", f"kv_offload_lookup_{kind}_delay_seconds")
+        for kind in ("sync", "async")
+    }
+    # Flat load/store histograms (0.24+), else the deprecated transfer_type mirror.
+    mirror = {"load": 'transfer_type="CPU_to_GPU"', "store": 'transfer_type="GPU_to_CPU"'}
+    sizes = {
+        f"{direction} p{float(q) * 100:g}": (
+            f"(\n{quantile(q, f'kv_offload_{direction}_size')}\nor\n"
+            f"{quantile(q, 'kv_offload_size', mirror[direction])}\n)"
+        )
+        for direction in ("load", "store")
+        for q in ("0.5", "0.99")
+    }
+    pinned = {
+        kind: f"max by ({by}) ({s.raw(f'kv_offload_cpu_cache_{kind}_usage_perc')})"
+        for kind in ("write", "read")
+    }
+    stores = {
+        "failed": f"sum by ({by}) ({rate('kv_offload_allocation_failure_total')})",
+        "skipped": f"sum by ({by}) ({rate('kv_offload_stores_skipped_total')})",
+    }
+    config = ", ".join(("instance", "engine", *CONFIG_LABELS))
+    offload_config = ", ".join(("instance", "engine", *OFFLOAD_CONFIG_LABELS))
+    return [
+        g.timeseries(
+            "Offload lookup delay p99",
+            "99th percentile of one offload lookup's wall time (vllm:kv_offload_lookup_sync_"
+            "delay_seconds), and of a deferred lookup from its first retry to resolution "
+            "(vllm:kv_offload_lookup_async_delay_seconds; a CPU-only tier never defers, so "
+            "usually empty). Every prefill with a connector pays the sync lookup.",
+            "s",
+            [t(s.labelled("lookup", lookup), "{{instance}} engine {{engine}} {{lookup}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "Transfer sizes",
+            "Median and 99th percentile bytes of one load and one store job per worker "
+            "(vllm:kv_offload_load_size, vllm:kv_offload_store_size; else the deprecated "
+            "vllm:kv_offload_size by transfer_type). Small jobs pay the copy's fixed cost.",
+            "bytes",
+            [t(s.labelled("size", sizes), "{{instance}} engine {{engine}} {{size}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "CPU tier slots pinned by writes and reads",
+            "Share of CPU chunk slots pinned by in-flight stores (vllm:kv_offload_cpu_cache_"
+            "write_usage_perc) and loads (…_read_usage_perc). Near 1 for writes, new stores "
+            "find no free slot and fail.",
+            "percentunit",
+            [t(s.labelled("pinned", pinned), "{{instance}} engine {{engine}} {{pinned}}")],
+            min_value=0,
+            max_value=1,
+            width=8,
+        ),
+        g.timeseries(
+            "Failed and skipped stores",
+            "Store attempts per second that found no free slot (vllm:kv_offload_allocation_"
+            "failure_total) and store candidates rejected for being offered fewer than "
+            "store_threshold times (vllm:kv_offload_stores_skipped_total: only with "
+            "store_threshold >= 2). Neither block reaches the CPU tier.",
+            "ops",
+            [t(s.labelled("stores", stores), "{{instance}} engine {{engine}} {{stores}}")],
+            min_value=0,
+            width=8,
+        ),
+        g.table(
+            "Cache configuration",
+            "vLLM's cache_config_info labels per engine: the offloading backend and size "
+            "(GiB), the GPU KV cache's blocks and tokens, block size, memory utilisation.",
+            [t(f"max by ({config}) ({s.raw_info('cache_config_info')})", instant=True, table=True)],
+            [("A", "Info", "none")],
+            width=8,
+            height=8,
+        ),
+        g.table(
+            "CPU tier configuration",
+            f"{ONLY_WHERE} (vllm:kv_offload_config_info, vLLM 0.33+): the CPU tier's chunks, "
+            "blocks per chunk, bytes and tokens per engine.",
+            [
+                t(
+                    f"max by ({offload_config}) ({s.raw_info('kv_offload_config_info')})",
+                    instant=True,
+                    table=True,
+                )
+            ],
+            [("A", "Info", "none")],
+            width=8,
+            height=8,
+        ),
+    ]
 
 
 def _host_memory_panels(cfg: MixinConfig) -> list[Any]:
@@ -780,7 +1029,6 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         min_value=0,
         width=24,
     )
-    model = 'model_name=~"$model_name"'
     mean = helper_record("vllm_time_to_first_token_seconds", "fleet_mean_rate", cfg, "slow")
     effect = helper_record("kvoffload_offload_ttft_effect_seconds", "fleet_rate", cfg, "slow")
     ab = [
@@ -790,7 +1038,12 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
             f"offloading and over those without ({mean}): where a fleet runs both, "
             "the measured A/B. Load is not matched: compare the request rates.",
             "s",
-            [t(f"{mean}{{{model}}}", "{{model_name}} offloading {{offloading}}")],
+            [
+                t(
+                    s.fleet_mean("vllm_time_to_first_token_seconds", "fleet_mean_rate", "slow"),
+                    "{{model_name}} offloading {{offloading}}",
+                )
+            ],
         ),
         g.timeseries(
             "TTFT effect of offloading across the fleet",
@@ -798,7 +1051,7 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
             "negative = the tier makes TTFT better. The sidecar's fleet A/B "
             "(basis fleet) also matches load before comparing.",
             "s",
-            [t(f"{effect}{{{model}}}", "{{model_name}}")],
+            [t(s.fleet_effect(), "{{model_name}}")],
             lines=[(0.0, "red")],
         ),
     ]
@@ -872,16 +1125,69 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
         description="KV offloading across every vLLM instance: who benefits, who pays, who "
         "should change. Generated by kvoffload.",
         tags=cfg.dashboard_tags,
-        sections=[
-            g.Section("Fleet", [overview_table, advice]),
-            g.Section("Fleet A/B: with and without a tier", ab),
-            g.Section("By instance", per_instance),
-        ],
+        sections=with_rules_note(
+            cfg,
+            [
+                g.Section("Fleet", [overview_table, advice]),
+                g.Section("Fleet A/B: with and without a tier", ab),
+                g.Section("By instance", per_instance),
+            ],
+        ),
         variables=_variables(cfg, per_engine=False),
         refresh=cfg.dashboard_refresh,
         time_from=cfg.dashboard_time_from,
         links=_links(cfg),
     )
+
+
+def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Section]:
+    """Mark each panel that reads a rule with no raw fallback (its description says so) and
+    put a text panel listing them on top: on a Prometheus without the rules they are blank,
+    and the dashboard says why."""
+    listed: list[str] = []
+    only_where: list[str] = []
+    for section in sections:
+        for panel in section.panels:
+            if ONLY_WHERE in panel.body.description:
+                only_where.append(f"- **{panel.body.title}** ({section.title})")
+            names = sorted(
+                {n for t in getattr(panel.body, "targets", []) for n in needs_rules(t.expr, cfg)}
+            )
+            if names:
+                panel.body.description += f" {NEEDS_RULES} ({', '.join(names)})."
+                listed.append(f"- **{panel.body.title}** ({section.title}): {', '.join(names)}")
+    intro = (
+        "Panels read kvoffload's recording rules (`alerts/kvoffload-rules.yaml`, "
+        f"[the rules]({doc('rules.md')})) and, where a rule is missing, the same PromQL over "
+        "vLLM's own series, so a Prometheus without the rules still fills them; the variables "
+        "list vLLM's own series. Panels reading the sidecar (`kvoffload_*`) need "
+        "`kvoffload serve` scraped."
+    )
+    if listed:
+        body = f"{intro}\n\n{NEEDS_RULES} (blank without them):\n\n" + "\n".join(listed)
+    else:
+        body = f"{intro}\n\nNo panel here needs the rules."
+    if only_where:
+        body += f"\n\n{ONLY_WHERE} (blank on other versions or settings):\n\n" + "\n".join(
+            only_where
+        )
+    # Grid units of 30 px: the paragraph takes about four, each listed line about 0.8.
+    height = 5 + (len(listed) + len(only_where)) * 4 // 5
+    return [
+        g.Section(
+            "About this dashboard",
+            [
+                g.text(
+                    NEEDS_RULES_TITLE,
+                    "What this dashboard reads, and which panels stay blank on a Prometheus "
+                    "without kvoffload's recording rules.",
+                    body,
+                    height=height,
+                )
+            ],
+        ),
+        *sections,
+    ]
 
 
 def _links(cfg: MixinConfig) -> list[dict[str, Any]]:

@@ -260,6 +260,12 @@ def table(
     return Panel(body, width, height)
 
 
+def text(title: str, description: str, content: str, *, width: int = 24, height: int = 4) -> Panel:
+    """A Markdown text panel (no query)."""
+    body = G.Text(title=title, description=description, content=content, mode="markdown")
+    return Panel(body, width, height)
+
+
 def datasource_variable() -> G.Template:
     return G.Template(
         name=DATASOURCE_VAR, label="Data source", type="datasource", query="prometheus", hide=0
@@ -397,6 +403,9 @@ def _panel(p: dict[str, Any]) -> dict[str, Any]:
         row["panels"] = [_panel(child) for child in row["panels"]]
         return row
     p["datasource"] = dict(DATASOURCE_REF)
+    if p.get("type") == "text":
+        p["targets"] = []
+        return p
     p["targets"] = [_target(t) for t in p.get("targets", [])]
     if not p.get("transformations"):
         p.pop("transformations", None)

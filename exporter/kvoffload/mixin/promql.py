@@ -186,6 +186,9 @@ class MixinConfig:
     dashboard_tags: tuple[str, ...] = ("kvoffload", "vllm")
     dashboard_refresh: str = "30s"
     dashboard_time_from: str = "now-3h"
+    # Panels read `rule or <the rule's own PromQL>` so they work without the rules; a large
+    # fleet with the rules loaded may turn it off, sparing Prometheus the raw side's cost.
+    dashboard_raw_fallback: bool = True
 
     def __post_init__(self) -> None:
         for name in ("rate_window", "slow_window"):
