@@ -72,9 +72,11 @@ def test_a_flood_of_new_hashes_and_big_messages_stays_within_the_stated_memory()
     # junk never arrives (27 of 40 in one CI run); what arrives is refused, none decoded.
     assert 0 < got["decode_errors"] <= JUNK and got["missed"] == (MESSAGES - 1) * PER
     assert got["tracked"] <= 1_000_000 and got["resident"] <= 1_000_000
-    # The bound docs/performance.md and --help state: ~220 MB a rank for the state when full
-    # (measured +203 MB here, peak 273 MB for the whole process, the junk included).
-    assert got["rss_after_mb"] - got["rss_before_mb"] < 240
+    # The bound docs/performance.md and --help state: ~220 MB a rank for the state when full,
+    # and ZMQ's queue at most 64 MiB a socket (RCVHWM 16 × the 4 MiB message cap) when
+    # ingestion lags, as it does on a loaded machine (measured +203 MB here; +272 MB once with
+    # the whole suite and two other jobs on the 2 cores).
+    assert got["rss_after_mb"] - got["rss_before_mb"] < 220 + 64 + 10
     assert got["rss_peak_mb"] < 340
     # The loop turns between steps, and the state's O(n) upkeep is done in pieces between
     # them (EngineEvents.upkeep): longest gap 0.23 s on a loaded 2-core machine (0.7-1.8 s
