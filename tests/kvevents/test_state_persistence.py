@@ -285,7 +285,9 @@ def test_serve_state_dir_survives_sigkill(tmp_path):
             "--listen",
             f"127.0.0.1:{http}",
             "--speed",
-            "100",
+            # (at 100, a run starved by other jobs on 2 cores once fell 14% behind in the
+            # minute: the restarted sidecar has its backlog on top of the live stream)
+            "40",
             *kv,
         ],
         stdout=subprocess.DEVNULL,
@@ -334,8 +336,8 @@ def test_serve_state_dir_survives_sigkill(tmp_path):
         restarted = serve(killed_port, "--state-dir", str(state_dir), "--state-interval", "1s")
         time.sleep(5)
         # The stream goes on: read both back to back (a replay in flight must not be frozen);
-        # on a busy machine the replay of the messages missed takes longer: up to a minute.
-        deadline = time.monotonic() + 60
+        # on a busy machine the replay of the messages missed takes longer: up to 90 s.
+        deadline = time.monotonic() + 90
         while True:
             resumed, whole = _status(killed_port), _status(whole_port)
             ev_whole = whole["groups"][0]["kv_events"]
