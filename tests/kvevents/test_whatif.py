@@ -6,8 +6,8 @@ import lzma
 from pathlib import Path
 
 import pytest
-
 import vllm_tier_oracle as oracle
+
 from kvoffload.kvevents.whatif import POLICIES, THRESHOLDS, Config, replay_configs, whatif_for_file
 
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
@@ -29,8 +29,9 @@ def test_whatif_equals_vllm_policies_on_real_captures(tmp_path: Path, name: str)
     outcomes = replay_configs(path, configs)
     for config, out in zip(configs, outcomes, strict=True):
         mine = (out.looked_up_blocks, out.hit_blocks, out.stored_blocks, out.never_loaded_blocks)
-        assert mine == oracle.replay(path, config.capacity_blocks, config.policy,
-                                     config.store_threshold), config
+        assert mine == oracle.replay(
+            path, config.capacity_blocks, config.policy, config.store_threshold
+        ), config
         assert not out.omitted and out.looked_up_blocks > 0
 
 
@@ -38,8 +39,9 @@ def test_threshold_cuts_stores_and_arc_differs_under_contention(tmp_path: Path) 
     """Not tautological figures: on E-cpu4 a threshold stores fewer bytes, and at a contended
     size ARC and LRU part ways (so the oracle comparison above exercises both)."""
     path = _file(tmp_path, "E/E-cpu4")
-    lru, arc, two = replay_configs(path, [Config(1000, "lru"), Config(1000, "arc"),
-                                          Config(1000, "lru", 2)])
+    lru, arc, two = replay_configs(
+        path, [Config(1000, "lru"), Config(1000, "arc"), Config(1000, "lru", 2)]
+    )
     assert two.stored_blocks < lru.stored_blocks
     assert arc.hit_blocks != lru.hit_blocks
 

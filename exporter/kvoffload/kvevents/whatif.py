@@ -30,6 +30,7 @@ DEFAULT_MAX_BLOCKS) stops and reports itself omitted, so memory stays bounded.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,18 @@ THRESHOLDS = (1, 2, 3, 4)
 POLICIES = ("lru", "arc")
 MAX_TRACKER_SIZE = 64_000  # vLLM's default (cpu/spec.py, CPUOffloadingSpec.get_manager)
 DEFAULT_MAX_BLOCKS = 1 << 21
+
+# The event file each offline TargetEvents was read from (analyze --events): the what-if is a
+# second pass over it once the sizes are known. The live sidecar registers none (no what-if).
+_SOURCES: weakref.WeakKeyDictionary[TargetEvents, str] = weakref.WeakKeyDictionary()
+
+
+def register_source(events: TargetEvents, path: str) -> None:
+    _SOURCES[events] = path
+
+
+def source_of(events: TargetEvents) -> str | None:
+    return _SOURCES.get(events)
 
 
 @dataclass(frozen=True)
@@ -192,10 +205,9 @@ class TierSim:
             return
         resident = len(self.t1) + len(self.t2)
         need = len(to_store) - (cfg.capacity_blocks - resident)
-        if need > 0:
-            if need > resident or not self._evict(need, set(keys)):
-                self.out.failed_stores += 1
-                return
+        if need > 0 and (need > resident or not self._evict(need, set(keys))):
+            self.out.failed_stores += 1
+            return
         for key in to_store:
             self.t1[key] = False  # LRU: appended on complete_store; ARC: insert into T1
             if cfg.policy == "arc":
@@ -352,8 +364,9 @@ def whatif_for_file(
         row: dict[str, object] = {
             "cpu_gib": s / 2**30,
             "omitted": o.omitted,
-            "cpu_hit_ratio": None if o.omitted or not denominator else
-            o.hit_blocks * block_size / denominator,
+            "cpu_hit_ratio": None
+            if o.omitted or not denominator
+            else o.hit_blocks * block_size / denominator,
             "stored_bytes": None if o.omitted else o.stored_blocks * bytes_per_block,
             "stored_never_loaded_bytes": None
             if o.omitted
@@ -368,3 +381,36 @@ def whatif_for_file(
                 {"policy": label, "size": named_as[0] if named_as else None, **row}
             )
     return result
+
+
+def _rows(whatif: dict[str, object], kind: str) -> list[dict[str, object]]:
+    rows = whatif.get(kind)
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _gib(value: object) -> str:
+    return f"{value / 2**30:.2f}" if isinstance(value, float | int) else "n/a"
+
+
+def summary_lines(whatif: dict[str, object]) -> list[str]:
+    """One or two report lines: the store_threshold rows and LRU against ARC at the advised
+    size (else the current one)."""
+    lines = []
+    rows = _rows(whatif, "store_threshold")
+    size = "advised" if any(r.get("size") == "advised" for r in rows) else "current"
+    picked = [r for r in rows if r.get("size") == size and not r.get("omitted")]
+    if picked:
+        parts = [
+            f"N={r['store_threshold']}: hit {r['cpu_hit_ratio']:.2f}, stored "
+            f"{_gib(r['stored_bytes'])} GiB ({_gib(r['stored_never_loaded_bytes'])} never reloaded)"
+            for r in picked
+            if isinstance(r.get("cpu_hit_ratio"), float)
+        ]
+        lines.append(f"  what-if store_threshold at the {size} size: " + "; ".join(parts))
+    ev = [r for r in _rows(whatif, "eviction") if r.get("size") == size and not r.get("omitted")]
+    if len(ev) == 2 and all(isinstance(r.get("cpu_hit_ratio"), float) for r in ev):
+        lines.append(
+            f"  what-if eviction at the {size} size ({ev[0]['cpu_gib']:.3g} GiB): "
+            + ", ".join(f"{r['policy']} hit {r['cpu_hit_ratio']:.3f}" for r in ev)
+        )
+    return lines
