@@ -2,7 +2,10 @@
 (vLLM 0.26.0's own LRU/ARC policy classes under a line-for-line CPUOffloadingManager) exactly,
 on the real H200 KV-event captures, at sizes from a contended tier to one that holds it all."""
 
+import json
 import lzma
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,40 @@ def test_simulations_past_the_block_budget_are_omitted(tmp_path: Path) -> None:
     # N = 1 stores every block (over 500); N = 2 stores a few dozen: it runs to the end.
     assert first["omitted"] and first["cpu_hit_ratio"] is None
     assert not second["omitted"] and second["cpu_hit_ratio"] is not None
+
+
+def test_analyze_json_carries_the_whatif_rows(tmp_path: Path) -> None:
+    """analyze FILE --events EVENTS --json: the group's kv_events.whatif holds the four
+    store_threshold rows at the current and advised sizes and LRU/ARC rows, equal to a direct
+    what-if at those sizes; the text report shows them in two lines."""
+    path = _file(tmp_path, "E/E-cpu4")
+    om = tmp_path / "E-cpu4.om"
+    om.write_bytes(lzma.decompress((SETS / "E" / "E-cpu4.om.xz").read_bytes()))
+    run = [sys.executable, "-m", "kvoffload", "analyze", str(om), "--events", path]
+    out = json.loads(
+        subprocess.run([*run, "--json"], capture_output=True, check=True, timeout=120).stdout
+    )
+    (group,) = out["groups"]
+    info = group["kv_events"]
+    whatif = info["whatif"]
+    rows = whatif["store_threshold"]
+    assert [(r["size"], r["store_threshold"]) for r in rows] == [
+        (size, n) for size in ("current", "advised") for n in THRESHOLDS
+    ]
+    current = next(r for r in rows if r["size"] == "current")
+    advised = next(r for r in rows if r["size"] == "advised")
+    direct = whatif_for_file(
+        path,
+        info["bytes_per_block"],
+        16,
+        {"current": current["cpu_gib"] * 2**30, "advised": advised["cpu_gib"] * 2**30},
+    ).to_json()
+    assert [{k: r[k] for k in ("stored_bytes", "stored_never_loaded_bytes")} for r in rows] == [
+        {k: r[k] for k in ("stored_bytes", "stored_never_loaded_bytes")}
+        for r in direct["store_threshold"]  # type: ignore[union-attr]
+    ]
+    named = {(r["policy"], r["size"]) for r in whatif["eviction"] if r["size"]}
+    assert named == {(p, s) for p in POLICIES for s in ("current", "advised")}
+    text = subprocess.run(run, capture_output=True, check=True, text=True, timeout=120).stdout
+    assert "what-if store_threshold at the advised size: N=1" in text
+    assert "what-if eviction at the advised size" in text
