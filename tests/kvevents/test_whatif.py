@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import vllm_tier_oracle as oracle
 
+from kvoffload.kvevents.eventfile import EventFileWriter, RawMessage
 from kvoffload.kvevents.whatif import POLICIES, THRESHOLDS, Config, replay_configs, whatif_for_file
+from kvoffload.sim import SimServer, scenarios
+from kvoffload.sim.kv_events import encode_batch
 
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
 CAPTURES = ("E/E-cpu4", "B/B-cpu10", "live/cpu4g")
@@ -95,3 +98,35 @@ def test_analyze_json_carries_the_whatif_rows(tmp_path: Path) -> None:
     text = subprocess.run(run, capture_output=True, check=True, text=True, timeout=120).stdout
     assert "what-if store_threshold at the advised size: N=1" in text
     assert "what-if eviction at the advised size" in text
+
+
+def _simulator_event_file(tmp_path: Path, scenario: str) -> str:
+    """A simulator run's KV events, through vLLM's wire encoding, into an event file."""
+    sc = scenarios.get(scenario)
+    sim = SimServer(sc, kv_events=True)
+    path = tmp_path / f"{scenario}.kvev"
+    seqs: dict[int, int] = {}
+    with path.open("wb") as out:
+        writer = EventFileWriter(out)
+        t = 0.0
+        while t <= sc.duration_s:
+            sim.advance_to(t)
+            for rank, ts, events in sim.drain_kv_events():
+                seq = seqs.get(rank, 0)
+                seqs[rank] = seq + 1
+                writer.write(RawMessage(rank, seq, ts, b"kv", encode_batch(ts, events, rank)))
+            t += 15.0
+    return str(path)
+
+
+@pytest.mark.parametrize("scenario", ["laptop-eviction", "restart"])
+def test_whatif_equals_vllm_policies_on_simulator_streams(tmp_path: Path, scenario: str) -> None:
+    """The same equality on simulator streams (restart: a publisher restart clears both)."""
+    path = _simulator_event_file(tmp_path, scenario)
+    configs = [Config(c, p, n) for c in (64, 1024) for p in POLICIES for n in (1, 2)]
+    for config, out in zip(configs, replay_configs(path, configs), strict=True):
+        mine = (out.looked_up_blocks, out.hit_blocks, out.stored_blocks, out.never_loaded_blocks)
+        assert out.looked_up_blocks > 0
+        assert mine == oracle.replay(
+            path, config.capacity_blocks, config.policy, config.store_threshold
+        ), config
