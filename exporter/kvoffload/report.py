@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvoffload.analysis.fleetsummary import FleetSummary
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
+from kvoffload.kvevents.whatif import summary_lines
 
 _UNIT_FORMAT = {
     "ratio": lambda v: f"{v:.3f}",
@@ -95,6 +96,9 @@ def render_report(
         for fig in FIGURES:
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
         lines.extend(_ttft_lines(g))
+        whatif = (g.kv_events or {}).get("whatif")
+        if isinstance(whatif, dict):
+            lines.extend(summary_lines(whatif))
         size = rec.kv_offloading_size_gib
         size_text = f" (--kv-offloading-size {size:g})" if size is not None else ""
         lines.append(f"  recommendation: {rec.action.upper()}{size_text}")

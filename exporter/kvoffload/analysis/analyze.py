@@ -40,8 +40,10 @@ from kvoffload.ingest.hostmemory import HostMemory
 from kvoffload.ingest.journalparts import PartsFailed, extracts_in_parts
 from kvoffload.ingest.parse import Exposition
 from kvoffload.ingest.recording import read_recording
-from kvoffload.kvevents.evidence import event_evidence, provisional_reasons
+from kvoffload.kvevents.curve import Curve
+from kvoffload.kvevents.evidence import EventEvidence, event_evidence, provisional_reasons
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.kvevents.whatif import DEFAULT_MAX_BLOCKS, source_of, whatif_for_file
 
 log = logging.getLogger("kvoffload")
 
@@ -406,6 +408,7 @@ def _add_event_evidence(
         )
     entry.recommendation = rec
     size = rec.kv_offloading_size_gib
+    _add_whatif(ev.json, events, ev, curve, size * GIB if size is not None else None)
     current = ev.json.get("predicted_offload_hit_ratio_current")
     entry.predicted_offload_hit_ratio = (
         curve.at(size * GIB, events)
@@ -415,6 +418,32 @@ def _add_event_evidence(
         else None
     )
     return lambda size: curve.at(size, events)
+
+
+def _add_whatif(
+    info: dict[str, object],
+    events: TargetEvents,
+    ev: EventEvidence,
+    curve: Curve,
+    advised_bytes: float | None,
+) -> None:
+    """The store_threshold and eviction what-ifs (kvevents/whatif.py), when the events came
+    from a file (a second pass over it): at the current and advised sizes, and the eviction
+    rows at the curve's sizes up to four times the larger of them."""
+    path = source_of(events)
+    if path is None or not ev.bytes_per_block or not events.block_size:
+        return
+    sizes = {"current": ev.current_cpu_bytes_per_engine or 0.0, "advised": advised_bytes or 0.0}
+    top = 4 * max(sizes.values())
+    info["whatif"] = whatif_for_file(
+        path,
+        ev.bytes_per_block,
+        events.block_size,
+        sizes,
+        tuple(p.cpu_bytes for p in curve.points if p.cpu_bytes <= top),
+        curve.missed_tokens,
+        events.sample_budget or DEFAULT_MAX_BLOCKS,
+    ).to_json()
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:

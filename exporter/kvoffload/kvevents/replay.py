@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvoffload.errors import InputError
 from kvoffload.kvevents.eventfile import read_event_file
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.kvevents.whatif import register_source
 
 
 def load_event_file(
@@ -15,4 +16,5 @@ def load_event_file(
         state.ingest_message(msg)
     if not state.messages():
         raise InputError(f"{path}: no KV-event messages")
+    register_source(state, path)  # for the what-ifs' second pass (kvevents/whatif.py)
     return state
