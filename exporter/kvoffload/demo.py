@@ -59,7 +59,7 @@ def summary_line(group: GroupAnalysis, now: float | None = None) -> str:
         )
         + f" | advice: {action}"
         + (
-            f" (stands {now - rec.since:.0f} s)"
+            f" ({'within the noise, ' if rec.within_noise else ''}stands {now - rec.since:.0f} s)"
             if now is not None and rec.since is not None
             else " (not judged yet)"
             if rec.decided_by == "warmup"

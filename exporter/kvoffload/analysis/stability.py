@@ -3,7 +3,8 @@
 What: `AdviceHolder` sits between each fresh judgement and what the sidecar publishes. The
 first `warmup` seconds of data after a start or a change of the tier are not judged; a new
 action or size is published only once it has held for `dwell` seconds of data, and a size only
-counts as new when it differs by more than the margin (hysteresis).
+counts as new when it differs by more than the margin (hysteresis). An advice published while
+the estimate was within its noise yields at once to the first judgement that clears it.
 Why: one server's estimate moves with its window; operators act on the advice, and an advice
 that alternates every few seconds (as `enable 12 GiB` / `leave_off` did) cannot be acted on.
 Times are the data's own (scrape timestamps), so the simulator's virtual time works as real.
@@ -88,6 +89,11 @@ class AdviceHolder:
             # The same advice: its figures and words refresh, its standing does not.
             self.pending = None
             return self._publish(fresh, self.since or now, None, keep_size=current[1])
+        if self.published.within_noise and not fresh.within_noise:
+            # The published advice was only what the noise allowed (nobody could tell yet): the
+            # first judgement that clears it settles the question, which is no flap.
+            self.pending = None
+            return self._publish(fresh, now, "the first judgement that clears the noise")
         if fresh.within_noise:
             # Hysteresis: a judgement within the noise does not overturn a published advice;
             # only one whose range clears the threshold (or another cost) challenges it.
