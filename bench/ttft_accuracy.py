@@ -125,6 +125,8 @@ def evaluate(cases: list[Case], t: Thresholds) -> list[dict]:
                 "twin": f"{case.config}/{case.twin}",
                 "twin_action": twin_entry.recommendation.action,
                 "twin_size_gib": twin_entry.recommendation.kv_offloading_size_gib,
+                "twin_within_noise": twin_entry.recommendation.within_noise,
+                "twin_settles_by": _settle_hint(twin_entry.recommendation.reasons),
             }
         )
     return rows
@@ -181,18 +183,41 @@ def leave_one_configuration_out(cases: list[Case]) -> tuple[list[dict], dict[str
     return rows, chosen
 
 
+def _settle_hint(reasons: list[str]) -> str | None:
+    """What the advice says would settle it (a longer window, a canary), where it says so."""
+    return next((r[r.index("one short run") :] for r in reasons if "one short run" in r), None)
+
+
 def twin_rows(rows: list[dict]) -> list[dict]:
     """One row per no-offload twin: enable is right where one of its offload runs helped beyond
-    noise, leave_off where none did."""
+    noise, leave_off where none did. A wrong action that said it was within the noise, with a
+    predicted range holding every run's truth, is counted apart: it said it could not tell."""
     out: dict[str, dict] = {}
     for r in rows:
         twin = out.setdefault(
-            r["twin"], {"twin": r["twin"], "action": r["twin_action"], "helps": False}
+            r["twin"],
+            {
+                "twin": r["twin"],
+                "action": r["twin_action"],
+                "within_noise": r["twin_within_noise"],
+                "settles_by": r["twin_settles_by"],
+                "helps": False,
+                "ranges_hold_truth": True,
+            },
         )
         twin["helps"] = twin["helps"] or r["decidable"] < 0
         twin["aside"] = r["aside"]
+        rng = r["predicted_range_ms"]
+        held = (
+            rng is not None
+            and rng[0] - r["tolerance_ms"] <= r["truth_ms"] <= rng[1] + r["tolerance_ms"]
+        )
+        twin["ranges_hold_truth"] = twin["ranges_hold_truth"] and held
     for twin in out.values():
         twin["right"] = twin["action"] == ("enable" if twin["helps"] else "leave_off")
+        twin["said_it_cannot_tell"] = (
+            not twin["right"] and twin["within_noise"] and twin["ranges_hold_truth"]
+        )
     return list(out.values())
 
 
@@ -209,6 +234,8 @@ def totals(rows: list[dict], twins: list[dict]) -> dict:
         "actions_right": sum(action_right(r) for r in rows),
         "twins": len(twins),
         "twin_actions_right": sum(t["right"] for t in twins),
+        "twin_said_it_cannot_tell": sum(t["said_it_cannot_tell"] for t in twins),
+        "twin_actions_wrong": sum(not t["right"] and not t["said_it_cannot_tell"] for t in twins),
     }
 
 
@@ -246,9 +273,12 @@ def print_table(rows: list[dict], twins: list[dict]) -> None:
     for t in twins:
         mark = "*" if t["aside"] else " "
         want = "enable" if t["helps"] else "leave_off"
-        print(
-            f"{mark}{t['twin']:41s} {t['action']:10s} (right: {want}) {'✓' if t['right'] else '✗'}"
+        verdict = (
+            "✓" if t["right"] else "? says it cannot tell" if t["said_it_cannot_tell"] else "✗"
         )
+        print(f"{mark}{t['twin']:41s} {t['action']:10s} (right: {want}) {verdict}")
+        if t["said_it_cannot_tell"] and t["settles_by"]:
+            print(f"{' ' * 43}{t['settles_by']}")
 
 
 def main() -> None:
