@@ -14,8 +14,8 @@ DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 
 .PHONY: demo test lint generate bench deps system-deps clean
 
-# setup.py builds the compiled journal scan (ingest/_scan.c) where a C compiler is at hand.
-$(BIN)/kvoffload: pyproject.toml setup.py exporter/kvoffload/ingest/_scan.c
+# setup.py builds the compiled journal scan (recording/_scan.c) where a C compiler is at hand.
+$(BIN)/kvoffload: pyproject.toml setup.py exporter/kvoffload/recording/_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -61,7 +61,7 @@ lint: deps
 ## The reference goes through a temporary file so a failing render leaves the old one whole.
 generate: deps
 	$(BIN)/kvoffload generate --out .
-	$(BIN)/python -m kvoffload.sidecar.reference > docs/metrics.md.tmp || { rm -f docs/metrics.md.tmp; exit 1; }
+	$(BIN)/python -m kvoffload.sidecar.metrics_doc > docs/metrics.md.tmp || { rm -f docs/metrics.md.tmp; exit 1; }
 	mv docs/metrics.md.tmp docs/metrics.md
 	$(BIN)/python -m kvoffload.mixin.reference docs/rules.md docs/runbooks.md
 	$(BIN)/python tests/rules/promtool_cases.py

@@ -1,4 +1,4 @@
-"""The compiled part of the package: ingest/_scan.c, the journal reader's hot loop. It is
+"""The compiled part of the package: recording/_scan.c, the journal reader's hot loop. It is
 optional: where no C compiler is at hand the build goes on without it and the reader uses its
 pure-Python twin (the same results, slower; `kvoffload analyze --help` says which is in use).
 Everything else about the package is in pyproject.toml."""
@@ -8,8 +8,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "kvoffload.ingest._scan",
-            ["exporter/kvoffload/ingest/_scan.c"],
+            "kvoffload.recording._scan",
+            ["exporter/kvoffload/recording/_scan.c"],
             optional=True,
             extra_compile_args=["-O2"],
         )

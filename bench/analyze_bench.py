@@ -28,7 +28,7 @@ from payloads import bodies
 from kvoffload.analysis.analyze import analyze_window, window_from_expositions
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import parse_text
-from kvoffload.ingest.recording import RecordingWriter, finalize_journal, read_recording
+from kvoffload.recording.openmetrics import RecordingWriter, finalize_journal, read_recording
 
 INTERVAL = 15.0
 
@@ -80,7 +80,7 @@ def _tree_peak_rss_mb(proc: subprocess.Popen[bytes]) -> float:
     return peak
 
 
-# The reader's hot loop compiled (ingest/_scan.c, the default where it was built) or its
+# The reader's hot loop compiled (recording/_scan.c, the default where it was built) or its
 # pure-Python twin (what a machine without a C compiler gets): the same JSON, both timed.
 READERS = {"compiled": {}, "pure Python": {"KVOFFLOAD_PURE_PYTHON": "1"}}
 

@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "rules"))
 
 from kvoffload.ingest.catalog import wanted  # noqa: E402
-from kvoffload.ingest.recording import finalize_journal  # noqa: E402
+from kvoffload.recording.openmetrics import finalize_journal  # noqa: E402
 from kvoffload.sim import scenarios  # noqa: E402
-from kvoffload.sim.record import record_scenario  # noqa: E402
+from kvoffload.sim.write_recording import record_scenario  # noqa: E402
 
 from fleet_prom import backfill, prometheus_on  # noqa: E402
 

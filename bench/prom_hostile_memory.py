@@ -63,7 +63,7 @@ async def many_points(request: web.Request) -> web.StreamResponse:
 
 CLIENT = """
 import resource, sys, time
-from kvoffload.ingest.promapi import PrometheusAPI, PromAPIError
+from kvoffload.fleet.promapi import PrometheusAPI, PromAPIError
 api = PrometheusAPI(sys.argv[1], gzip=True)
 t = time.monotonic()
 try:

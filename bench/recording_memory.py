@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "exporter"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from kvoffload.ingest.parse import parse_text  # noqa: E402
-from kvoffload.ingest.recording import JOURNAL_MARK, RecordingWriter  # noqa: E402
+from kvoffload.recording.openmetrics import JOURNAL_MARK, RecordingWriter  # noqa: E402
 
 from helpers import h200_scrapes  # noqa: E402
 

@@ -3,7 +3,7 @@
 What: one `Case` (ttft_sets.Case) per scenario of the simulator's library with a tier worth
 judging; its truth is the simulator's own mean TTFT with the tier − without (same seed, same
 clients, the whole recording); recordings and the twin's KV events are written by
-kvoffload.sim.record into bench/.ttft-data/sim (git-ignored) and rebuilt when missing.
+kvoffload.sim.write_recording into bench/.ttft-data/sim (git-ignored) and rebuilt when missing.
 Why: #24 item 8, the simulator follows the verdict's model: the benchmark shows how the estimate
 and the prediction fare on the simulator, beside the real sets, rather than a test asserting it.
 """
@@ -16,7 +16,7 @@ from dataclasses import replace
 from ttft_sets import CACHE, Case
 
 from kvoffload.sim import scenarios
-from kvoffload.sim.record import record_scenario
+from kvoffload.sim.write_recording import record_scenario
 
 SIM_CACHE = CACHE / "sim"
 # scenario → the tier judged (GiB per engine); scrape interval as real ones would be

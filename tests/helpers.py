@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from kvoffload.ingest.parse import Exposition, parse_text
-from kvoffload.ingest.recording import RecordingWriter
+from kvoffload.recording.openmetrics import RecordingWriter
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLE = FIXTURES / "vllm-0.33-offload-sample.prom"

@@ -16,9 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
-from kvoffload.ingest.recording import finalize_journal
+from kvoffload.recording.openmetrics import finalize_journal
 from kvoffload.sim import scenarios
-from kvoffload.sim.record import record_scenario
+from kvoffload.sim.write_recording import record_scenario
 
 from helpers import free_port
 

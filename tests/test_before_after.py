@@ -12,7 +12,7 @@ from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_rec
 from kvoffload.analysis.beforeafter import MAX_GROUPS, TierTimeline, before_after
 from kvoffload.ingest.catalog import Extract
 from kvoffload.sim import scenarios
-from kvoffload.sim.record import record_restarts
+from kvoffload.sim.write_recording import record_restarts
 
 REAL = Path(__file__).parent / "fixtures" / "vllm-0.26-h200-before-after" / "rec.om.xz"
 

@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from kvoffload.cli import cli
-from kvoffload.conventions import DEFAULT_PORT, SHARED_FLAGS, JSONFormatter, LogfmtFormatter
+from kvoffload.cli.flags import DEFAULT_PORT, SHARED_FLAGS, JSONFormatter, LogfmtFormatter
 
 from helpers import SAMPLE, free_port
 

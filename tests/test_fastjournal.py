@@ -6,7 +6,7 @@ Equality is of the whole analysis JSON (every figure, bit for bit), on simulator
 captures and a journal of two targets; every file odd in a way the fast reader does not take
 (cut short, CR line ends, a NUL, a line it does not know, time going back, a sample without
 timestamp) is declined, and reading it gives what the general reader gives (the same JSON or
-the same error). Every test runs twice: with the compiled block scan (ingest/_scan.c) and with
+the same error). Every test runs twice: with the compiled block scan (recording/_scan.c) and with
 its pure-Python twin, workers included."""
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from kvoffload.analysis.analyze import (
     window_from_recording,
 )
 from kvoffload.errors import InputError
-from kvoffload.ingest import fastjournal
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
-from kvoffload.ingest.fastjournal import Declined, journal_extracts
 from kvoffload.ingest.parse import ParseError
-from kvoffload.ingest.recording import RecordingWriter, read_recording
+from kvoffload.recording import journal_reader as fastjournal
+from kvoffload.recording.journal_reader import Declined, journal_extracts
+from kvoffload.recording.openmetrics import RecordingWriter, read_recording
 from kvoffload.sim import scenarios
-from kvoffload.sim.record import record_scenario
+from kvoffload.sim.write_recording import record_scenario
 
 from helpers import h200_scrapes, recording_text
 
@@ -40,7 +40,7 @@ from helpers import h200_scrapes, recording_text
 def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which block scan the reader (and the workers it starts) uses."""
     if request.param == "compiled":
-        assert fastjournal._compiled_scan_block is not None, "ingest/_scan.c was not built"
+        assert fastjournal._compiled_scan_block is not None, "recording/_scan.c was not built"
         monkeypatch.delenv("KVOFFLOAD_PURE_PYTHON", raising=False)
     else:
         monkeypatch.setenv("KVOFFLOAD_PURE_PYTHON", "1")
@@ -204,8 +204,8 @@ def test_a_recording_read_in_parallel_parts_gives_the_same(
     process and given back in order: the same scrapes as one pass, so the same JSON, bit for
     bit (the window runs once, over them)."""
     from kvoffload.analysis import analyze
-    from kvoffload.ingest.fastjournal import journal_parts
-    from kvoffload.ingest.journalparts import BATCH, extracts_in_parts
+    from kvoffload.recording.journal_reader import journal_parts
+    from kvoffload.recording.parts import BATCH, extracts_in_parts
 
     path = sim_recordings[name]
     spans = journal_parts(str(path), parts)
@@ -235,8 +235,8 @@ def test_parts_that_go_back_in_time_are_declined(
     (it once sorted this one, a file within its 16 MiB head, and refused the same bytes
     further in: issue #12, attack 6)."""
     from kvoffload.analysis import analyze
-    from kvoffload.ingest.fastjournal import journal_parts
-    from kvoffload.ingest.journalparts import extracts_in_parts
+    from kvoffload.recording.journal_reader import journal_parts
+    from kvoffload.recording.parts import extracts_in_parts
 
     text = sim_recordings["restart"].read_text().removesuffix("# EOF\n")
     spans = journal_parts(str(sim_recordings["restart"]), 2)
@@ -265,7 +265,7 @@ def test_a_worker_that_dies_leaves_a_one_pass_read(
     import sys
 
     from kvoffload.analysis import analyze
-    from kvoffload.ingest import journalparts
+    from kvoffload.recording import parts as journalparts
 
     path = sim_recordings["dp2"]
     expected = _fast(path)
@@ -290,7 +290,7 @@ def _takes_span(path: Path, span: tuple[int, int]) -> int:
 
 
 def _strict(journal: Path, tmp_path: Path) -> Path:
-    from kvoffload.ingest.recording import finalize_journal
+    from kvoffload.recording.openmetrics import finalize_journal
 
     out = tmp_path / (journal.stem + ".strict.om")
     finalize_journal(str(journal), str(out))
@@ -303,7 +303,7 @@ def test_strict_recordings_read_the_same(
 ) -> None:
     """The strict layout `record` leaves (families once, series contiguous) read by columns
     (ingest.faststrict) gives the general reader's JSON, bit for bit."""
-    from kvoffload.ingest.faststrict import strict_extracts
+    from kvoffload.recording.strict_reader import strict_extracts
 
     path = _strict(sim_recordings[name], tmp_path)
     assert sum(1 for _ in strict_extracts(str(path))) == 121
@@ -311,7 +311,7 @@ def test_strict_recordings_read_the_same(
 
 
 def test_strict_real_capture_and_two_targets(tmp_path: Path) -> None:
-    from kvoffload.ingest.faststrict import strict_extracts
+    from kvoffload.recording.strict_reader import strict_extracts
 
     one = tmp_path / "h200.journal"
     one.write_text(recording_text(h200_scrapes("8b-offload"), instance="h200:8000"))
@@ -337,7 +337,7 @@ def test_a_family_whose_block_comes_again_keeps_its_series_apart(tmp_path: Path)
                 lines.append(f"vllm:prompt_tokens_total{labels} {t * (1 + int(engine))} {t}")
     path = tmp_path / "again.om"
     path.write_text("\n".join(lines) + "\n# EOF\n")
-    from kvoffload.ingest.faststrict import strict_extracts
+    from kvoffload.recording.strict_reader import strict_extracts
 
     assert sum(1 for _ in strict_extracts(str(path))) == 4  # read by columns, not declined
     assert _fast(path) == _general(path)

@@ -26,9 +26,9 @@ import pytest
 import requests
 from aiohttp import web
 
-from kvoffload.ingest.recording import finalize_journal
+from kvoffload.recording.openmetrics import finalize_journal
 from kvoffload.sim import scenarios
-from kvoffload.sim.record import record_scenario
+from kvoffload.sim.write_recording import record_scenario
 
 from fleet_prom import backfill, prometheus_on
 from helpers import certificates, free_port, h200_scrapes, recording_text
@@ -329,9 +329,9 @@ def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> 
     """Batches analysed in worker processes, merged, then compared across the fleet: the
     same groups, figures and advice as one process reading everything."""
     from kvoffload.analysis.analyze import Settings
-    from kvoffload.analysis.fleetrun import analyze_from_prometheus
-    from kvoffload.ingest.promapi import PrometheusAPI
-    from kvoffload.ingest.promsource import FleetReader
+    from kvoffload.fleet.promapi import PrometheusAPI
+    from kvoffload.fleet.runs import analyze_from_prometheus
+    from kvoffload.fleet.source import FleetReader
 
     start = min(fleet["spans"][i][0] for i in SIM)
     end = max(fleet["spans"][i][1] for i in SIM)

@@ -30,13 +30,13 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.ingest.promapi import PrometheusAPI
-from kvoffload.ingest.recording import finalize_journal
-from kvoffload.sidecar.fleet import FleetConfig, FleetService
+from kvoffload.fleet.promapi import PrometheusAPI
+from kvoffload.fleet.service import FleetConfig, FleetService
+from kvoffload.recording.openmetrics import finalize_journal
 from kvoffload.sidecar.metrics import build_registry
 from kvoffload.sim import SimServer, scenarios
-from kvoffload.sim.record import record_scenario
 from kvoffload.sim.server import make_app as make_sim_app
+from kvoffload.sim.write_recording import record_scenario
 
 from fleet_prom import backfill, prometheus_on
 from helpers import free_port, running

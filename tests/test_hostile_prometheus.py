@@ -25,9 +25,9 @@ from hostile_prom import FakePrometheus, one_route_app, serve_in_thread, simulat
 
 from kvoffload.analysis.analyze import Settings
 from kvoffload.errors import InputError
-from kvoffload.ingest.promapi import PromAPIError, PrometheusAPI, PromLimits
-from kvoffload.ingest.promsource import FleetReader, ReadStats
-from kvoffload.sidecar.fleet import FleetConfig, FleetService
+from kvoffload.fleet.promapi import PromAPIError, PrometheusAPI, PromLimits
+from kvoffload.fleet.service import FleetConfig, FleetService
+from kvoffload.fleet.source import FleetReader, ReadStats
 
 from helpers import free_port
 

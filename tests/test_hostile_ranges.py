@@ -30,7 +30,7 @@ from kvoffload.analysis.analyze import analyze_window, window_from_expositions
 from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.ingest.catalog import CATALOG, COUNT, FRACTION, WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import parse_text
-from kvoffload.ingest.recording import Recording, read_recording
+from kvoffload.recording.openmetrics import Recording, read_recording
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 

@@ -27,9 +27,9 @@ from aiohttp import web
 
 from kvoffload.cli import main
 from kvoffload.ingest.parse import Exposition
-from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.eventfile import MAGIC, RawMessage, read_event_file
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.recording.openmetrics import read_recording
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 

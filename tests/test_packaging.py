@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from kvoffload import __version__, links
 from kvoffload.cli import cli
 from kvoffload.sim import scenarios
-from kvoffload.sim.record import record_scenario
+from kvoffload.sim.write_recording import record_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -66,7 +66,7 @@ def test_the_sidecar_needs_no_extra(tmp_path: Path) -> None:
     assert any("grafanalib" in d for d in PYPROJECT["project"]["optional-dependencies"]["generate"])
     code = NO_GRAFANALIB + (
         "import kvoffload.cli, kvoffload.sidecar.service, kvoffload.sidecar.http\n"
-        "import kvoffload.sidecar.fleet, kvoffload.sim, kvoffload.sim.server, kvoffload.demo\n"
+        "import kvoffload.fleet.service, kvoffload.sim, kvoffload.sim.server, kvoffload.cli.demo\n"
         "import kvoffload.mixin.rules  # the rules need no grafanalib either\n"
         "assert not [m for m in sys.modules if m.startswith('grafanalib')]\n"
         "from kvoffload.cli import main\n"

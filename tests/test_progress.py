@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvoffload import cli as cli_module
-from kvoffload.ingest.recording import RecordingWriter
+from kvoffload.fleet.options import ReadProgress
 from kvoffload.progress import FileReadProgress, Progress
-from kvoffload.promoptions import ReadProgress
+from kvoffload.recording.openmetrics import RecordingWriter
 
 from helpers import SAMPLE, free_port
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.ingest.parse import parse_text
-from kvoffload.ingest.recording import JOURNAL_MARK, RecordingWriter
+from kvoffload.recording.openmetrics import JOURNAL_MARK, RecordingWriter
 
 KVO = [sys.executable, "-m", "kvoffload"]
 BODY = (

@@ -41,10 +41,10 @@ from kvoffload.analysis.analyze import (
 )
 from kvoffload.cli import main
 from kvoffload.errors import InputError
-from kvoffload.ingest import recording as recording_module
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import ParseError, parse_text
-from kvoffload.ingest.recording import CHUNK, Recording, RecordingWriter, read_recording
+from kvoffload.recording import openmetrics as recording_module
+from kvoffload.recording.openmetrics import CHUNK, Recording, RecordingWriter, read_recording
 
 from helpers import free_port, h200_scrapes
 

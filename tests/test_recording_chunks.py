@@ -14,7 +14,7 @@ from pathlib import Path
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import ParseError
-from kvoffload.ingest.recording import CHUNK, JOURNAL_MARK, finalize_journal, read_recording
+from kvoffload.recording.openmetrics import CHUNK, JOURNAL_MARK, finalize_journal, read_recording
 
 from helpers import SAMPLE, recording_text
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.ingest.recording import finalize_journal
+from kvoffload.recording.openmetrics import finalize_journal
 
 SETS = Path(__file__).parent / "fixtures" / "vllm-0.26-h200-ttft"
 

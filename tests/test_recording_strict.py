@@ -35,9 +35,14 @@ import pytest
 from aiohttp import web
 from prometheus_client.openmetrics import parser as om_parser
 
-from kvoffload.ingest import extsort
 from kvoffload.ingest.parse import iter_openmetrics, parse_text, read_chunks
-from kvoffload.ingest.recording import Recording, RecordingWriter, finalize_journal, read_recording
+from kvoffload.recording import extsort
+from kvoffload.recording.openmetrics import (
+    Recording,
+    RecordingWriter,
+    finalize_journal,
+    read_recording,
+)
 
 from helpers import free_port, h200_scrapes
 

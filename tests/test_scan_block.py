@@ -1,4 +1,4 @@
-"""The compiled block scan (ingest/_scan.c) and its pure-Python twin (fastjournal._scan_block)
+"""The compiled block scan (recording/_scan.c) and its pure-Python twin (fastjournal._scan_block)
 give the same answer on every block: generated family blocks with every oddity the reader must
 hand back to its line-by-line path (a line of another family, blanks in label values, two
 timestamps, values float() refuses or reads its own way, no final newline), and every wanted
@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvoffload.ingest import fastjournal, faststrict
-from kvoffload.ingest.fastjournal import _family, _scan_block
+from kvoffload.recording import journal_reader as fastjournal
+from kvoffload.recording import strict_reader as faststrict
+from kvoffload.recording.journal_reader import _family, _scan_block
 
 from helpers import h200_scrapes, recording_text
 
@@ -74,7 +75,9 @@ def _same(a: object, b: object) -> bool:
 
 
 def test_the_compiled_scan_is_built() -> None:
-    assert compiled is not None, "ingest/_scan.c was not built: is there a C compiler? (make deps)"
+    assert compiled is not None, (
+        "recording/_scan.c was not built: is there a C compiler? (make deps)"
+    )
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from kvoffload.analysis.analyze import analyze_window, window_from_expositions
 from kvoffload.cli import _sample_live
-from kvoffload.ingest.recording import read_recording
+from kvoffload.recording.openmetrics import read_recording
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
 from helpers import running

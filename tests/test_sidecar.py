@@ -147,7 +147,7 @@ def test_readyz_is_503_before_any_successful_scrape():
 def test_metrics_reference_is_generated_and_current():
     from pathlib import Path
 
-    from kvoffload.sidecar.reference import metrics_markdown
+    from kvoffload.sidecar.metrics_doc import metrics_markdown
 
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
     assert doc == metrics_markdown(), "regenerate: make generate"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvoffload.analysis.analyze import Settings, analyze_window, window_from_expositions
-from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.eventfile import read_event_file
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.recording.openmetrics import read_recording
 
 SETS = Path(__file__).parent / "fixtures" / "vllm-0.26-h200-ttft"
 CLIENTS = json.loads((SETS / "clients.json").read_text())

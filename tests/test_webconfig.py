@@ -29,8 +29,8 @@ import pytest
 import requests
 import yaml
 
+from kvoffload.cli.server import MAX_HANDSHAKES, TLS_HANDSHAKE_SECONDS
 from kvoffload.errors import InputError
-from kvoffload.serving import MAX_HANDSHAKES, TLS_HANDSHAKE_SECONDS
 from kvoffload.sidecar.passwords import Verdict
 from kvoffload.sidecar.webconfig import WebSecurity
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kvoffload.analysis.analyze import Settings, analyze_window, window_from_expositions
-from kvoffload.ingest.recording import read_recording
 from kvoffload.kvevents.eventfile import RawMessage, read_event_file
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
+from kvoffload.recording.openmetrics import read_recording
 from kvoffload.sim.kv_events import ZmqEventPublisher
 
 from helpers import free_port

@@ -427,9 +427,9 @@ def test_restart_and_dp2_over_the_app() -> None:
 
 
 def test_record_writes_the_event_stream(tmp_path: Path) -> None:
-    pytest.importorskip("kvoffload.ingest.recording")
+    pytest.importorskip("kvoffload.recording.openmetrics")
     from kvoffload.kvevents.eventfile import read_event_file
-    from kvoffload.sim.record import record_scenario
+    from kvoffload.sim.write_recording import record_scenario
 
     s = replace(scenarios.get("laptop-eviction"), restart_at_s=30.0)
     rec, ev_path = tmp_path / "rec.om", tmp_path / "rec.kvevents"

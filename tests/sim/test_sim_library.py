@@ -121,8 +121,8 @@ def test_http_app_at_real_speed_is_vllm_exact() -> None:
 
 
 def test_record(tmp_path: Path) -> None:
-    pytest.importorskip("kvoffload.ingest.recording")
-    from kvoffload.sim.record import record_scenario
+    pytest.importorskip("kvoffload.recording.openmetrics")
+    from kvoffload.sim.write_recording import record_scenario
 
     out = tmp_path / "rec.om"
     n = record_scenario(

@@ -23,27 +23,27 @@ from kvoffload.analysis.advisor import (
     refine_with_curve,
 )
 from kvoffload.analysis.beforeafter import TierTimeline, before_after
-from kvoffload.analysis.fleet import fleet_effects
+from kvoffload.analysis.evidence import EventEvidence, event_evidence, provisional_reasons
+from kvoffload.analysis.replicas import fleet_effects
 from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
-from kvoffload.ingest.fastjournal import (
+from kvoffload.ingest.hostmemory import HostMemory
+from kvoffload.ingest.parse import Exposition
+from kvoffload.kvevents.curve import Curve
+from kvoffload.kvevents.state import TargetEvents
+from kvoffload.kvevents.whatif import DEFAULT_MAX_BLOCKS, source_of, whatif_for_file
+from kvoffload.recording.journal_reader import (
     Declined,
     journal_extracts,
     journal_parts,
     scrape_ordered,
 )
-from kvoffload.ingest.faststrict import strict_extracts
-from kvoffload.ingest.hostmemory import HostMemory
-from kvoffload.ingest.journalparts import PartsFailed, extracts_in_parts
-from kvoffload.ingest.parse import Exposition
-from kvoffload.ingest.recording import read_recording
-from kvoffload.kvevents.curve import Curve
-from kvoffload.kvevents.evidence import EventEvidence, event_evidence, provisional_reasons
-from kvoffload.kvevents.state import TargetEvents
-from kvoffload.kvevents.whatif import DEFAULT_MAX_BLOCKS, source_of, whatif_for_file
+from kvoffload.recording.openmetrics import read_recording
+from kvoffload.recording.parts import PartsFailed, extracts_in_parts
+from kvoffload.recording.strict_reader import strict_extracts
 
 log = logging.getLogger("kvoffload")
 

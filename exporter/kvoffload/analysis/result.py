@@ -26,7 +26,7 @@ class TtftVerdict:
     marginal_recompute_seconds_per_token: JsonObject | None
     now: JsonObject | None  # the tier's effect now (offloading on), an Effect's JSON
     predicted: JsonObject | None  # at the recommended size, with `kv_offloading_size_gib`
-    fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.analysis.fleet)
+    fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.analysis.replicas)
     before_after: JsonObject | None = None  # this engine across a tier change (beforeafter)
 
     def to_json(self) -> JsonObject:

@@ -18,13 +18,13 @@ from kvoffload import __version__
 from kvoffload.analysis.advisor import ACTIONS, GIB
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
-from kvoffload.sidecar.fleet import FleetService
+from kvoffload.fleet.service import FleetService
 from kvoffload.sidecar.service import Service
 
 GROUP_LABELS = ["target", "model_name"]
 
 # The sidecar's own series, the advice, and (below) the KV-event series: name → (type, labels,
-# help). One table for the exposition and for docs/metrics.md (sidecar/reference.py).
+# help). One table for the exposition and for docs/metrics.md (sidecar/metrics_doc.py).
 TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
     "kvoffload_build_info": ("gauge", ["version"], "kvoffload version (always 1)."),
     "kvoffload_up": (

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import metrics as mf
+from . import vllm_families as mf
 from .config import Scenario, Sizing
 from .cpu_tier import CpuTier
 from .gpu_cache import GpuPrefixCache

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from . import metrics as mf
+from . import vllm_families as mf
 from .config import Scenario, Sizing, validate
 from .engine import Engine, EngineTruth, Request
 from .workload import PromptHasher, RequestSpec, generate

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from kvoffload.ingest.catalog import Extract
-from kvoffload.ingest.fastjournal import Declined, journal_scrapes
 from kvoffload.ingest.shapes import Member, ScrapeShapes
+from kvoffload.recording.journal_reader import Declined, journal_scrapes
 
 
 class PartsFailed(Exception):

@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from kvoffload import serving
 from kvoffload.analysis.advisor import Recommendation
 from kvoffload.analysis.analyze import Settings
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.stability import StabilityRules
-from kvoffload.conventions import listen_socket, url
-from kvoffload.report import format_value
+from kvoffload.cli import server as serving
+from kvoffload.cli.flags import listen_socket, url
+from kvoffload.cli.report import format_value
 from kvoffload.sidecar.http import make_app as make_sidecar_app
 from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 from kvoffload.sidecar.webconfig import WebSecurity
@@ -140,7 +140,7 @@ async def run_demo(
         )
     )
     side_app = security.install(make_sidecar_app(sidecar, metrics_path=metrics_path))
-    # Behind the same accept loop as serve's (kvoffload.serving): stalled TLS handshakes and
+    # Behind the same accept loop as serve's (kvoffload.cli.server): stalled TLS handshakes and
     # connection floods bounded alike.
     side_runner = serving.runner(side_app)
     await side_runner.setup()

@@ -22,11 +22,11 @@ from kvoffload.analysis.analyze import (
     usable_cores,
     window_from_extracts,
 )
-from kvoffload.analysis.fleetsummary import FleetSummary, need_order, summarize
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.errors import InputError
-from kvoffload.ingest.promapi import PromStopped
-from kvoffload.ingest.promsource import FleetReader, ReadStats, _Plan
+from kvoffload.fleet.promapi import PromStopped
+from kvoffload.fleet.source import FleetReader, ReadStats, _Plan
+from kvoffload.fleet.summary import FleetSummary, need_order, summarize
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Write a scenario's /metrics as a recording (OpenMetrics, a timestamp on every sample).
 
 The simulator is scraped on its virtual clock every `interval_s`, like Prometheus would, and
-each body goes through kvoffload.ingest.recording.RecordingWriter (which adds instance/job labels).
+each body goes through kvoffload.recording.openmetrics.RecordingWriter (which adds
+instance/job labels).
 With `events_path`, the KV event stream a subscriber would have received goes to a raw event
 file (kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again
 from 0 after a restart), received at the batch's virtual time, empty topic. A recording
@@ -32,7 +33,7 @@ def record_scenario(
     `events_path` also writes the KV events published up to the last scrape; `endless` keeps
     the traffic coming for the whole recording (default: when it outlasts the scenario);
     `ground_truth`, a dict, gets the simulator's ground truth at the last scrape."""
-    from kvoffload.ingest.recording import (
+    from kvoffload.recording.openmetrics import (
         RecordingWriter,  # the package's writer, shared with `record`
     )
 
@@ -105,7 +106,7 @@ def record_restarts(
     """One recording of the same target restarted into each scenario in turn (counters from
     0 again, `gap_s` of no scrapes between): e.g. vLLM without a tier, then with one, for the
     before/after A/B. Each runs `duration_s` of virtual time; returns the number of scrapes."""
-    from kvoffload.ingest.recording import RecordingWriter
+    from kvoffload.recording.openmetrics import RecordingWriter
 
     if interval_s <= 0 or not scenarios:
         raise ValueError("interval_s must be positive and scenarios not empty")

@@ -363,7 +363,7 @@ def url(scheme: str, sock: socket.socket, path: str) -> str:
 def run_app(app: Any, web: WebFlags, announce: Callable[[str], None]) -> None:
     """Serve an aiohttp app at `web` (its web config applied) until SIGTERM or Ctrl-C;
     `announce` gets the metrics' URL once the address is bound."""
-    from kvoffload.serving import serve_forever
+    from kvoffload.cli.server import serve_forever
     from kvoffload.sidecar.webconfig import WebSecurity
 
     security = WebSecurity(web.config_file)
@@ -371,5 +371,5 @@ def run_app(app: Any, web: WebFlags, announce: Callable[[str], None]) -> None:
     sock = listen_socket(web.host, web.port)
     announce(url(security.scheme, sock, web.telemetry_path))
     # aiohttp's run_app behind an accept loop that backs off when file descriptors run out
-    # (kvoffload.serving), rejected requests logged in one line.
+    # (kvoffload.cli.server), rejected requests logged in one line.
     serve_forever(app, sock, security.ssl_context())

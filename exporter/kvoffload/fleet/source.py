@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kvoffload.errors import InputError
+from kvoffload.fleet.promapi import PromAPIError, PrometheusAPI, PromStopped, Series, printable
 from kvoffload.ingest.catalog import _INDEX, Extract
-from kvoffload.ingest.promapi import PromAPIError, PrometheusAPI, PromStopped, Series, printable
 from kvoffload.ingest.shapes import Member, ScrapeShapes
 
 # A question answers at most about this many points (≈ 40 MB of JSON): the reader's memory.

@@ -18,8 +18,7 @@ import yaml
 from kvoffload import __version__
 from kvoffload.analysis.advisor import Thresholds, read_cgroup_memory_limit
 from kvoffload.analysis.analyze import Settings, window_from_expositions, window_from_recording
-from kvoffload.analysis.fleetsummary import analyze_fleet
-from kvoffload.conventions import (
+from kvoffload.cli.flags import (
     DEFAULT_PORT,
     ENV_HELP,
     ExporterGroup,
@@ -29,19 +28,20 @@ from kvoffload.conventions import (
     run_app,
     web_options,
 )
+from kvoffload.cli.report import render_report
 from kvoffload.errors import InputError
-from kvoffload.ingest import fastjournal
+from kvoffload.fleet.options import ReadProgress, make_api, prometheus_options, time_range
+from kvoffload.fleet.summary import analyze_fleet
 from kvoffload.ingest.catalog import WANTED_FAMILIES, wanted
 from kvoffload.ingest.parse import Exposition
 from kvoffload.links import docs_epilog
 from kvoffload.overrides import parse_number, split_pair
 from kvoffload.progress import FileReadProgress, Progress, format_seconds
-from kvoffload.promoptions import ReadProgress, make_api, prometheus_options, time_range
-from kvoffload.report import render_report
+from kvoffload.recording import journal_reader as fastjournal
 from kvoffload.units import parse_duration, parse_size
 
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
-    from kvoffload.ingest.promsource import ReadStats
+    from kvoffload.fleet.source import ReadStats
     from kvoffload.sidecar.service import Service
 
 EXIT_BAD_INPUT = 2
@@ -437,7 +437,7 @@ def serve(
     """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
     (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
     from kvoffload.analysis.stability import StabilityRules
-    from kvoffload.sidecar.fleet import FleetConfig, FleetService
+    from kvoffload.fleet.service import FleetConfig, FleetService
     from kvoffload.sidecar.service import KVEventsSource, ScrapeLimits, Sidecar, SidecarConfig
 
     if bool(targets) == (prometheus_url is not None):
@@ -621,10 +621,10 @@ def record(
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
     import asyncio
 
-    from kvoffload.ingest.record import record_targets
-    from kvoffload.ingest.recording import JOURNAL_SUFFIX, Recording
-    from kvoffload.ingest.repair import repair
     from kvoffload.kvevents.eventfile import open_writer
+    from kvoffload.recording.loop import record_targets
+    from kvoffload.recording.openmetrics import JOURNAL_SUFFIX, Recording
+    from kvoffload.recording.repair import repair
     from kvoffload.sidecar.service import target_name
 
     if finalize is not None:
@@ -817,8 +817,8 @@ def analyze(
     if prometheus_url is not None:
         if events_file is not None:
             raise InputError("--events goes with a recording of one target, not --prometheus")
-        from kvoffload.analysis.fleetrun import analyze_from_prometheus
-        from kvoffload.ingest.promsource import FleetReader
+        from kvoffload.fleet.runs import analyze_from_prometheus
+        from kvoffload.fleet.source import FleetReader
 
         first, last = time_range(range_seconds, start, end)
         progress = ReadProgress()
@@ -1124,7 +1124,7 @@ def sim(
     if record_kv_events is not None and record_path is None:
         raise InputError("--record-kv-events needs --record")
     if record_path is not None:
-        from kvoffload.sim.record import record_scenario
+        from kvoffload.sim.write_recording import record_scenario
 
         if kv_events is not None:
             raise InputError("--kv-events serves; with --record use --record-kv-events")
@@ -1209,7 +1209,7 @@ def demo(
     sidecar at --web.listen-address (port 0: a free one), the simulator on a free port."""
     import asyncio
 
-    from kvoffload.demo import run_demo
+    from kvoffload.cli.demo import run_demo
     from kvoffload.sidecar.webconfig import WebSecurity
 
     _scenario(scenario)
@@ -1264,7 +1264,7 @@ def healthcheck(listen: str, config_file: str | None, timeout: float) -> None:
     import urllib.error
     import urllib.request
 
-    from kvoffload.conventions import parse_listen
+    from kvoffload.cli.flags import parse_listen
     from kvoffload.sidecar.webconfig import parse_web_config
 
     host, port = parse_listen(listen)

@@ -10,10 +10,10 @@ from collections.abc import Callable
 import aiohttp
 
 from kvoffload.errors import InputError
-from kvoffload.ingest.recording import Recording, RecordingWriter
 from kvoffload.ingest.scrape import scrape
 from kvoffload.kvevents.eventfile import EventFileWriter
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
+from kvoffload.recording.openmetrics import Recording, RecordingWriter
 
 
 async def record_targets(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvoffload.analysis.fleetsummary import FleetSummary
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
+from kvoffload.fleet.summary import FleetSummary
 from kvoffload.kvevents.whatif import summary_lines
 
 _UNIT_FORMAT = {

@@ -15,8 +15,8 @@ from kvoffload.progress import Progress
 from kvoffload.units import parse_duration, parse_size
 
 if TYPE_CHECKING:  # (requests is imported when a Prometheus is read, not by every command)
-    from kvoffload.ingest.promapi import PrometheusAPI
-    from kvoffload.ingest.promsource import ReadStats
+    from kvoffload.fleet.promapi import PrometheusAPI
+    from kvoffload.fleet.source import ReadStats
 
 
 def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
@@ -188,7 +188,7 @@ def make_api(
     insecure_skip_verify: bool,
     headers: tuple[str, ...],
 ) -> PrometheusAPI:
-    from kvoffload.ingest.promapi import PromAuth, PrometheusAPI, PromLimits
+    from kvoffload.fleet.promapi import PromAuth, PrometheusAPI, PromLimits
 
     pairs = []
     for header in headers:

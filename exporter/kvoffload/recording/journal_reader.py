@@ -5,7 +5,7 @@ recording of a large vLLM body that is ~9 million kept lines of Python work. Thi
 the same job for the common case in bytes: it memory-maps the file, jumps from one `#` line to
 the next with a byte search (memchr), skips the families the catalog does not read without
 looking at their lines, reads a wanted family's block in bulk — in place, by the compiled scan
-(ingest/_scan.c) where it was built, else by `_scan_block`, its pure-Python twin — and turns
+(recording/_scan.c) where it was built, else by `_scan_block`, its pure-Python twin — and turns
 each scrape into an `Extract` through `ingest.shapes` (catalog.extract once per scrape shape).
 
 It only takes files it can read exactly as `iter_openmetrics` would: whole (`# EOF` last),
@@ -466,7 +466,7 @@ def _scan_block(
 ) -> tuple[list[float], bytes, list[bytes] | None] | None:
     """A family block's wanted lines in bulk: (their values, their one timestamp, their heads
     — None when they are `expected`, heads this returned for the family's last block); None
-    when the block is not that simple (the caller reads it line by line). ingest/_scan.c is
+    when the block is not that simple (the caller reads it line by line). recording/_scan.c is
     this function compiled; the two are tested against each other."""
     block = buffer[start:end]
     if not block.endswith(b"\n"):
@@ -497,8 +497,8 @@ def _floats(values: list[bytes]) -> list[float] | None:
 _compiled_scan_block: Callable[..., tuple[list[float], bytes, list[bytes] | None] | None] | None
 _compiled_scan_series: Callable[..., list[tuple[bytes, bytes, bytes, bool]] | None] | None
 try:  # the compiled scan, when it was built (pip builds it where there is a C compiler)
-    from kvoffload.ingest._scan import scan_block as _compiled_scan_block
-    from kvoffload.ingest._scan import scan_series as _compiled_scan_series
+    from kvoffload.recording._scan import scan_block as _compiled_scan_block
+    from kvoffload.recording._scan import scan_series as _compiled_scan_series
 except ImportError:  # pragma: no cover - depends on the build
     _compiled_scan_block = _compiled_scan_series = None
 

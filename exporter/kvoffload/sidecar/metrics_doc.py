@@ -25,7 +25,7 @@ def metrics_markdown() -> str:
         "# Metrics the sidecar exports",
         "",
         "Generated from `exporter/kvoffload/analysis/signals.py` by "
-        "`kvoffload.sidecar.reference` (a test fails when this file drifts).",
+        "`kvoffload.sidecar.metrics_doc` (a test fails when this file drifts).",
         "Every series carries `target` (the vLLM scrape target, host:port); derived figures add",
         "`model_name`. Figures are computed over the sidecar's `--window` (5m by default), summed",
         "over engines (ratios are ratios of sums). An undefined figure has no sample.",

@@ -1,4 +1,4 @@
-# The compiled scan (ingest/_scan.c): fastjournal._scan_block's contract.
+# The compiled scan (recording/_scan.c): fastjournal._scan_block's contract.
 import mmap
 
 def scan_block(

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from kvoffload.errors import InputError
 from kvoffload.ingest.parse import ParseError
-from kvoffload.ingest.recording import JOURNAL_MARK, finalize_journal, read_recording
+from kvoffload.recording.openmetrics import JOURNAL_MARK, finalize_journal, read_recording
 
 # A recording larger than this is not one `record` wrote (a day of 1,000 targets every 15 s
 # is ~600 GB less than this; a mistaken path to a disk image is refused before it is read).

@@ -3,7 +3,7 @@ ends: each family once, each series' points together and in time order).
 
 The general reader sorts such a file's kept lines by timestamp on disk and parses them again.
 This one reads it as it lies — series by series, a piece of a family block at a time, by the
-compiled scan (ingest/_scan.c's `scan_series`) where it was built, else in Python — into
+compiled scan (recording/_scan.c's `scan_series`) where it was built, else in Python — into
 compact columns (a series' values in an `array('d')`; the times of series scraped together
 held once), then rebuilds the scrapes of each instance in time order and turns them into
 Extracts through `ingest.shapes`. Memory is the columns: 8 bytes per kept point.
@@ -25,9 +25,10 @@ import re
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 
-from kvoffload.ingest import fastjournal
 from kvoffload.ingest.catalog import FLAT_FAMILY, OFFLOAD_FAMILY_PREFIXES, Extract
-from kvoffload.ingest.fastjournal import (
+from kvoffload.ingest.parse import canonical_name, family_name
+from kvoffload.recording import journal_reader as fastjournal
+from kvoffload.recording.journal_reader import (
     Declined,
     _Family,
     _family,
@@ -39,7 +40,6 @@ from kvoffload.ingest.fastjournal import (
     _Pages,
     _wanted_text,
 )
-from kvoffload.ingest.parse import canonical_name, family_name
 
 _INSTANCE = re.compile(rb'[{,]instance="((?:[^"\\]|\\.)*)"')
 
@@ -125,7 +125,7 @@ def _read_columns(
     users: dict[str, set[str] | None] = {}
     unread: dict[str, list[tuple[int, int]]] = {}  # relevant families not read: their blocks
     pages = _Pages(mm, report)
-    # The compiled scan of a piece (ingest/_scan.c), unless it was not built or is turned off.
+    # The compiled scan of a piece (recording/_scan.c), unless it was not built or is turned off.
     scan = fastjournal._compiled_scan_series if fastjournal.COMPILED else None
     # (number of points, first and last time) → the times arrays read, to hold each once
     shared_times: dict[tuple[int, float, float], list[array[float]]] = {}

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvoffload.analysis.analyze import Settings
-from kvoffload.analysis.fleetrun import analyze_from_prometheus
-from kvoffload.analysis.fleetsummary import FleetSummary
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.errors import InputError
+from kvoffload.fleet.promapi import PrometheusAPI, PromStopped, printable
+from kvoffload.fleet.runs import analyze_from_prometheus
+from kvoffload.fleet.source import FleetReader, ReadStats
+from kvoffload.fleet.summary import FleetSummary
 from kvoffload.ingest.hostmemory import HostMemory
-from kvoffload.ingest.promapi import PrometheusAPI, PromStopped, printable
-from kvoffload.ingest.promsource import FleetReader, ReadStats
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.sidecar.service import TargetState

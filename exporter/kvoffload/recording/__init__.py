@@ -1,0 +1,1 @@
+"""Recordings: the OpenMetrics files `record` writes, their readers and the `record` loop."""
