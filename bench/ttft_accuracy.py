@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ttft_sets import Case, all_cases
 from ttft_sim_sets import sim_cases
 
-from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.analyze import (
     Settings,
     analyze_groups,
@@ -39,6 +38,7 @@ from kvoffload.analysis.analyze import (
 from kvoffload.analysis.window import Window
 from kvoffload.kvevents.eventfile import read_event_file
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.thresholds import Thresholds
 
 RESULTS = Path(__file__).parent / "results.json"
 GIB = 2**30

@@ -2,13 +2,14 @@
 
 import pytest
 
-from kvoffload.analysis.advisor import GIB, Thresholds, advise, judge_ttft, round_size_gib
+from kvoffload.analysis.advisor import GIB, advise, judge_ttft, round_size_gib
 from kvoffload.analysis.analyze import analyze_window
 from kvoffload.analysis.ttft import Effect
 from kvoffload.analysis.window import Window
 from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
 from kvoffload.ingest.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
+from kvoffload.thresholds import Thresholds
 
 
 def run_scenario(name: str, interval: float | None = None) -> list[dict]:

@@ -15,7 +15,6 @@ import pytest
 import requests
 
 from kvoffload.analysis.advisor import GIB, Recommendation, _memory_check, memory_budget
-from kvoffload.analysis.advisor import Thresholds as AdvisorThresholds
 from kvoffload.ingest import hostmemory
 from kvoffload.ingest.hostmemory import (
     FOOTPRINT_BOUND,
@@ -25,6 +24,7 @@ from kvoffload.ingest.hostmemory import (
     read_cgroup,
     read_host_memory,
 )
+from kvoffload.thresholds import Thresholds as AdvisorThresholds
 
 from helpers import free_port
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.analysis.advisor import read_cgroup_memory_limit
-from kvoffload.cli import make_settings
+from kvoffload.cli.options import make_settings
 
 GIB = 2**30
 SIDECAR = 256 * 2**20
@@ -83,6 +83,6 @@ def test_no_cgroup_v2(tmp_path: Path) -> None:
 
 
 def test_the_flag_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kvoffload.cli.read_cgroup_memory_limit", lambda: 48.0 * GIB)
+    monkeypatch.setattr("kvoffload.cli.options.read_cgroup_memory_limit", lambda: 48.0 * GIB)
     assert make_settings(1, None, None).memory_limit_bytes == 48 * GIB
     assert make_settings(1, 16.0 * GIB, None).memory_limit_bytes == 16 * GIB

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvoffload import cli as cli_module
+from kvoffload.cli import analyze as analyze_command
 from kvoffload.fleet.options import ReadProgress
 from kvoffload.progress import FileReadProgress, Progress
 from kvoffload.recording.openmetrics import RecordingWriter
@@ -159,7 +160,7 @@ def test_analyze_shows_bytes_read_on_stderr_and_keeps_stdout_json(tmp_path, monk
         made.append(Progress(**{**kw, "tty": True, "show_after": 0.0, "every": 0.005}))
         return made[-1]
 
-    monkeypatch.setattr(cli_module, "Progress", progress)
+    monkeypatch.setattr(analyze_command, "Progress", progress)
     result = CliRunner().invoke(cli_module.cli, ["analyze", str(rec), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # stdout is the JSON alone

@@ -35,8 +35,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.openmetrics import parser as om_parser
 
+from kvoffload.ingest import extsort
 from kvoffload.ingest.parse import iter_openmetrics, parse_text, read_chunks
-from kvoffload.recording import extsort
 from kvoffload.recording.openmetrics import (
     Recording,
     RecordingWriter,

@@ -10,7 +10,7 @@ import threading
 from aiohttp import web
 
 from kvoffload.analysis.analyze import analyze_window, window_from_expositions
-from kvoffload.cli import _sample_live
+from kvoffload.cli.analyze import _sample_live
 from kvoffload.recording.openmetrics import read_recording
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 

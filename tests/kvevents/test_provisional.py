@@ -6,11 +6,11 @@ and /metrics flag it."""
 import lzma
 from pathlib import Path
 
-from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.evidence import provisional_reasons
 from kvoffload.kvevents.decode import STORED, Batch, Event
 from kvoffload.kvevents.eventfile import read_event_file
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.thresholds import Thresholds
 
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
 T = Thresholds()

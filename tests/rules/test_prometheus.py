@@ -32,7 +32,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.analyze import Settings
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.kvevents.decode import Batch, decode_batch
@@ -43,6 +42,7 @@ from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import encode_batch
+from kvoffload.thresholds import Thresholds
 
 from helpers import h200_scrapes
 from rules_procs import PromAPI, body_app, prometheus, serve

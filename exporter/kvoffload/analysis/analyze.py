@@ -15,7 +15,6 @@ from kvoffload.analysis import ttft
 from kvoffload.analysis.advisor import (
     GIB,
     Recommendation,
-    Thresholds,
     advise,
     judge_ab,
     judge_fleet,
@@ -44,6 +43,7 @@ from kvoffload.recording.journal_reader import (
 from kvoffload.recording.openmetrics import read_recording
 from kvoffload.recording.parts import PartsFailed, extracts_in_parts
 from kvoffload.recording.strict_reader import strict_extracts
+from kvoffload.thresholds import Thresholds
 
 log = logging.getLogger("kvoffload")
 

@@ -1,7 +1,7 @@
 """Advisor rules as conditions on figures, defined once: the advisor evaluates them over the
 sidecar's figures, the alerts render them over the recording rules.
 
-A threshold is named, not copied: `advisor.Thresholds` and `promql.MixinConfig` carry it under
+A threshold is named, not copied: `thresholds.Thresholds` and `promql.MixinConfig` carry it under
 the same name (`kvoffload generate --thresholds FILE` reads the sidecar's YAML), so the value
 the sidecar judges with is the value the alert fires at. An undefined figure satisfies no
 comparison, in both renderings (None in Python, no sample in PromQL).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kvoffload.analysis.formula import binop, by_labels, indent, paren, sidecar
 
 if TYPE_CHECKING:
-    from kvoffload.mixin.promql import MixinConfig
+    from kvoffload.analysis.scope import Scope
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -35,7 +35,7 @@ class Condition:
     def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
         raise NotImplementedError
 
-    def promql(self, cfg: MixinConfig) -> str:
+    def promql(self, cfg: Scope) -> str:
         raise NotImplementedError
 
     composite = True
@@ -60,10 +60,8 @@ class Compare(Condition):
         value = figures.get(self.figure)
         return value is not None and _OPS[self.op](value, self.limit(thresholds))
 
-    def promql(self, cfg: MixinConfig) -> str:
-        from kvoffload.mixin.promql import record_name  # promql renders the figures' rules
-
-        return f"{record_name(self.figure, cfg)} {self.op} {_num(self.limit(cfg))}"
+    def promql(self, cfg: Scope) -> str:
+        return f"{cfg.record_name(self.figure)} {self.op} {_num(self.limit(cfg))}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ class AtMost(Condition):
         a, b = figures.get(self.figure), figures.get(self.other)
         return a is not None and b is not None and a <= b
 
-    def promql(self, cfg: MixinConfig) -> str:
+    def promql(self, cfg: Scope) -> str:
         from kvoffload.analysis.signals import FIGURES_BY_KEY  # signals imports the advisor
 
         ratio = binop(
@@ -104,7 +102,7 @@ class AnyOf(Condition):
     def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
         return any(p.holds(figures, thresholds) for p in self.parts)
 
-    def promql(self, cfg: MixinConfig) -> str:
+    def promql(self, cfg: Scope) -> str:
         return "\nor\n".join(_operand(p, cfg) for p in self.parts)
 
 
@@ -118,7 +116,7 @@ class AllOf(Condition):
     def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
         return all(p.holds(figures, thresholds) for p in self.parts)
 
-    def promql(self, cfg: MixinConfig) -> str:
+    def promql(self, cfg: Scope) -> str:
         return f"\nand on ({by_labels(cfg)})\n".join(_operand(p, cfg) for p in self.parts)
 
 
@@ -133,7 +131,7 @@ class Unless(Condition):
     def holds(self, figures: Mapping[str, float | None], thresholds: object) -> bool:
         return self.kept.holds(figures, thresholds) and not self.excluded.holds(figures, thresholds)
 
-    def promql(self, cfg: MixinConfig) -> str:
+    def promql(self, cfg: Scope) -> str:
         return (
             f"{_operand(self.kept, cfg)}\nunless on ({by_labels(cfg)})\n"
             f"{_operand(self.excluded, cfg)}"
@@ -154,7 +152,7 @@ class Limits:
         return getattr(self._thresholds, name)
 
 
-def _operand(c: Condition, cfg: MixinConfig) -> str:
+def _operand(c: Condition, cfg: Scope) -> str:
     text = c.promql(cfg)
     return paren(text) if c.composite else text
 

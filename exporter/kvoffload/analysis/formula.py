@@ -4,8 +4,8 @@ A figure is an expression tree of a few nodes — Rate/Increase of catalog count
 (raw counters since start), GaugeMean, Ratio, Product, FirstOf, OrZero, Minus, ClampMin,
 Positive, PerSecond, TimesWorldSize, gates on offloading, Sidecar (a figure PromQL reads from
 the sidecar) and PythonOnly (what PromQL cannot compute, with the reason). Each node evaluates in
-Python over a window's `signals.Context` and renders PromQL over a `MixinConfig` and a range,
-so the sidecar, the recording rules and the dashboards share one definition.
+Python over a window's `signals.Context` and renders PromQL over a `Scope` (the mixin config)
+and a range, so the sidecar, the recording rules and the dashboards share one definition.
 
 vLLM's spellings live only in the metric catalog (`vllm.py`): a catalog key renders as its
 sample name under both of Prometheus's spellings (`vllm:x` and escaped `vllm_x`), with its
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, ClassVar
 from kvoffload.ingest.catalog import CORE_COUNTERS, GAUGES, OFFLOAD_COUNTERS, SUMMED_GAUGES
 
 if TYPE_CHECKING:
+    from kvoffload.analysis.scope import Scope
     from kvoffload.analysis.signals import Context
-    from kvoffload.mixin.promql import MixinConfig
 
 GATE_RECORD = "instance:vllm_kv_offload_configured:group"
 
@@ -57,15 +57,15 @@ def div(num: str, den: str) -> str:
     return binop(num, "/", paren(f"{den} > 0" if "\n" not in den else den + "\n> 0"))
 
 
-def by_labels(cfg: MixinConfig) -> str:
+def by_labels(cfg: Scope) -> str:
     return ", ".join((*cfg.target_labels, "model_name"))
 
 
-def target_by(cfg: MixinConfig) -> str:
+def target_by(cfg: Scope) -> str:
     return ", ".join(cfg.target_labels)
 
 
-def vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
+def vllm(cfg: Scope, name: str, *matchers: str) -> str:
     """A selector for a vLLM sample name under both spellings (`vllm:` and escaped `vllm_`)."""
     parts = [f'__name__=~"vllm[:_]{name}"']
     if cfg.vllm_selector:
@@ -74,12 +74,12 @@ def vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def sidecar(cfg: MixinConfig, name: str, *matchers: str) -> str:
+def sidecar(cfg: Scope, name: str, *matchers: str) -> str:
     inner = ", ".join(m for m in (cfg.sidecar_selector, *matchers) if m)
     return f"{name}{{{inner}}}" if inner else name
 
 
-def sidecar_as_vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
+def sidecar_as_vllm(cfg: Scope, name: str, *matchers: str) -> str:
     """A sidecar gauge relabelled to join vLLM rules: its `target` names the vLLM instance."""
     return (
         f'label_replace({sidecar(cfg, name, *matchers)}, "instance", "$1", '
@@ -88,7 +88,7 @@ def sidecar_as_vllm(cfg: MixinConfig, name: str, *matchers: str) -> str:
 
 
 def sum_fn(
-    cfg: MixinConfig,
+    cfg: Scope,
     fn: str,
     name: str,
     window: str,
@@ -99,7 +99,7 @@ def sum_fn(
     return f"sum by ({by}) ({fn}({vllm(cfg, name, *matchers)}[{window}]))"
 
 
-def sum_rate(cfg: MixinConfig, name: str, window: str, *matchers: str) -> str:
+def sum_rate(cfg: Scope, name: str, window: str, *matchers: str) -> str:
     return sum_fn(cfg, "rate", name, window, *matchers)
 
 
@@ -137,7 +137,7 @@ def counter_series(keys: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def counter_sum(
-    cfg: MixinConfig,
+    cfg: Scope,
     fn: str,
     keys: tuple[str, ...],
     window: str | None,
@@ -170,7 +170,7 @@ class Expr:
     def value(self, c: Context) -> float | None:
         raise NotImplementedError
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         raise NotImplementedError
 
     def python_only(self) -> list[PythonOnly]:
@@ -197,7 +197,7 @@ def _series_words(keys: tuple[str, ...]) -> str:
     return f"`{shown}`"
 
 
-def _operand(e: Expr, cfg: MixinConfig, w: str) -> str:
+def _operand(e: Expr, cfg: Scope, w: str) -> str:
     text = e.promql(cfg, w)
     return paren(text) if e.composite else text
 
@@ -219,7 +219,7 @@ class Rate(Expr):
     def value(self, c: Context) -> float | None:
         return c.inc(*self.keys) if any(c.has(k) for k in self.keys) else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return counter_sum(cfg, "rate", self.keys, w)
 
     def describe(self) -> str:
@@ -233,7 +233,7 @@ class Increase(Rate):
     def __init__(self, *keys: str) -> None:
         object.__setattr__(self, "keys", keys)
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return counter_sum(cfg, "increase", self.keys, w)
 
     def describe(self) -> str:
@@ -258,7 +258,7 @@ class Total(Expr):
         present = [k for k in self.keys if k in life]
         return sum(life[k] for k in present) if present else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return counter_sum(cfg, "", self.keys, None)
 
     def describe(self) -> str:
@@ -275,7 +275,7 @@ class GaugeMean(Expr):
     def value(self, c: Context) -> float | None:
         return c.delta.gauge_avg.get(self.key)
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         name, label, value = GAUGES[self.key]
         matchers = (f'{label}="{value}"',) if label else ()
         agg = "sum" if self.key in SUMMED_GAUGES else "avg"
@@ -302,7 +302,7 @@ class Ratio(Expr):
         n, d = self.num.value(c), self.den.value(c)
         return n / d if n is not None and d is not None and d > 0 else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         den = _operand(self.den, cfg, w)
         if isinstance(self.num, Sidecar):
             return (
@@ -330,7 +330,7 @@ class Minus(Expr):
         a, b = self.left.value(c), self.right.value(c)
         return a - b if a is not None and b is not None else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return binop(_operand(self.left, cfg, w), "-", _operand(self.right, cfg, w))
 
     def describe(self) -> str:
@@ -349,7 +349,7 @@ class Product(Expr):
         a, b = self.left.value(c), self.right.value(c)
         return a * b if a is not None and b is not None else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return binop(_operand(self.left, cfg, w), "*", _operand(self.right, cfg, w))
 
     def describe(self) -> str:
@@ -365,7 +365,7 @@ class ClampMin(Expr):
         v = self.inner.value(c)
         return max(v, self.floor) if v is not None else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return f"clamp_min(\n{indent(self.inner.promql(cfg, w))},\n  {self.floor:g}\n)"
 
     def describe(self) -> str:
@@ -383,7 +383,7 @@ class Positive(Expr):
         v = self.inner.value(c)
         return v if v is not None and v > 0 else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return f"{_operand(self.inner, cfg, w)}\n> 0"
 
     def describe(self) -> str:
@@ -408,7 +408,7 @@ class FirstOf(Expr):
                 return v
         return None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         parts = [_operand(o, cfg, w) for o in self.options if not isinstance(o, PythonOnly)]
         if not parts:
             raise ValueError("no operand PromQL can compute")
@@ -436,7 +436,7 @@ class OrZero(Expr):
             return v
         return 0.0 if self.like.value(c) is not None else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return f"{_operand(self.inner, cfg, w)}\nor\n0 * {_operand(self.like, cfg, w)}"
 
     def describe(self) -> str:
@@ -458,7 +458,7 @@ class PerSecond(Expr):
         v = self.inner.value(c)
         return v / c.delta.seconds if v is not None and c.delta.seconds > 0 else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return self.inner.promql(cfg, w)
 
     def describe(self) -> str:
@@ -479,7 +479,7 @@ class TimesWorldSize(Expr):
         v = self.inner.value(c)
         return v * max(c.world_size, 1) if v is not None else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         text = self.inner.promql(cfg, w)
         if cfg.world_size == 1:
             return text
@@ -505,7 +505,7 @@ class WhenOffloading(Expr):
     def value(self, c: Context) -> float | None:
         return self.inner.value(c) if c.static.offload_families else None
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         text = self.inner.promql(cfg, w)
         if not self.gate:
             return text
@@ -529,7 +529,7 @@ class PythonOnly(Expr):
     def value(self, c: Context) -> float | None:
         return self.compute(c)
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         raise ValueError(f"not computable in PromQL: {self.why}")
 
     def python_only(self) -> list[PythonOnly]:
@@ -549,14 +549,14 @@ class Sidecar(Expr):
     def value(self, c: Context) -> float | None:
         return self.compute(c)
 
-    def promql(self, cfg: MixinConfig, w: str) -> str:
+    def promql(self, cfg: Scope, w: str) -> str:
         return sidecar_as_vllm(cfg, self.metric)
 
     def describe(self) -> str:
         return f"the sidecar's `{self.metric}`"
 
 
-def share_family(cfg: MixinConfig, w: str, shares: list[Ratio], label: str) -> str:
+def share_family(cfg: Scope, w: str, shares: list[Ratio], label: str) -> str:
     """Several figures `Rate(key_i) / Rate(den)` whose keys differ only in one label's value,
     rendered as one rule with that label kept: one query instead of one per value."""
     keys: list[str] = []

@@ -49,7 +49,7 @@ _WAIT_SD = 0.15
 
 @dataclass(frozen=True)
 class Constants:
-    """The model's few constants (advisor.Thresholds carries them; docs/advisor.md)."""
+    """The model's few constants (thresholds.Thresholds carries them; docs/advisor.md)."""
 
     store_critical_bytes_per_second: float
     idle_reload_step_seconds: float

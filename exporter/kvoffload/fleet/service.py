@@ -252,6 +252,11 @@ class FleetService:
     def ready(self) -> bool:
         return self.last is not None
 
+    @property
+    def last_read_seconds(self) -> float | None:
+        """How long the last good read took (None before one)."""
+        return self.last.duration_seconds if self.last is not None else None
+
     def snapshot(self) -> FleetService:
         """Itself: a read replaces the published targets and groups whole (it does not edit
         the lists), so the HTTP face reads them in a thread as they are."""

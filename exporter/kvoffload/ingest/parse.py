@@ -530,7 +530,7 @@ def iter_openmetrics(
 
     `unordered`: the other valid layouts — families contiguous (what OpenMetrics requires of a
     file with several timestamps, what `record` writes and what other tools write) or series
-    contiguous. The samples kept are sorted by timestamp on disk (kvoffload.recording.extsort, in
+    contiguous. The samples kept are sorted by timestamp on disk (kvoffload.ingest.extsort, in
     `tmp_dir`) and read back scrape by scrape, so memory stays bounded there too.
 
     `journal`: the path of a `record` journal being read, named in the warning if it was cut.
@@ -555,7 +555,7 @@ def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None) -> I
     sort keyed by (timestamp, order in the file), so a scrape's samples keep their file order,
     and the sorted lines are parsed again one scrape at a time (mostly from the caches; each
     line was checked on the first pass, so no error can come from this one)."""
-    from kvoffload.recording.extsort import sorted_lines
+    from kvoffload.ingest.extsort import sorted_lines
 
     wanted = state.wanted
     current: Exposition | None = None
@@ -605,7 +605,7 @@ def _keyed_samples(
     """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key. TYPE
     lines are collected in `state.all_families`; skipped families are jumped over (with a
     look at their `instance` labels only, recorded in `users`: family → instances)."""
-    from kvoffload.recording.extsort import float_key
+    from kvoffload.ingest.extsort import float_key
 
     wanted, parse_line = state.wanted, _parse_sample_line
     ts_keys: dict[float, str] = {}

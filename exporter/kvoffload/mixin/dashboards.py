@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.formula import GATE_RECORD, counter_series
 from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.links import doc
@@ -45,6 +44,7 @@ from kvoffload.sidecar.metrics import (
     KV_EVENT_METRICS,
     TTFT_METRICS,
 )
+from kvoffload.thresholds import Thresholds
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds
 

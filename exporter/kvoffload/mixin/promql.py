@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kvoffload.analysis.advisor import Thresholds
 from kvoffload.analysis.formula import (  # noqa: F401 (the text helpers rules and dashboards use)
     GATE_RECORD,
     Expr,
@@ -42,6 +41,7 @@ from kvoffload.analysis.formula import (  # noqa: F401 (the text helpers rules a
 from kvoffload.analysis.signals import FIGURES, FIGURES_BY_KEY, LOADED
 from kvoffload.errors import InputError
 from kvoffload.links import doc
+from kvoffload.thresholds import Thresholds
 from kvoffload.units import parse_duration
 
 _ADVISOR = Thresholds()  # alert thresholds default to the sidecar advisor's, so both agree
@@ -224,6 +224,10 @@ class MixinConfig:
         """The window a condition's `window_seconds` means in the alerts (conditions.py): the
         slow window, which the alerts on reuse and fill time judge over."""
         return self.slow_window_seconds
+
+    def record_name(self, key: str) -> str:
+        """The recording rule that renders figure `key` (analysis.scope.Scope asks for it)."""
+        return record_name(key, self)
 
     def with_overrides(self, **overrides: Any) -> MixinConfig:
         overrides = {RENAMED_SETTINGS.get(k, k): v for k, v in overrides.items()}

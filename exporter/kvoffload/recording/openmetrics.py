@@ -5,9 +5,10 @@ output (`OUT.partial`), whole and flushed one by one: scrape-ordered text that `
 streams, and all that a recorder killed with SIGKILL leaves. On a clean end (duration reached,
 SIGTERM, Ctrl-C) the journal is rewritten into OUT as strict OpenMetrics — each family once and
 contiguous, each series' points contiguous and in time order, `# EOF` — through an on-disk sort
-(kvoffload.recording.extsort), so a 24-hour recording needs no more memory than a short one;
+(kvoffload.ingest.extsort), so a 24-hour recording needs no more memory than a short one;
 then the journal goes. OUT is what prometheus_client's parser and `promtool tsdb
-create-blocks-from openmetrics` accept. Like Prometheus, the writer adds `instance` and `job` to every series.
+create-blocks-from openmetrics` accept. Like Prometheus, the writer adds `instance` and `job`
+to every series.
 
 `read_recording` takes either layout and any other valid one (series contiguous): scrape by
 scrape streams; the others are sorted by timestamp on disk.
@@ -316,7 +317,7 @@ def finalize_journal(
     --repair`), its last, possibly partial point. Returns the number of timestamps written
     (a journal's scrapes). `verify(tmp, timestamps)` may refuse the result (raising) before
     it is renamed to `out`."""
-    from kvoffload.recording.extsort import sorted_lines
+    from kvoffload.ingest.extsort import sorted_lines
 
     try:
         fh = open(journal, encoding="utf-8", errors=CUT_TOLERANT)  # noqa: SIM115
@@ -392,7 +393,7 @@ class _JournalScan:
         return len(self.times)
 
     def keyed(self, fh: TextIO, path: str) -> Iterator[str]:
-        from kvoffload.recording.extsort import float_key
+        from kvoffload.ingest.extsort import float_key
 
         fam_index: dict[str, int] = {}
         prefixes: dict[tuple[int, str], str] = {}  # (family, sample head) → key prefix

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -18,7 +19,6 @@ from kvoffload import __version__
 from kvoffload.analysis.advisor import ACTIONS, GIB
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
-from kvoffload.fleet.service import FleetService
 from kvoffload.sidecar.service import Service
 
 GROUP_LABELS = ["target", "model_name"]
@@ -332,6 +332,19 @@ def _histogram(name: str) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, help_text, labels=labels)
 
 
+@runtime_checkable
+class ReadsFromPrometheus(Protocol):
+    """A service that reads its figures from Prometheus (`fleet.service`), counting its reads.
+
+    A protocol, so this module (below `fleet/`) never imports the fleet."""
+
+    reads: int
+    failures: int
+
+    @property
+    def last_read_seconds(self) -> float | None: ...
+
+
 class SidecarCollector(Collector):
     def __init__(self, sidecar: Service) -> None:
         self.sidecar = sidecar
@@ -341,7 +354,7 @@ class SidecarCollector(Collector):
         build = _gauge("kvoffload_build_info")
         build.add_metric([__version__], 1)
         yield build
-        if isinstance(sc, FleetService):
+        if isinstance(sc, ReadsFromPrometheus):
             yield from _fleet_reads(sc)
 
         up = _gauge("kvoffload_up")
@@ -488,14 +501,14 @@ class SidecarCollector(Collector):
         )
 
 
-def _fleet_reads(fleet: FleetService) -> Iterator[Metric]:
+def _fleet_reads(fleet: ReadsFromPrometheus) -> Iterator[Metric]:
     reads = _counter("kvoffload_fleet_reads")
     reads.add_metric([], fleet.reads)
     failures = _counter("kvoffload_fleet_read_failures")
     failures.add_metric([], fleet.failures)
     duration = _gauge("kvoffload_fleet_read_duration_seconds")
-    if fleet.last is not None:
-        duration.add_metric([], fleet.last.duration_seconds)
+    if (seconds := fleet.last_read_seconds) is not None:
+        duration.add_metric([], seconds)
     yield from (reads, failures, duration)
 
 
