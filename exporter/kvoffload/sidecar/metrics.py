@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -21,300 +21,444 @@ from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.sidecar.service import Service
 
-GROUP_LABELS = ["target", "model_name"]
+GROUP = ("target", "model_name")  # the labels of every per-group series
+GROUP_LABELS = list(GROUP)
 
-# The sidecar's own series, the advice, and (below) the KV-event series: name → (type, labels,
-# help). One table for the exposition and for docs/metrics.md (sidecar/metrics_doc.py).
-TARGET_METRICS: dict[str, tuple[str, list[str], str]] = {
-    "kvoffload_build_info": ("gauge", ["version"], "kvoffload version (always 1)."),
-    "kvoffload_up": (
+
+class Series(NamedTuple):
+    """One of the sidecar's own series: what /metrics exposes and docs/metrics.md lists."""
+
+    section: str  # the docs' table it sits in, and the collector that fills it
+    name: str
+    type: str  # gauge, counter or histogram
+    labels: tuple[str, ...]
+    help: str
+
+
+# Every series the sidecar exposes besides the figures (analysis.signals.FIGURES) and the
+# process collectors: one row each, in the order docs/metrics.md lists them.
+SERIES: tuple[Series, ...] = (
+    # per target: scrapes and what they could not read
+    Series(
+        "target",
+        "kvoffload_build_info",
         "gauge",
-        ["target"],
+        ("version",),
+        "kvoffload version (always 1).",
+    ),
+    Series(
+        "target",
+        "kvoffload_up",
+        "gauge",
+        ("target",),
         "1 if the last scrape of the vLLM target succeeded and parsed, else 0.",
     ),
-    "kvoffload_scrape_duration_seconds": (
+    Series(
+        "target",
+        "kvoffload_scrape_duration_seconds",
         "gauge",
-        ["target"],
+        ("target",),
         "Duration of the last successful scrape of the target, fetch to updated figures.",
     ),
-    "kvoffload_scrape_failures": (
+    Series(
+        "target",
+        "kvoffload_scrape_failures",
         "counter",
-        ["target"],
+        ("target",),
         "Scrapes of the target that failed (unreachable, slow, HTTP error, oversized or "
         "unparsable).",
     ),
-    "kvoffload_samples_rejected": (
+    Series(
+        "target",
+        "kvoffload_samples_rejected",
         "counter",
-        ["target", "reason"],
+        (
+            "target",
+            "reason",
+        ),
         "Samples of the target not believed, read as unknown: the figures that read them are "
         "absent while that scrape is in the window (reason=timestamp: NaN, infinite or over a "
         "year from the scrape; reason=value: NaN, infinite or beyond ±1e30; reason=range: "
         "outside the range of its catalog row, such as a negative counter or a KV-cache usage "
         "outside [0, 1]).",
     ),
-    "kvoffload_scrape_limit_exceeded": (
+    Series(
+        "target",
+        "kvoffload_scrape_limit_exceeded",
         "counter",
-        ["target", "limit"],
+        (
+            "target",
+            "limit",
+        ),
         "Scrapes of the target failed for going over a limit (limit=samples: "
         "--scrape.sample-limit; groups: --scrape.group-limit; label_value_length: "
         "--scrape.label-value-length-limit). Also counted in kvoffload_scrape_failures_total.",
     ),
-    "kvoffload_counter_resets": (
+    Series(
+        "target",
+        "kvoffload_counter_resets",
         "counter",
-        ["target", "reason"],
+        (
+            "target",
+            "reason",
+        ),
         "Counter series of the target seen to reset, each taken from zero as increase() does "
         "(reason=restart: its _created moved, or its engine's counters went down together; "
         "reason=decrease: it went down while its engine did not restart, and the figures that "
         "read it are absent while that scrape is in the window).",
     ),
-    "kvoffload_scrape_payload_bytes": (
+    Series(
+        "target",
+        "kvoffload_scrape_payload_bytes",
         "gauge",
-        ["target"],
+        ("target",),
         "Size of the target's last /metrics body.",
     ),
-    "kvoffload_last_success_timestamp_seconds": (
+    Series(
+        "target",
+        "kvoffload_last_success_timestamp_seconds",
         "gauge",
-        ["target"],
+        ("target",),
         "Unix time of the target's last successful scrape.",
     ),
-    "kvoffload_offloading_enabled": (
+    Series(
+        "target",
+        "kvoffload_offloading_enabled",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "1 if the engine exposes KV offloading metrics.",
     ),
-    "kvoffload_window_seconds": (
+    Series(
+        "target",
+        "kvoffload_window_seconds",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Time span the figures of this group cover.",
     ),
-}
-ADVICE_METRICS: dict[str, tuple[str, list[str], str]] = {
-    "kvoffload_recommendation": (
+    # per group: the published advice
+    Series(
+        "advice",
+        "kvoffload_recommendation",
         "gauge",
-        [*GROUP_LABELS, "action"],
+        (
+            *GROUP,
+            "action",
+        ),
         "Current advice: 1 for the recommended action (enable, leave_off, keep, grow, shrink, "
         "store_threshold, disable), 0 for the others.",
     ),
-    "kvoffload_recommended_size_bytes": (
+    Series(
+        "advice",
+        "kvoffload_recommended_size_bytes",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Recommended --kv-offloading-size in bytes, when the advice carries a size.",
     ),
-    "kvoffload_recommendation_since_timestamp_seconds": (
+    Series(
+        "advice",
+        "kvoffload_recommendation_since_timestamp_seconds",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Data time (scrape timestamp) since which the published advice has stood; absent "
         "while the first minutes after a start or a tier change are not judged.",
     ),
-    "kvoffload_recommendation_pending": (
+    Series(
+        "advice",
+        "kvoffload_recommendation_pending",
         "gauge",
-        [*GROUP_LABELS, "action"],
+        (
+            *GROUP,
+            "action",
+        ),
         "1 for a new advice that has not yet held for the dwell time (the published one "
         "stands meanwhile).",
     ),
-}
-
-KV_EVENT_METRICS: dict[str, tuple[str, list[str], str]] = {
-    "kvoffload_kv_events_messages": (
+    # per group: the TTFT verdict (analysis.ttft); negative = faster, bound=estimate|low|high
+    Series(
+        "ttft",
+        "kvoffload_offload_ttft_effect_seconds",
+        "gauge",
+        (
+            *GROUP,
+            "bound",
+        ),
+        "Mean TTFT change per request that the CPU tier causes now versus no offloading "
+        "(negative = faster), measured on this server; bound=estimate|low|high.",
+    ),
+    Series(
+        "ttft",
+        "kvoffload_recommended_ttft_change_seconds",
+        "gauge",
+        (
+            *GROUP,
+            "basis",
+            "bound",
+        ),
+        "Predicted mean TTFT change per request if the recommendation is applied, relative to "
+        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high.",
+    ),
+    Series(
+        "ttft",
+        "kvoffload_predicted_offload_ttft_effect_seconds",
+        "gauge",
+        GROUP,
+        "Predicted mean TTFT change per request of a CPU tier at the recommended size versus "
+        "none (negative = faster), from the KV-event curve.",
+    ),
+    Series(
+        "ttft",
+        "kvoffload_marginal_recompute_ttft_seconds",
+        "gauge",
+        GROUP,
+        "Mean TTFT (summed over requests) that one more recomputed prompt token costs, fitted "
+        "over scrape intervals.",
+    ),
+    # KV events (kvoffload.kvevents)
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_messages",
         "counter",
-        ["target"],
+        ("target",),
         "KV-event messages received from vLLM.",
     ),
-    "kvoffload_kv_events_lost_messages": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_lost_messages",
         "counter",
-        ["target"],
+        ("target",),
         "KV-event messages lost (sequence gaps not replayed).",
     ),
-    "kvoffload_kv_events_decode_errors": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_decode_errors",
         "counter",
-        ["target"],
+        ("target",),
         "KV-event payloads that did not decode.",
     ),
-    "kvoffload_kv_events_evicted_blocks": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_evicted_blocks",
         "counter",
-        ["target", "state"],
+        (
+            "target",
+            "state",
+        ),
         "Blocks the KV-event state forgot to stay within --kv-events-sample-budget, by "
         "structure (gpu_parents: the GPU prefix map, cpu_resident: the CPU tier's residency): "
         "a publisher storing blocks it never removes.",
     ),
-    "kvoffload_kv_events_sequence_anomalies": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_sequence_anomalies",
         "counter",
-        ["target", "reason"],
+        (
+            "target",
+            "reason",
+        ),
         "KV-event messages with an implausible sequence number: rejected (out of range, not "
         "taken) or jump (a forward gap no publisher could have made: not counted as lost).",
     ),
-    "kvoffload_kv_events_publisher_restarts": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_publisher_restarts",
         "counter",
-        ["target"],
+        ("target",),
         "KV-event publishers seen to restart (the sequence went back: vLLM restarted); what "
         "of its history was not replayed shows in kvoffload_kv_events_unseen_messages.",
     ),
-    "kvoffload_kv_events_refused_events": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_refused_events",
         "counter",
-        ["target", "reason"],
+        (
+            "target",
+            "reason",
+        ),
         "KV events not taken, by reason (block_size: a BlockStored whose block_size is "
         "negative or over 2^20 tokens).",
     ),
-    "kvoffload_kv_events_unseen_messages": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_unseen_messages",
         "gauge",
-        ["target"],
+        ("target",),
         "KV-event messages vLLM published before the sidecar listened and no longer holds for "
         "replay: history the curve does not contain (0 = complete).",
     ),
-    "kvoffload_curve_provisional": (
+    Series(
+        "kv_events",
+        "kvoffload_curve_provisional",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "1 while the KV-event curve cannot size a tier yet (a partial stream, too short, or "
         "still warming up from a cold start: the reasons are in the JSON and the advice), "
         "else 0.",
     ),
-    "kvoffload_kv_events_sample_ratio": (
+    Series(
+        "kv_events",
+        "kvoffload_kv_events_sample_ratio",
         "gauge",
-        ["target"],
+        ("target",),
         "Share of blocks tracked for reuse distances (1 = exact).",
     ),
-    "kvoffload_reuse_distance_bytes": (
+    Series(
+        "kv_events",
+        "kvoffload_reuse_distance_bytes",
         "histogram",
-        GROUP_LABELS,
+        GROUP,
         "GPU-missed prompt tokens by LRU reuse distance in bytes (KV events): the bucket at "
         "le=C counts the tokens a CPU tier of C bytes per engine would have served.",
     ),
-    "kvoffload_cpu_resident_bytes": (
+    Series(
+        "kv_events",
+        "kvoffload_cpu_resident_bytes",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Bytes resident in the CPU tier (KV events).",
     ),
-    "kvoffload_never_loaded_evicted_bytes": (
+    Series(
+        "kv_events",
+        "kvoffload_never_loaded_evicted_bytes",
         "counter",
-        GROUP_LABELS,
+        GROUP,
         "Bytes stored into the CPU tier and evicted without ever being loaded (KV events).",
     ),
-    "kvoffload_never_loaded_resident_bytes": (
+    Series(
+        "kv_events",
+        "kvoffload_never_loaded_resident_bytes",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Bytes in the CPU tier not loaded since they were stored (KV events).",
     ),
-    "kvoffload_achievable_offload_hit_ratio": (
+    Series(
+        "kv_events",
+        "kvoffload_achievable_offload_hit_ratio",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Offload hit ratio an unbounded CPU tier would reach (KV events).",
     ),
-    "kvoffload_predicted_offload_hit_ratio": (
+    Series(
+        "kv_events",
+        "kvoffload_predicted_offload_hit_ratio",
         "gauge",
-        GROUP_LABELS,
+        GROUP,
         "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
     ),
-}
-# `serve --prometheus`: the reads of the fleet from Prometheus.
-FLEET_METRICS: dict[str, tuple[str, list[str], str]] = {
-    "kvoffload_fleet_reads": (
+    # `serve --prometheus`: the reads of the fleet from Prometheus
+    Series(
+        "fleet",
+        "kvoffload_fleet_reads",
         "counter",
-        [],
+        (),
         "Reads of the fleet's vLLM series from Prometheus (serve --prometheus).",
     ),
-    "kvoffload_fleet_read_failures": (
+    Series(
+        "fleet",
+        "kvoffload_fleet_read_failures",
         "counter",
-        [],
-        "Reads of the fleet from Prometheus that failed as a whole (unreachable, error, no vLLM "
-        "series in the range): the last good analysis stays published, every target down.",
+        (),
+        "Reads of the fleet from Prometheus that failed as a whole (unreachable, error, no "
+        "vLLM series in the range): the last good analysis stays published, every target "
+        "down.",
     ),
-    "kvoffload_fleet_read_duration_seconds": (
+    Series(
+        "fleet",
+        "kvoffload_fleet_read_duration_seconds",
         "gauge",
-        [],
+        (),
         "Duration of the last successful read of the fleet, first question to updated analysis.",
     ),
-}
-
-# The TTFT verdict (analysis.ttft), per group: name → (extra labels, help). One table for the
-# exposition and for docs/metrics.md. Negative = faster.
-TTFT_METRICS: dict[str, tuple[list[str], str]] = {
-    "kvoffload_offload_ttft_effect_seconds": (
-        ["bound"],
-        "Mean TTFT change per request that the CPU tier causes now versus no offloading "
-        "(negative = faster), measured on this server; bound=estimate|low|high.",
-    ),
-    "kvoffload_recommended_ttft_change_seconds": (
-        ["basis", "bound"],
-        "Predicted mean TTFT change per request if the recommendation is applied, relative to "
-        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high.",
-    ),
-    "kvoffload_predicted_offload_ttft_effect_seconds": (
-        [],
-        "Predicted mean TTFT change per request of a CPU tier at the recommended size versus "
-        "none (negative = faster), from the KV-event curve.",
-    ),
-    "kvoffload_marginal_recompute_ttft_seconds": (
-        [],
-        "Mean TTFT (summed over requests) that one more recomputed prompt token costs, fitted "
-        "over scrape intervals.",
-    ),
-}
-
-
-# vLLM's container memory (ingest.hostmemory): "will it OOM?" as numbers.
-HOST_MEMORY_METRICS: dict[str, tuple[str, list[str], str]] = {
-    "kvoffload_host_memory_usage_bytes": (
+    # vLLM's container memory (ingest.hostmemory): "will it OOM?" as numbers
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_usage_bytes",
         "gauge",
-        [],
+        (),
         "Memory of vLLM's container as its cgroup counts it (memory.current; v1: "
         "usage_in_bytes), page cache included.",
     ),
-    "kvoffload_host_memory_unreclaimable_bytes": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_unreclaimable_bytes",
         "gauge",
-        [],
-        "Memory of vLLM's container the kernel cannot reclaim: anonymous + shared memory, "
-        "the pinned CPU tier included. What the OOM killer weighs against the limit.",
+        (),
+        "Memory of vLLM's container the kernel cannot reclaim: anonymous + shared memory, the "
+        "pinned CPU tier included. What the OOM killer weighs against the limit.",
     ),
-    "kvoffload_host_memory_shmem_bytes": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_shmem_bytes",
         "gauge",
-        [],
+        (),
         "Shared memory of vLLM's container (vLLM 0.26.0's pinned tier lives there).",
     ),
-    "kvoffload_host_memory_limit_bytes": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_limit_bytes",
         "gauge",
-        [],
+        (),
         "Memory limit of vLLM's container (--memory-limit, else its cgroup's); absent when "
         "unlimited.",
     ),
-    "kvoffload_host_memory_oom_kills": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_oom_kills",
         "counter",
-        [],
+        (),
         "Processes of vLLM's container the kernel OOM-killed (memory.events oom_kill).",
     ),
-    "kvoffload_host_memory_vllm_pss_bytes": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_vllm_pss_bytes",
         "gauge",
-        ["type"],
+        ("type",),
         "Proportional set size of vLLM's processes, where this process can see them "
         "(type=anon, shmem, file).",
     ),
-    "kvoffload_host_memory_tier_footprint_bytes": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_tier_footprint_bytes",
         "gauge",
-        ["basis"],
+        ("basis",),
         "Host memory the configured CPU tier takes (basis=measured: the shared memory shows "
         "it; basis=bound: 2x the configured size, what torch's power-of-two pinned "
         "allocations can take at most).",
     ),
-    "kvoffload_host_memory_read_info": (
+    Series(
+        "host_memory",
+        "kvoffload_host_memory_read_info",
         "gauge",
-        ["source", "problem"],
+        (
+            "source",
+            "problem",
+        ),
         "How vLLM's container memory was found (source=pod, vllm-processes, explicit, none, "
         "off) and what kept it from being read (problem; empty when read). Always 1.",
     ),
-}
+)
+SERIES_BY_NAME = {row.name: row for row in SERIES}
 
-_ALL_METRICS = {
-    **TARGET_METRICS,
-    **ADVICE_METRICS,
-    **KV_EVENT_METRICS,
-    **FLEET_METRICS,
-    **HOST_MEMORY_METRICS,
+
+def _section(section: str) -> dict[str, tuple[str, list[str], str]]:
+    """A section's rows as name → (type, labels, help), the shape the docs and panels read."""
+    return {r.name: (r.type, list(r.labels), r.help) for r in SERIES if r.section == section}
+
+
+TARGET_METRICS = _section("target")
+ADVICE_METRICS = _section("advice")
+KV_EVENT_METRICS = _section("kv_events")
+FLEET_METRICS = _section("fleet")
+HOST_MEMORY_METRICS = _section("host_memory")
+# The TTFT verdict's gauges as name → (labels beyond the group's, help).
+TTFT_METRICS: dict[str, tuple[list[str], str]] = {
+    r.name: (list(r.labels[len(GROUP) :]), r.help) for r in SERIES if r.section == "ttft"
 }
 
 
 def _spec(name: str, mtype: str) -> tuple[list[str], str]:
-    kind, labels, help_text = _ALL_METRICS[name]
-    assert kind == mtype, name
-    return labels, help_text
+    row = SERIES_BY_NAME[name]
+    assert row.type == mtype, name
+    return list(row.labels), row.help
 
 
 def _gauge(name: str) -> GaugeMetricFamily:
