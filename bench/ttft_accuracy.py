@@ -100,7 +100,7 @@ def evaluate(cases: list[Case], t: Thresholds) -> list[dict]:
         twin = load(case.twin_recording, case.twin_events)
         entry = analysed(on, settings)
         twin_entry = analysed(twin, settings)
-        now = entry.ttft.now if entry.ttft else None
+        now = entry.ttft.now.to_json() if entry.ttft and entry.ttft.now else None
         size = case.cpu_gib * GIB
         with_events = predicted_effect(twin.window, twin.group, settings, size, twin.events)
         best_case = predicted_effect(twin.window, twin.group, settings, size, None)

@@ -31,8 +31,8 @@ def test_real_vllm_restarted_with_a_tier_is_measured_before_and_after(tmp_path: 
     rec.write_bytes(lzma.decompress(REAL.read_bytes()))
     group = _analysed(rec)
     ab = group.ttft.before_after
-    assert ab["before"] == "off" and ab["after"] == "4.0 GiB" and ab["matched"]
-    low, high = ab["range_seconds"]
+    assert ab is not None and (ab.before, ab.after, ab.matched) == ("off", "4.0 GiB", True)
+    low, high = ab.effect.low, ab.effect.high
     assert low <= 0.0364 <= high and low > 0  # the clients' truth inside, and a clear cost
     rec_ = group.recommendation
     assert rec_.action == "disable" and rec_.decided_by == "before_after"
@@ -47,10 +47,11 @@ def test_a_simulated_restart_into_a_tier_is_detected_and_judged(tmp_path: Path) 
     record_restarts([off, on], str(path), duration_s=1800, interval_s=15)
     group = _analysed(path)
     ab = group.ttft.before_after
-    assert ab is not None and ab["before"] == "off" and ab["after"] == "12.0 GiB"
-    assert ab["requests_without_with"][0] >= 200 and ab["requests_without_with"][1] >= 200
+    assert ab is not None and (ab.before, ab.after) == ("off", "12.0 GiB")
+    assert ab.requests[0] >= 200 and ab.requests[1] >= 200
     # the simulated tier serves most missed prefixes: a saving, measured
-    assert ab["seconds"] < 0
+    assert ab.effect.seconds < 0
+    assert group.to_json()["ttft"]["before_after"]["seconds"] == ab.effect.seconds  # the JSON
     assert group.recommendation.decided_by in ("before_after", "estimate")
     assert any("before and after its tier changed" in r for r in group.recommendation.reasons)
 
@@ -63,7 +64,7 @@ def test_a_restart_at_another_load_is_not_compared(tmp_path: Path) -> None:
     record_restarts([off, on], str(path), duration_s=1800, interval_s=15)
     group = _analysed(path)
     ab = group.ttft.before_after
-    assert ab is not None and not ab["matched"] and ab["mismatch"]
+    assert ab is not None and not ab.matched and ab.mismatch
     assert group.recommendation.decided_by != "before_after"
     assert any("the load differed" in r for r in group.recommendation.reasons)
 

@@ -118,7 +118,7 @@ def add_before_after(
                 entry, ttft=replace(entry.ttft), recommendation=deepcopy(entry.recommendation)
             )
         assert entry.ttft is not None
-        entry.ttft.before_after = ab.to_json()
+        entry.ttft.before_after = ab
         if not ab.matched:
             entry.recommendation.reasons.append(
                 f"before and after the tier changed ({ab.before} → {ab.after}) the load "
@@ -214,7 +214,7 @@ def add_fleet_evidence(
             entry = groups[i] = replace(
                 entry, ttft=verdict, recommendation=deepcopy(entry.recommendation)
             )
-        verdict.fleet = fleet.to_json()
+        verdict.fleet = fleet
         entry.recommendation = judge_fleet(
             entry.recommendation,
             entry.offloading,
@@ -313,21 +313,19 @@ def _add_ttft_verdict(
         best_case_only=hit_at is None,
         current_bytes=capacity / engines if capacity else None,
     )
-    predicted = None
-    if hit_at is not None and proposed is not None:
-        at_size = effect_at(proposed * GIB)
-        if at_size is not None:
-            predicted = {"kv_offloading_size_gib": proposed, **at_size.to_json()}
-    cost: dict[str, object] | None = dict(obs.cost.to_json()) if obs.cost else None
+    predicted = (
+        effect_at(proposed * GIB) if hit_at is not None and proposed is not None else None
+    )
     entry.ttft = TtftVerdict(
         obs.mean_ttft,
         obs.mean_queue,
         obs.mean_prefill,
         obs.requests,
         obs.prompt_tokens,
-        cost,
-        now.to_json() if now else None,
+        obs.cost,
+        now,
         predicted,
+        proposed if predicted is not None else None,
     )
 
 

@@ -8,8 +8,14 @@ the typed fields are what code reads, so no consumer digs through untyped dicts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvoffload.analysis.advisor import Recommendation
+
+if TYPE_CHECKING:
+    from kvoffload.analysis.beforeafter import BeforeAfter
+    from kvoffload.analysis.intervals import Coefficient
+    from kvoffload.analysis.ttft import Effect
 
 JsonObject = dict[str, object]
 
@@ -23,11 +29,12 @@ class TtftVerdict:
     mean_prefill_seconds: float
     requests: float
     prompt_tokens_per_request: float
-    marginal_recompute_seconds_per_token: JsonObject | None
-    now: JsonObject | None  # the tier's effect now (offloading on), an Effect's JSON
-    predicted: JsonObject | None  # at the recommended size, with `kv_offloading_size_gib`
-    fleet: JsonObject | None = None  # replicas with vs without a tier (kvoffload.analysis.replicas)
-    before_after: JsonObject | None = None  # this engine across a tier change (beforeafter)
+    marginal_recompute_seconds_per_token: Coefficient | None
+    now: Effect | None  # the tier's effect now (offloading on)
+    predicted: Effect | None  # a tier at `predicted_size_gib` (the recommended size)
+    predicted_size_gib: float | None = None
+    fleet: Effect | None = None  # replicas with vs without a tier (kvoffload.analysis.replicas)
+    before_after: BeforeAfter | None = None  # this engine across a tier change (beforeafter)
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {
@@ -36,14 +43,22 @@ class TtftVerdict:
             "mean_prefill_seconds": self.mean_prefill_seconds,
             "requests": self.requests,
             "prompt_tokens_per_request": self.prompt_tokens_per_request,
-            "marginal_recompute_seconds_per_token": self.marginal_recompute_seconds_per_token,
-            "now": self.now,
-            "predicted": self.predicted,
+            "marginal_recompute_seconds_per_token": (
+                dict(cost.to_json())
+                if (cost := self.marginal_recompute_seconds_per_token) is not None
+                else None
+            ),
+            "now": self.now.to_json() if self.now is not None else None,
+            "predicted": (
+                {"kv_offloading_size_gib": self.predicted_size_gib, **self.predicted.to_json()}
+                if self.predicted is not None
+                else None
+            ),
         }
         if self.fleet is not None:
-            out["fleet"] = self.fleet
+            out["fleet"] = self.fleet.to_json()
         if self.before_after is not None:
-            out["before_after"] = self.before_after
+            out["before_after"] = self.before_after.to_json()
         return out
 
 

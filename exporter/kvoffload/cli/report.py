@@ -112,12 +112,6 @@ def _ms(value: object) -> str:
     return f"{float(value) * 1000:+.1f} ms"
 
 
-def _range(effect: dict[str, object]) -> tuple[object, object]:
-    bounds = effect["range_seconds"]
-    assert isinstance(bounds, list | tuple) and len(bounds) == 2, bounds
-    return bounds[0], bounds[1]
-
-
 def _ttft_lines(g: GroupAnalysis) -> list[str]:
     """The TTFT verdict: mean TTFT, the tier's effect now, the change the advice predicts."""
     verdict = g.ttft
@@ -130,19 +124,17 @@ def _ttft_lines(g: GroupAnalysis) -> list[str]:
         f"{verdict.mean_prefill_seconds * 1000:.1f} ms)"
     ]
     effect = g.figures.get("offload_ttft_effect_seconds")
-    if effect is not None and verdict.now is not None:
-        low, high = _range(verdict.now)
+    if effect is not None and (now := verdict.now) is not None:
         lines.append(
             f"  TTFT effect of the CPU tier now: {_ms(effect)} per request "
-            f"(range {_ms(low)} … {_ms(high)}; negative = faster)"
+            f"(range {_ms(now.low)} … {_ms(now.high)}; negative = faster)"
         )
     predicted = verdict.predicted
     if predicted is not None and effect is None:
-        low, high = _range(predicted)
         lines.append(
-            f"  predicted TTFT effect of a {predicted['kv_offloading_size_gib']:g} GiB "
-            f"tier: {_ms(predicted['seconds'])} per request "
-            f"(range {_ms(low)} … {_ms(high)})"
+            f"  predicted TTFT effect of a {verdict.predicted_size_gib:g} GiB "
+            f"tier: {_ms(predicted.seconds)} per request "
+            f"(range {_ms(predicted.low)} … {_ms(predicted.high)})"
         )
     rec = g.recommendation
     if rec.ttft_change_seconds is not None and rec.ttft_change_range_seconds is not None:

@@ -747,8 +747,8 @@ class _TtftFamilies:
             self._bounds(
                 "kvoffload_offload_ttft_effect_seconds",
                 key,
-                verdict.now["seconds"],
-                verdict.now["range_seconds"],
+                verdict.now.seconds,
+                (verdict.now.low, verdict.now.high),
             )
         rec = group.recommendation
         if rec.ttft_change_seconds is not None:
@@ -760,10 +760,10 @@ class _TtftFamilies:
             )
         if verdict is not None and verdict.predicted is not None:
             self.families["kvoffload_predicted_offload_ttft_effect_seconds"].add_metric(
-                key, _number(verdict.predicted["seconds"])
+                key, _number(verdict.predicted.seconds)
             )
         cost = verdict.marginal_recompute_seconds_per_token if verdict is not None else None
         if cost is not None:
             self.families["kvoffload_marginal_recompute_ttft_seconds"].add_metric(
-                key, _number(cost["value"])
+                key, _number(cost.value)
             )
