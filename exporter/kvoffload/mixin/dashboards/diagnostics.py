@@ -28,9 +28,11 @@ def _quantile(s: Scope, q: str, name: str, *matchers: str) -> str:
     return f"histogram_quantile({q}, sum by ({BY}, le) ({_rate(s, name + '_bucket', *matchers)}))"
 
 
-def _queries(s: Scope) -> dict[str, dict[str, str]]:
-    """The labelled query sets of the charts: lookup delays, sizes, pinned slots, store outcomes."""
-    by = BY
+Queries = dict[str, str]  # legend value → PromQL, one chart's series (Scope.labelled)
+
+
+def _queries(s: Scope) -> tuple[Queries, Queries, Queries, Queries]:
+    """The charts' query sets: lookup delays, transfer sizes, pinned slots, store outcomes."""
     lookup = {
         kind: _quantile(s, "0.99", f"kv_offload_lookup_{kind}_delay_seconds")
         for kind in ("sync", "async")
@@ -46,21 +48,20 @@ def _queries(s: Scope) -> dict[str, dict[str, str]]:
         for q in ("0.5", "0.99")
     }
     pinned = {
-        kind: f"max by ({by}) ({s.raw(f'kv_offload_cpu_cache_{kind}_usage_perc')})"
+        kind: f"max by ({BY}) ({s.raw(f'kv_offload_cpu_cache_{kind}_usage_perc')})"
         for kind in ("write", "read")
     }
     stores = {
-        "failed": f"sum by ({by}) ({_rate(s, 'kv_offload_allocation_failure_total')})",
-        "skipped": f"sum by ({by}) ({_rate(s, 'kv_offload_stores_skipped_total')})",
+        "failed": f"sum by ({BY}) ({_rate(s, 'kv_offload_allocation_failure_total')})",
+        "skipped": f"sum by ({BY}) ({_rate(s, 'kv_offload_stores_skipped_total')})",
     }
-    return {"lookup": lookup, "size": sizes, "pinned": pinned, "stores": stores}
+    return lookup, sizes, pinned, stores
 
 
 def _transfer_charts(s: Scope) -> list[Any]:
     """Lookup delay, transfer sizes, pinned slots, failed and skipped stores, per engine."""
     t = g.target
-    q = _queries(s)
-    lookup, sizes, pinned, stores = q["lookup"], q["size"], q["pinned"], q["stores"]
+    lookup, sizes, pinned, stores = _queries(s)
     return [
         g.timeseries(
             "Offload lookup delay p99",

@@ -280,6 +280,11 @@ def _cost(s: Scope) -> list[Any]:
 def _ttft_parts(s: Scope) -> list[Any]:
     """The TTFT model's parts that are closed formulas of rates, each its own recording rule
     (docs/advisor.md, "What Prometheus alone shows"); the verdict itself is the sidecar's."""
+    return [*_ttft_times(s), *_per_request(s)]
+
+
+def _ttft_times(s: Scope) -> list[Any]:
+    """Where queue time goes (capacity vs reload waits), and prefill against copy time."""
     cfg, t = s.cfg, g.target
     fast = cfg.rate_window
     return [
@@ -312,6 +317,13 @@ def _ttft_parts(s: Scope) -> list[Any]:
             ],
             min_value=0,
         ),
+    ]
+
+
+def _per_request(s: Scope) -> list[Any]:
+    """What one request reloads, in tokens and loads, and how many share the engine."""
+    cfg, t = s.cfg, g.target
+    return [
         g.timeseries(
             "Reloaded tokens per request",
             about(cfg, "reloaded_tokens_per_request"),
