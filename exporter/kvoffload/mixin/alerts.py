@@ -71,7 +71,12 @@ Builder = Callable[["MixinConfig"], tuple[str, str]]
 
 
 def alert(name: str, default_for: str, severity: str, summary: str) -> Callable[[Builder], Builder]:
-    """Declare the decorated builder as alert `name`; the declaration order is the file's."""
+    """Declare the decorated builder as alert `name`; the declaration order is the file's.
+
+    A name declared twice is refused here, since `alert_for` and the runbook anchors key on it.
+    """
+    if any(a.name == name for a in _DECLARED):
+        raise ValueError(f"alert {name} is declared twice")
 
     def register(build: Builder) -> Builder:
         _DECLARED.append(Alert(name, default_for, severity, summary, build))

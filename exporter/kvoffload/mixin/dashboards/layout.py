@@ -23,13 +23,13 @@ _TARGETS_SERIES = "num_requests_running"
 def variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
     """One variable per target label, then model_name (and engine), each narrowed by those
     before it; listed from vLLM's own gauge under both spellings (vllm: and vllm_)."""
-    variables = [g.datasource_variable()]
+    out = [g.datasource_variable()]
     before = [f'__name__=~"vllm[:_]{_TARGETS_SERIES}"']
     if cfg.vllm_selector:
         before.append(cfg.vllm_selector)
     labels = (*cfg.target_labels, "model_name", *(("engine",) if per_engine else ()))
     for label in labels:
-        variables.append(
+        out.append(
             g.query_variable(
                 label,
                 f"label_values({{{', '.join(before)}}}, {label})",
@@ -37,7 +37,7 @@ def variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
             )
         )
         before.append(f'{label}=~"${label}"')
-    return variables
+    return out
 
 
 def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Section]:
