@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from kvoffload.analysis.conditions import (
     ALLOCATION_FAILURES,
@@ -34,6 +34,8 @@ from kvoffload.mixin.renderings import OFFLOAD_PRESENCE, helper_record, record_n
 if TYPE_CHECKING:  # the config reads the names and `for`s declared here: a type only
     from kvoffload.mixin.promql import MixinConfig
 
+# Which of the config's severity labels (severity_info, severity_warning) an alert carries.
+Severity = Literal["info", "warning"]
 # The text every per-engine description starts with.
 WHERE = "{{ $labels.model_name }} on {{ $labels.instance }}"
 
@@ -45,7 +47,7 @@ class Alert:
 
     name: str
     default_for: str
-    severity: str  # "info" or "warning": the config's severity_info / severity_warning
+    severity: Severity
     summary: str
     build: Callable[[MixinConfig], tuple[str, str]]  # cfg → (expr, description)
 
@@ -70,7 +72,9 @@ _DECLARED: list[Alert] = []
 Builder = Callable[["MixinConfig"], tuple[str, str]]
 
 
-def alert(name: str, default_for: str, severity: str, summary: str) -> Callable[[Builder], Builder]:
+def alert(
+    name: str, default_for: str, severity: Severity, summary: str
+) -> Callable[[Builder], Builder]:
     """Declare the decorated builder as alert `name`; the declaration order is the file's.
 
     A name declared twice is refused here, since `alert_for` and the runbook anchors key on it.
