@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # What the wheel is built from: the files the Dockerfile copies too.
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "exporter")
-# The compiled journal scan's module in a wheel: kvoffload/ingest/_scan.<abi tag>.so.
-COMPILED_SCAN = re.compile(r"kvoffload/ingest/_scan\.[\w.-]+\.so")
+# The compiled journal scan's module in a wheel: kvoffload/recording/_scan.<abi tag>.so.
+COMPILED_SCAN = re.compile(r"kvoffload/recording/_scan\.[\w.-]+\.so")
 # A module importing grafanalib fails as if it were not installed.
 NO_GRAFANALIB = (
     "import sys, importlib.abc\n"

@@ -14,7 +14,7 @@ echo "unpacked in $(( $(date +%s) - T0 ))s"; lscpu | grep -E 'Model name|^CPU\(s
 NEW=$SITE:$PWD/.bundle3/kvexp; OLD=$SITE:$PWD/.bundle3/kvold
 echo "new $(cat .bundle3/kvexp/COMMIT) old $(cat .bundle3/kvold/COMMIT)"
 # The compiled scan for this Python, as `pip install` would build it (setup.py: -O2).
-SCAN=.bundle3/kvexp/kvoffload/ingest/_scan.c
+SCAN=.bundle3/kvexp/kvoffload/recording/_scan.c
 if [ -f $SCAN ]; then
   INC=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   EXT=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')

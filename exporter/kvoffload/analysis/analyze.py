@@ -313,9 +313,7 @@ def _add_ttft_verdict(
         best_case_only=hit_at is None,
         current_bytes=capacity / engines if capacity else None,
     )
-    predicted = (
-        effect_at(proposed * GIB) if hit_at is not None and proposed is not None else None
-    )
+    predicted = effect_at(proposed * GIB) if hit_at is not None and proposed is not None else None
     entry.ttft = TtftVerdict(
         obs.mean_ttft,
         obs.mean_queue,
