@@ -203,7 +203,7 @@ def test_a_recording_read_in_parallel_parts_gives_the_same(
     """Large recordings are cut at scrape boundaries (journal_parts), read one part per
     process and given back in order: the same scrapes as one pass, so the same JSON, bit for
     bit (the window runs once, over them)."""
-    from kvoffload.analysis import analyze
+    from kvoffload.recording import reader
     from kvoffload.recording.journal_reader import journal_parts
     from kvoffload.recording.parts import BATCH, extracts_in_parts
 
@@ -217,7 +217,7 @@ def test_a_recording_read_in_parallel_parts_gives_the_same(
     assert in_parts == one_pass
     assert [list(ex.counters) for ex in in_parts] == [list(ex.counters) for ex in one_pass]
     assert BATCH < 121  # batches cross the seams too
-    monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(reader, "PARALLEL_BYTES", 0)
     whole, _n, _l = window_from_recording(str(path), jobs=1)
     win, count, lifetime = window_from_recording(str(path), jobs=parts)
     assert count == 121 and not lifetime
@@ -234,7 +234,7 @@ def test_parts_that_go_back_in_time_are_declined(
     reader refuses it as it refuses any file read scrape by scrape that goes back in time
     (it once sorted this one, a file within its 16 MiB head, and refused the same bytes
     further in: issue #12, attack 6)."""
-    from kvoffload.analysis import analyze
+    from kvoffload.recording import reader
     from kvoffload.recording.journal_reader import journal_parts
     from kvoffload.recording.parts import extracts_in_parts
 
@@ -247,7 +247,7 @@ def test_parts_that_go_back_in_time_are_declined(
     assert len(parts) == 2
     with pytest.raises(Declined):
         list(extracts_in_parts(str(swapped), parts))
-    monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(reader, "PARALLEL_BYTES", 0)
     with pytest.raises(Declined):
         list(journal_extracts(str(swapped)))
     for read in (_fast, _general):
@@ -264,8 +264,8 @@ def test_a_worker_that_dies_leaves_a_one_pass_read(
     line, and the file read again in one pass: the same JSON."""
     import sys
 
-    from kvoffload.analysis import analyze
     from kvoffload.recording import parts as journalparts
+    from kvoffload.recording import reader
 
     path = sim_recordings["dp2"]
     expected = _fast(path)
@@ -277,7 +277,7 @@ def test_a_worker_that_dies_leaves_a_one_pass_read(
         return real(path, span, out)
 
     monkeypatch.setattr(journalparts, "worker_command", dying)
-    monkeypatch.setattr(analyze, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(reader, "PARALLEL_BYTES", 0)
     with caplog.at_level("WARNING", logger="kvoffload"):
         win, count, lifetime = window_from_recording(str(path), jobs=2)
     assert count == 121

@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
 
+from kvoffload import recording
 from kvoffload.analysis import ttft
 from kvoffload.analysis.advisor import (
     GIB,
@@ -28,21 +28,12 @@ from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
-from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted
+from kvoffload.ingest.catalog import Extract, extract
 from kvoffload.ingest.hostmemory import HostMemory
 from kvoffload.ingest.parse import Exposition
 from kvoffload.kvevents.curve import Curve
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.whatif import DEFAULT_MAX_BLOCKS, source_of, whatif_for_file
-from kvoffload.recording.journal_reader import (
-    Declined,
-    journal_extracts,
-    journal_parts,
-    scrape_ordered,
-)
-from kvoffload.recording.openmetrics import read_recording
-from kvoffload.recording.parts import PartsFailed, extracts_in_parts
-from kvoffload.recording.strict_reader import strict_extracts
 from kvoffload.thresholds import Thresholds
 
 log = logging.getLogger("kvoffload")
@@ -499,51 +490,12 @@ def window_from_recording(
     jobs: int | None = None,
     report: Callable[[int], None] | None = None,
 ) -> tuple[Window, int, bool]:
-    """window_from_expositions of a recording file. Scrape-ordered recordings go through the
-    fast journal reader (ingest.fastjournal) — with a window, only the scrapes the window
-    keeps; without, a large file in `jobs` parts (default: one per core, up to 4), read by
-    one process each and given back in order to the one window here (ingest.journalparts:
-    the same figures as one pass, exactly) —, strict
-    ones through the column reader (ingest.faststrict), and anything they decline through
-    the general reader. `report`: told how many bytes of the file the fast readers got
-    through, now and then."""
-    try:
-        if not scrape_ordered(path):
-            return window_from_extracts(strict_extracts(path, report), window_seconds)
-        if window_seconds is None:
-            size = os.path.getsize(path)
-            jobs = jobs or min(usable_cores(), MAX_DEFAULT_JOBS)
-            parts = journal_parts(path, jobs) if size >= PARALLEL_BYTES and jobs > 1 else []
-            if len(parts) > 1:
-                try:
-                    return window_from_extracts(extracts_in_parts(path, parts, report))
-                except PartsFailed as exc:
-                    log.warning("%s: %s; reading it in one pass", path, exc)
-        return window_from_extracts(
-            journal_extracts(path, window_seconds, report=report), window_seconds
-        )
-    except Declined as exc:
-        log.debug("%s: the general reader reads it (%s)", path, exc)
-    except UnicodeDecodeError:
-        pass  # a name the fast readers decode is not UTF-8: the general reader says so
-    except OSError:
-        pass  # the general reader says what is wrong with the file
-    return window_from_expositions(read_recording(path, wanted, WANTED_FAMILIES), window_seconds)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (a container's or taskset's CPU set, not the
-    machine's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
-# Below this a recording is read in one process (forking costs more than it saves).
-PARALLEL_BYTES = 64 * 2**20
-# Reading processes by default: one per core, up to this (the window, in this process, takes
-# the scrapes of at most ~4 readers at once).
-MAX_DEFAULT_JOBS = 4
+    """window_from_expositions of a recording file, read by `recording.read` (the fastest
+    reader that takes it; docs/performance.md)."""
+    return recording.read(
+        path, lambda scrapes: window_from_extracts(scrapes, window_seconds), window_seconds,
+        jobs, report,
+    )  # fmt: skip
 
 
 def window_from_extracts(

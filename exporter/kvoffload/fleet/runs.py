@@ -19,7 +19,6 @@ from kvoffload.analysis.analyze import (
     Settings,
     add_fleet_evidence,
     analyze_groups,
-    usable_cores,
     window_from_extracts,
 )
 from kvoffload.analysis.result import GroupAnalysis
@@ -27,6 +26,7 @@ from kvoffload.errors import InputError
 from kvoffload.fleet.promapi import PromStopped
 from kvoffload.fleet.source import FleetReader, ReadStats, _Plan
 from kvoffload.fleet.summary import FleetSummary, need_order, summarize
+from kvoffload.recording.reader import usable_cores
 
 
 @dataclass
