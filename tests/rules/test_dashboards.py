@@ -166,7 +166,7 @@ def test_target_labels_flow_into_variables_and_filters() -> None:
         for panel in _all_panels(d):
             for t in panel.get("targets", []):
                 for rule in re.findall(r"model_name:[a-z0-9_]+:[a-z0-9_]+\{[^}]*\}", t["expr"]):
-                    if ":fleet_" in rule:  # per model across the fleet: no target labels
+                    if ":replica_" in rule:  # per model across its replicas: no target labels
                         continue
                     assert 'instance=~"$instance", pod=~"$pod"' in rule, (panel["title"], rule)
     overview = json.loads(files["dashboards/provisioning/kvoffload-overview.json"])

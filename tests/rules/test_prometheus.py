@@ -332,7 +332,7 @@ def test_every_recording_rule_returns_data_for_every_target(live: Live) -> None:
         for w in r.windows or (None,)
     }
     for name, samples in live.records.items():
-        if ":fleet_" in name:
+        if ":replica_" in name:
             continue  # per model, over every replica: test_fleet_ab_rules
         assert _by_instance(samples, live.flat), f"{name}: no data for the H200 replay"
         assert _by_instance(samples, live.sim), f"{name}: no data for the simulator"
@@ -461,7 +461,7 @@ def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> 
     means = {
         s["metric"]["offloading"]: float(s["value"][1])
         for s in live.records[
-            f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate{CFG.slow_window}"
+            f"model_name:vllm_time_to_first_token_seconds:replica_mean_rate{CFG.slow_window}"
         ]
         if s["metric"]["model_name"] == MODEL
     }
@@ -469,7 +469,7 @@ def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> 
     (effect,) = [
         float(s["value"][1])
         for s in live.records[
-            f"model_name:kvoffload_offload_ttft_effect_seconds:fleet_rate{CFG.slow_window}"
+            f"model_name:vllm_time_to_first_token_seconds:replica_ab_rate{CFG.slow_window}"
         ]
         if s["metric"]["model_name"] == MODEL
     ]

@@ -107,7 +107,7 @@ def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
 def _fleet_effect(cfg: MixinConfig, w: str) -> str:
     """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without (seconds;
     negative = the tier makes TTFT better). Load is not matched: read it next to the rates."""
-    mean = f"model_name:vllm_time_to_first_token_seconds:fleet_mean_rate{w}"
+    mean = f"model_name:vllm_time_to_first_token_seconds:replica_mean_rate{w}"
     return f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n{mean}{{offloading="off"}}'
 
 
@@ -381,28 +381,28 @@ RENDERINGS: tuple[Rendering, ...] = (
     Rendering(
         (),
         "vllm_time_to_first_token_seconds",
-        "fleet_mean_rate",
+        "replica_mean_rate",
         ("slow",),
         _fleet_mean_ttft(True),
         labels=(("offloading", "on"),),
-        help="Mean TTFT per model over its replicas with offloading (fleet A/B).",
+        help="Mean TTFT per model over its replicas with offloading (replicas A/B).",
     ),
     Rendering(
         (),
         "vllm_time_to_first_token_seconds",
-        "fleet_mean_rate",
+        "replica_mean_rate",
         ("slow",),
         _fleet_mean_ttft(False),
         labels=(("offloading", "off"),),
-        help="Mean TTFT per model over its replicas without offloading (fleet A/B).",
+        help="Mean TTFT per model over its replicas without offloading (replicas A/B).",
     ),
     Rendering(
         (),
-        "kvoffload_offload_ttft_effect_seconds",
-        "fleet_rate",
+        "vllm_time_to_first_token_seconds",
+        "replica_ab_rate",
         ("slow",),
         _fleet_effect,
-        help="Fleet A/B: mean TTFT with a tier minus without, per model (negative = "
+        help="Replicas A/B: mean TTFT with a tier minus without, per model (negative = "
         "faster); load is not matched.",
     ),
     *(

@@ -72,8 +72,8 @@ def _ab(s: Scope) -> list[Any]:
     """The fleet A/B: mean TTFT of replicas with and without a tier, and their difference."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
-    mean = helper_record("vllm_time_to_first_token_seconds", "fleet_mean_rate", cfg, "slow")
-    effect = helper_record("kvoffload_offload_ttft_effect_seconds", "fleet_rate", cfg, "slow")
+    mean = helper_record("vllm_time_to_first_token_seconds", "replica_mean_rate", cfg, "slow")
+    effect = helper_record("vllm_time_to_first_token_seconds", "replica_ab_rate", cfg, "slow")
     return [
         g.timeseries(
             "Mean TTFT, replicas with and without a CPU tier",
@@ -83,7 +83,7 @@ def _ab(s: Scope) -> list[Any]:
             "s",
             [
                 t(
-                    s.fleet_mean("vllm_time_to_first_token_seconds", "fleet_mean_rate", "slow"),
+                    s.fleet_mean("vllm_time_to_first_token_seconds", "replica_mean_rate", "slow"),
                     "{{model_name}} offloading {{offloading}}",
                 )
             ],

@@ -115,12 +115,12 @@ class Scope:
         rule reads the mean rules, so its own expression cannot stand in for it."""
         scope = 'model_name=~"$model_name"'
         rule = helper_record(
-            "kvoffload_offload_ttft_effect_seconds", "fleet_rate", self.cfg, "slow"
+            "vllm_time_to_first_token_seconds", "replica_ab_rate", self.cfg, "slow"
         )
         on, off = (
             raw_expr(r, self.cfg, "slow", scope)
             for r in RENDERINGS
-            if r.metric == "vllm_time_to_first_token_seconds" and r.op == "fleet_mean_rate"
+            if r.metric == "vllm_time_to_first_token_seconds" and r.op == "replica_mean_rate"
         )
         if on is None or off is None:
             return f"{rule}{{{scope}}}"
