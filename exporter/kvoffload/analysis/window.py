@@ -265,6 +265,27 @@ class Delta:
     unknown: frozenset[str] = frozenset()
 
 
+def _by_group(
+    ex: Extract,
+) -> tuple[
+    dict[GroupKey, dict[str, list[float]]],
+    dict[str, list[dict[str, str]]],
+    dict[GroupKey, list[dict[str, str]]],
+]:
+    """The scrape's gauges by group and key, its cache configs by instance and its offload
+    configs by group (each in engine order)."""
+    gauge_now: dict[GroupKey, dict[str, list[float]]] = {}
+    for (key, instance, model, _engine), value in ex.gauges.items():
+        gauge_now.setdefault((instance, model), {}).setdefault(key, []).append(value)
+    cache_config: dict[str, list[dict[str, str]]] = {}
+    for (inst, _e), labels in sorted(ex.cache_config.items()):
+        cache_config.setdefault(inst, []).append(labels)
+    offload_config: dict[GroupKey, list[dict[str, str]]] = {}
+    for (inst, mdl, _e), labels in sorted(ex.offload_config.items()):
+        offload_config.setdefault((inst, mdl), []).append(labels)
+    return gauge_now, cache_config, offload_config
+
+
 class Window:
     """Bounded history for one or more targets.
 
@@ -339,19 +360,11 @@ class Window:
         instances = set(ex.offload_families) | {g[0] for g in by_group}
         for instance in instances:
             self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
-        gauge_now: dict[GroupKey, dict[str, list[float]]] = {}
-        for (key, instance, model, _engine), value in ex.gauges.items():
-            gauge_now.setdefault((instance, model), {}).setdefault(key, []).append(value)
+        gauge_now, cache_config, offload_config = _by_group(ex)
         unknown_gauges = self._unknown_gauges(ex, gauge_now) if ex.unknown else set()
-        cache_config: dict[str, list[dict[str, str]]] = {}
-        for (inst, _e), labels in sorted(ex.cache_config.items()):
-            cache_config.setdefault(inst, []).append(labels)
-        offload_config: dict[GroupKey, list[dict[str, str]]] = {}
-        for (inst, mdl, _e), labels in sorted(ex.offload_config.items()):
-            offload_config.setdefault((inst, mdl), []).append(labels)
 
         for g in by_group.keys() | gauge_now.keys() | unknown_gauges:
-            instance, model = g
+            instance = g[0]
             scrape_no = self._scrapes.get(instance, 0)
             # Adjusted totals of every series ever seen in the group, kept as running sums: a
             # series missing from this scrape keeps its last contribution instead of making
@@ -381,56 +394,76 @@ class Window:
                 offload_series = any(e[0] in OFFLOAD_KEYS for e in entries)
             totals: dict[str, float] = dict(running) if counted else {}
 
-            static = self._static.get(g)
-            if static is None:
-                static = self._static[g] = GroupStatic()
-            static.latest = latest
-            # Offloading is a process setting, but one process may serve several models:
-            # a model with no offload series of its own is judged as "off".
-            own_series = offload_series or g in offload_config
-            static.offload_families = ex.offload_families.get(instance, False) and (
-                own_series or len(ex.models.get(instance, ())) <= 1
-            )
-            static.naming = ex.offload_naming.get(instance, "none")
-            static.cache_config = cache_config.get(instance) or static.cache_config
-            static.offload_config = offload_config.get(g) or static.offload_config
+            self._note_static(g, ex, latest, offload_series, cache_config, offload_config)
+            self._add_point(g, ex, totals, gauge_now.get(g, {}), earliest_created)
 
-            gauges = {
-                k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v)
-                for k, v in gauge_now.get(g, {}).items()
-            }
-            sums, counts = self._gauge_running.get(g, ({}, {}))
-            sums, counts = dict(sums), dict(counts)
-            for k in GAUGE_KEYS:
-                if k in gauges:  # a gauge absent from a scrape does not pull the mean down
-                    sums[k] = sums.get(k, 0.0) + gauges[k]
-                    counts[k] = counts.get(k, 0.0) + 1
-            self._gauge_running[g] = (sums, counts)
-            points = self._points.get(g)
-            previous = _latest(points) if points else None
-            fit = (
-                add_interval(previous.fit, previous.counters, totals)
-                if previous
-                else (0.0,) * FIT_SIZE
-            )
-            point = Point(ex.timestamp, totals, sums, counts, fit)
-            if points is None:
-                points = deque()
-                self._points[g] = points
-                if self.origin_zero:
-                    # Without a clock (timestamp 0) the span is unknown: zero, not a guess.
-                    start = (
-                        (earliest_created if earliest_created is not None else ex.timestamp)
-                        if ex.timestamp
-                        else 0.0
-                    )
-                    self._first[g] = Point(min(start, ex.timestamp), {}, {}, {})
-                else:
-                    self._first[g] = point
-            points.append(point)
-            self._trim(points, ex.timestamp)
-            if len(points) > 1:
-                points[-2] = _pack(_unpack(points[-2]))
+    def _note_static(
+        self,
+        g: GroupKey,
+        ex: Extract,
+        latest: Iterable[tuple[str, str, float]],
+        offload_series: bool,
+        cache_config: dict[str, list[dict[str, str]]],
+        offload_config: dict[GroupKey, list[dict[str, str]]],
+    ) -> None:
+        """What the group's latest scrape says of its settings (the tier, its configs)."""
+        instance = g[0]
+        static = self._static.get(g)
+        if static is None:
+            static = self._static[g] = GroupStatic()
+        static.latest = latest
+        # Offloading is a process setting, but one process may serve several models:
+        # a model with no offload series of its own is judged as "off".
+        own_series = offload_series or g in offload_config
+        static.offload_families = ex.offload_families.get(instance, False) and (
+            own_series or len(ex.models.get(instance, ())) <= 1
+        )
+        static.naming = ex.offload_naming.get(instance, "none")
+        static.cache_config = cache_config.get(instance) or static.cache_config
+        static.offload_config = offload_config.get(g) or static.offload_config
+
+    def _add_point(
+        self,
+        g: GroupKey,
+        ex: Extract,
+        totals: dict[str, float],
+        gauge_values: dict[str, list[float]],
+        earliest_created: float | None,
+    ) -> None:
+        """The group's point of this scrape: its totals, running gauge means and fit sums."""
+        gauges = {
+            k: sum(v) if k in SUMMED_GAUGES else sum(v) / len(v) for k, v in gauge_values.items()
+        }
+        sums, counts = self._gauge_running.get(g, ({}, {}))
+        sums, counts = dict(sums), dict(counts)
+        for k in GAUGE_KEYS:
+            if k in gauges:  # a gauge absent from a scrape does not pull the mean down
+                sums[k] = sums.get(k, 0.0) + gauges[k]
+                counts[k] = counts.get(k, 0.0) + 1
+        self._gauge_running[g] = (sums, counts)
+        points = self._points.get(g)
+        previous = _latest(points) if points else None
+        fit = (
+            add_interval(previous.fit, previous.counters, totals) if previous else (0.0,) * FIT_SIZE
+        )
+        point = Point(ex.timestamp, totals, sums, counts, fit)
+        if points is None:
+            points = deque()
+            self._points[g] = points
+            if self.origin_zero:
+                # Without a clock (timestamp 0) the span is unknown: zero, not a guess.
+                start = (
+                    (earliest_created if earliest_created is not None else ex.timestamp)
+                    if ex.timestamp
+                    else 0.0
+                )
+                self._first[g] = Point(min(start, ex.timestamp), {}, {}, {})
+            else:
+                self._first[g] = point
+        points.append(point)
+        self._trim(points, ex.timestamp)
+        if len(points) > 1:
+            points[-2] = _pack(_unpack(points[-2]))
 
     def _unknown_gauges(
         self, ex: Extract, gauge_now: dict[GroupKey, dict[str, list[float]]]

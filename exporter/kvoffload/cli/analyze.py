@@ -20,7 +20,14 @@ from kvoffload.links import docs_epilog
 from kvoffload.progress import FileReadProgress, Progress, format_seconds
 
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
+    from kvoffload.analysis.analyze import Settings
+    from kvoffload.analysis.result import GroupAnalysis
+    from kvoffload.analysis.window import Window
+    from kvoffload.fleet.promapi import PrometheusAPI
+    from kvoffload.fleet.runs import FleetResult
     from kvoffload.fleet.source import ReadStats
+    from kvoffload.fleet.summary import FleetSummary
+    from kvoffload.kvevents.state import TargetEvents
 
 from kvoffload.cli.options import duration_callback, make_settings, settings_options
 
@@ -110,18 +117,9 @@ def analyze(
     if prometheus_url is not None:
         if events_file is not None:
             raise InputError("--events goes with a recording of one target, not --prometheus")
-        from kvoffload.fleet.runs import analyze_from_prometheus
-        from kvoffload.fleet.source import FleetReader
-
         first, last = time_range(range_seconds, start, end)
-        progress = ReadProgress()
-        reader = FleetReader(
-            make_api(prometheus_url, prometheus_timeout, **auth), first, last, selector, step
-        )
-        try:
-            result = analyze_from_prometheus(reader, settings, jobs, progress)
-        finally:
-            progress.finish()
+        api = make_api(prometheus_url, prometheus_timeout, **auth)
+        result = _read_fleet(api, first, last, selector, step, settings, jobs)
         groups, summary, scrapes, stats = (
             result.groups,
             result.summary,
@@ -131,42 +129,14 @@ def analyze(
         lifetime = False
     else:
         if file is not None:
-            # Bytes of the file read so far: told by the fast readers, else seen from the
-            # general reader's descriptor; on a terminal after a second, elsewhere one line
-            # for a long read.
-            with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
-                win, scrapes, lifetime = window_from_recording(
-                    file, window, jobs, report=reading.reached
-                )
-                reading.items = scrapes
+            win, scrapes, lifetime = _read_file(file, window, jobs)
         else:
             expositions = _sample_live(source, duration, interval)
             win, scrapes, lifetime = window_from_expositions(expositions, window)
-        events = None
-        if events_file is not None:
-            from kvoffload.kvevents.replay import load_event_file
-
-            instances = sorted({instance for instance, _model in win.groups()})
-            if len(instances) != 1:
-                raise InputError("--events needs a recording of exactly one target")
-            events = {instances[0]: load_event_file(events_file)}
+        events = _events(win, events_file) if events_file is not None else None
         groups, summary = analyze_fleet(win, settings, lifetime, (), events)
-    errors = stats.errors if stats is not None else {}
     if as_json:
-        out: dict[str, object] = {
-            "source": source,
-            "scrapes": scrapes,
-            "lifetime": lifetime,
-            "fleet": summary.to_json(),
-            "groups": [g.to_json() for g in groups],
-        }
-        if stats is not None:
-            out["errors"] = [{"instance": i, "error": e} for i, e in sorted(errors.items())]
-            out["warnings"] = list(stats.warnings)
-            out["warning_counts"] = [{"warning": w, "count": n} for w, n in stats.warnings.items()]
-            if stats.other_warnings:
-                out["other_warnings"] = stats.other_warnings
-        click.echo(json.dumps(out, indent=2, allow_nan=False))
+        click.echo(_json_report(source, scrapes, lifetime, summary, groups, stats))
         return
     note = f"{scrapes} scrape(s)" + (
         "; one snapshot: lifetime totals since the engine started" if lifetime else ""
@@ -178,7 +148,74 @@ def analyze(
     shown = groups[:top] if top is not None else groups
     if len(shown) < len(groups):
         note += f"\nthe {len(shown)} of {len(groups)} engines that most need a change:"
+    errors = stats.errors if stats is not None else {}
     click.echo(render_report(shown, source, note, summary, errors), nl=False)
+
+
+def _read_fleet(
+    api: PrometheusAPI,
+    first: float,
+    last: float,
+    selector: str | None,
+    step: float | None,
+    settings: Settings,
+    jobs: int | None,
+) -> FleetResult:
+    """Read and analyze the fleet from Prometheus, showing the read's progress."""
+    from kvoffload.fleet.runs import analyze_from_prometheus
+    from kvoffload.fleet.source import FleetReader
+
+    progress = ReadProgress()
+    reader = FleetReader(api, first, last, selector, step)
+    try:
+        return analyze_from_prometheus(reader, settings, jobs, progress)
+    finally:
+        progress.finish()
+
+
+def _read_file(file: str, window: float | None, jobs: int | None) -> tuple[Window, int, bool]:
+    """The recording or snapshot `file` as a window, showing the read's progress."""
+    # Bytes of the file read so far: told by the fast readers, else seen from the general
+    # reader's descriptor; on a terminal after a second, elsewhere one line for a long read.
+    with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
+        win, scrapes, lifetime = window_from_recording(file, window, jobs, report=reading.reached)
+        reading.items = scrapes
+    return win, scrapes, lifetime
+
+
+def _events(win: Window, events_file: str) -> dict[str, TargetEvents]:
+    """The KV-event stream of `events_file`, keyed by the window's one target."""
+    from kvoffload.kvevents.replay import load_event_file
+
+    instances = sorted({instance for instance, _model in win.groups()})
+    if len(instances) != 1:
+        raise InputError("--events needs a recording of exactly one target")
+    return {instances[0]: load_event_file(events_file)}
+
+
+def _json_report(
+    source: str,
+    scrapes: int,
+    lifetime: bool,
+    summary: FleetSummary,
+    groups: list[GroupAnalysis],
+    stats: ReadStats | None,
+) -> str:
+    """`analyze --json`: the figures, the advice and (from Prometheus) the read's errors."""
+    out: dict[str, object] = {
+        "source": source,
+        "scrapes": scrapes,
+        "lifetime": lifetime,
+        "fleet": summary.to_json(),
+        "groups": [g.to_json() for g in groups],
+    }
+    if stats is not None:
+        out["errors"] = [{"instance": i, "error": e} for i, e in sorted(stats.errors.items())]
+        out["warnings"] = list(stats.warnings)
+        out["warning_counts"] = [{"warning": w, "count": n} for w, n in stats.warnings.items()]
+        if stats.other_warnings:
+            out["other_warnings"] = stats.other_warnings
+    return json.dumps(out, indent=2, allow_nan=False)
 
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -20,6 +21,9 @@ from kvoffload.cli.report import format_value
 from kvoffload.sidecar.http import make_app as make_sidecar_app
 from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
 from kvoffload.sidecar.webconfig import WebSecurity
+
+if TYPE_CHECKING:  # (the simulator imported where the demo starts)
+    from kvoffload.sim.config import Scenario
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -102,8 +106,7 @@ async def run_demo(
     security: WebSecurity | None = None,
     memory_limit: float | None = None,
 ) -> None:
-    from kvoffload.sim import SimServer, scenarios
-    from kvoffload.sim.server import make_app as make_sim_app
+    from kvoffload.sim import scenarios
 
     scenario = scenarios.get(scenario_name)
     security = security or WebSecurity(None)
@@ -111,34 +114,9 @@ async def run_demo(
     side_sock = listen_socket(listen_host, sidecar_port or 0)
     sim_port = free_port(listen_host)
     events_endpoint = f"tcp://{listen_host}:{free_port(listen_host)}" if kv_events else None
-    # The workload goes on past the scenario's length for as long as the demo runs, so the
-    # figures keep moving instead of going flat (memory stays bounded: SimServer endless).
-    sim_app = make_sim_app(
-        SimServer(scenario, kv_events=kv_events, endless=True),
-        speed=speed,
-        kv_events_endpoint=events_endpoint,
-    )
-    sim_runner = web.AppRunner(sim_app, access_log=None)
-    await sim_runner.setup()
-    await web.TCPSite(sim_runner, listen_host, sim_port).start()
+    sim_runner = await _start_simulator(scenario, speed, listen_host, sim_port, events_endpoint)
     target = f"http://{listen_host}:{sim_port}/metrics"
-    sources = [KVEventsSource(target, events_endpoint)] if events_endpoint else []
-    # The simulator stamps samples with virtual time, so a 5-minute window is 5 virtual
-    # minutes whatever the speed; scrape as often (in virtual time) as the scenario asks: the
-    # TTFT verdict fits costs over scrape intervals, and intervals that are whole periods of a
-    # repeating workload all look alike.
-    every_virtual = scenario.scrape_interval_s
-    sidecar = Sidecar(
-        SidecarConfig(
-            [target],
-            interval_seconds=max(0.1, min(5.0, every_virtual / speed)),
-            window_seconds=DEMO_WINDOW_SECONDS,
-            settings=Settings(memory_limit_bytes=memory_limit),
-            kv_events=sources,
-            # in the simulator's virtual time, like serve's defaults in real time
-            stability=StabilityRules(),
-        )
-    )
+    sidecar = _demo_sidecar(scenario, speed, target, events_endpoint, memory_limit)
     side_app = security.install(make_sidecar_app(sidecar, metrics_path=metrics_path))
     # Behind the same accept loop as serve's (kvoffload.cli.server): stalled TLS handshakes and
     # connection floods bounded alike.
@@ -153,23 +131,77 @@ async def run_demo(
     echo(f"sidecar:   {base}/  (status page)")
     echo(f"           {base}{metrics_path}  {base}/api/v1/status")
     echo("Ctrl-C to stop.")
-    started = time.monotonic()
     try:
-        while duration is None or time.monotonic() - started < duration:
-            await asyncio.sleep(
-                every
-                if duration is None
-                else min(every, max(0.0, duration - (time.monotonic() - started)))
-            )
-            groups = sidecar.groups()
-            if not groups:
-                states = "; ".join(t.last_error or "waiting" for t in sidecar.targets)
-                echo(f"[{time.monotonic() - started:5.0f}s] no figures yet ({states})")
-            for g in groups:
-                now = sidecar.window.last_time(g.key)
-                echo(f"[{time.monotonic() - started:5.0f}s] {summary_line(g, now)}")
+        await _show_summaries(sidecar, duration, every, echo)
     finally:
         with contextlib.suppress(Exception):
             await side_runner.cleanup()
         with contextlib.suppress(Exception):
             await sim_runner.cleanup()
+
+
+async def _start_simulator(
+    scenario: Scenario, speed: float, host: str, port: int, events_endpoint: str | None
+) -> web.AppRunner:
+    """The simulated vLLM serving `scenario` on `host:port`; its runner, for the cleanup."""
+    from kvoffload.sim import SimServer
+    from kvoffload.sim.server import make_app as make_sim_app
+
+    # The workload goes on past the scenario's length for as long as the demo runs, so the
+    # figures keep moving instead of going flat (memory stays bounded: SimServer endless).
+    sim_app = make_sim_app(
+        SimServer(scenario, kv_events=events_endpoint is not None, endless=True),
+        speed=speed,
+        kv_events_endpoint=events_endpoint,
+    )
+    sim_runner = web.AppRunner(sim_app, access_log=None)
+    await sim_runner.setup()
+    await web.TCPSite(sim_runner, host, port).start()
+    return sim_runner
+
+
+def _demo_sidecar(
+    scenario: Scenario,
+    speed: float,
+    target: str,
+    events_endpoint: str | None,
+    memory_limit: float | None,
+) -> Sidecar:
+    """The sidecar scraping the simulator at `target`, in the simulator's virtual time."""
+    sources = [KVEventsSource(target, events_endpoint)] if events_endpoint else []
+    # The simulator stamps samples with virtual time, so a 5-minute window is 5 virtual
+    # minutes whatever the speed; scrape as often (in virtual time) as the scenario asks: the
+    # TTFT verdict fits costs over scrape intervals, and intervals that are whole periods of a
+    # repeating workload all look alike.
+    every_virtual = scenario.scrape_interval_s
+    return Sidecar(
+        SidecarConfig(
+            [target],
+            interval_seconds=max(0.1, min(5.0, every_virtual / speed)),
+            window_seconds=DEMO_WINDOW_SECONDS,
+            settings=Settings(memory_limit_bytes=memory_limit),
+            kv_events=sources,
+            # in the simulator's virtual time, like serve's defaults in real time
+            stability=StabilityRules(),
+        )
+    )
+
+
+async def _show_summaries(
+    sidecar: Sidecar, duration: float | None, every: float, echo: Callable[[str], None]
+) -> None:
+    """Every `every` seconds (for `duration`, or until cancelled), one line per engine."""
+    started = time.monotonic()
+    while duration is None or time.monotonic() - started < duration:
+        await asyncio.sleep(
+            every
+            if duration is None
+            else min(every, max(0.0, duration - (time.monotonic() - started)))
+        )
+        groups = sidecar.groups()
+        if not groups:
+            states = "; ".join(t.last_error or "waiting" for t in sidecar.targets)
+            echo(f"[{time.monotonic() - started:5.0f}s] no figures yet ({states})")
+        for g in groups:
+            now = sidecar.window.last_time(g.key)
+            echo(f"[{time.monotonic() - started:5.0f}s] {summary_line(g, now)}")

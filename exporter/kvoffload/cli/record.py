@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
@@ -13,7 +13,8 @@ from kvoffload.errors import InputError
 from kvoffload.progress import Progress, format_seconds
 
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
-    pass
+    from kvoffload.kvevents.eventfile import EventFileWriter
+    from kvoffload.recording.openmetrics import Recording
 
 from kvoffload.cli.options import duration_callback
 
@@ -94,44 +95,83 @@ def record(
     finalize: str | None,
 ) -> None:
     """Record targets' /metrics into an OpenMetrics file for `analyze` or promtool backfill."""
-    import asyncio
-
     from kvoffload.kvevents.eventfile import open_writer
-    from kvoffload.recording.loop import record_targets
-    from kvoffload.recording.openmetrics import JOURNAL_SUFFIX, Recording
-    from kvoffload.recording.repair import repair
+    from kvoffload.recording.openmetrics import Recording
     from kvoffload.sidecar.service import target_name
 
     if finalize is not None:
-        if targets:
-            raise InputError("--finalize/--repair scrapes nothing: give no --target")
-        journal = finalize.endswith(JOURNAL_SUFFIX)
-        if output is None:
-            output = finalize[: -len(JOURNAL_SUFFIX)] if journal else finalize
-        scrapes = repair(finalize, output)
-        if not journal or os.path.abspath(output) == os.path.abspath(finalize):
-            click.echo(f"wrote {scrapes} timestamps to {output}", err=True)
-            return
-        try:
-            os.unlink(finalize)
-        except OSError as exc:
-            raise InputError(f"wrote {output}; cannot remove {finalize}: {exc.strerror}") from None
-        click.echo(f"wrote {scrapes} scrapes to {output}; removed {finalize}", err=True)
+        _finalize(finalize, targets, output)
         return
     if not targets or output is None:
         raise InputError("record needs --target URL and -o/--output FILE")
     pairs = [(url, target_name(url)) for url in targets]
     recording = Recording(output, job=job)
+    events_path = events_output or output + ".kvev"
     events_fh = events_writer = None
     if kv_events:
         try:
-            events_fh, events_writer = open_writer(events_output or output + ".kvev")
+            events_fh, events_writer = open_writer(events_path)
         except InputError:
             recording.discard()  # nothing recorded: no journal left to block the next run
             raise
+    events = (kv_events, kv_events_replay, kv_events_dp) if kv_events else None
+    # SIGTERM (a pod or a driver stopping it) closes the recording like Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     failures = 0
     events_failed: OSError | None = None
-    # On a terminal: scrapes written and failed as it goes (the final line is below).
+    try:
+        failures = _record_with_progress(
+            pairs, interval, duration, recording, scrape_timeout, events, events_writer
+        )
+    finally:
+        events_failed = _close(recording, events_fh, output)
+    click.echo(f"wrote {recording.scrapes} scrapes to {output} ({failures} failed)", err=True)
+    if events_failed is not None:
+        raise InputError(
+            f"{events_path}: {events_failed.strerror}: the KV events written before it stay"
+        )
+    if events_writer is not None:
+        click.echo(f"wrote {events_writer.messages} KV-event messages to {events_path}", err=True)
+    if recording.scrapes == 0:
+        raise InputError("no scrape succeeded: the recording is empty")
+
+
+def _finalize(finalize: str, targets: tuple[str, ...], output: str | None) -> None:
+    """`--finalize`: turn a journal (or a cut recording) into a whole one, scraping nothing."""
+    from kvoffload.recording.openmetrics import JOURNAL_SUFFIX
+    from kvoffload.recording.repair import repair
+
+    if targets:
+        raise InputError("--finalize/--repair scrapes nothing: give no --target")
+    journal = finalize.endswith(JOURNAL_SUFFIX)
+    if output is None:
+        output = finalize[: -len(JOURNAL_SUFFIX)] if journal else finalize
+    scrapes = repair(finalize, output)
+    if not journal or os.path.abspath(output) == os.path.abspath(finalize):
+        click.echo(f"wrote {scrapes} timestamps to {output}", err=True)
+        return
+    try:
+        os.unlink(finalize)
+    except OSError as exc:
+        raise InputError(f"wrote {output}; cannot remove {finalize}: {exc.strerror}") from None
+    click.echo(f"wrote {scrapes} scrapes to {output}; removed {finalize}", err=True)
+
+
+def _record_with_progress(
+    pairs: list[tuple[str, str]],
+    interval: float,
+    duration: float,
+    recording: Recording,
+    scrape_timeout: float,
+    events: tuple[str, str | None, int] | None,
+    events_writer: EventFileWriter | None,
+) -> int:
+    """Run the record loop, showing its progress on a terminal; the failed scrapes' count."""
+    import asyncio
+
+    from kvoffload.recording.loop import record_targets
+
+    # On a terminal: scrapes written and failed as it goes (the final line is the caller's).
     progress = Progress(every=0.5)
     failed = [0]
 
@@ -150,14 +190,7 @@ def record(
     async def run() -> int:
         task = asyncio.ensure_future(
             record_targets(
-                pairs,
-                interval,
-                duration,
-                recording,
-                scrape_timeout,
-                warn,
-                (kv_events, kv_events_replay, kv_events_dp) if kv_events else None,
-                events_writer,
+                pairs, interval, duration, recording, scrape_timeout, warn, events, events_writer
             )
         )
         while not task.done():
@@ -165,43 +198,33 @@ def record(
             await asyncio.wait({task}, timeout=progress.every)
         return task.result()
 
-    # SIGTERM (a pod or a driver stopping it) closes the recording like Ctrl-C does.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        failures = asyncio.run(run())
+        return asyncio.run(run())
     except KeyboardInterrupt:
-        failures = failed[0]
         progress.clear()
         click.echo("kvoffload: interrupted; closing the recording", err=True)
+        return failed[0]
     finally:
         progress.clear()
-        if events_fh is not None:
-            try:
-                events_fh.close()
-            except OSError as exc:  # disk full: the events written whole stay readable
-                events_failed = exc
+
+
+def _close(recording: Recording, events_fh: BinaryIO | None, output: str) -> OSError | None:
+    """Close the event file and the recording; the event file's error on closing, if any."""
+    events_failed = None
+    if events_fh is not None:
         try:
-            recording.close()
-        except KeyboardInterrupt:
-            # A second signal while the journal is rewritten: the journal is whole; keep it.
-            click.echo(
-                f"kvoffload: interrupted while writing {output}; the recording is in "
-                f"{recording.journal} (`kvoffload record --finalize "
-                f"{recording.journal}` finishes it)",
-                err=True,
-            )
-            sys.exit(130)
-    click.echo(f"wrote {recording.scrapes} scrapes to {output} ({failures} failed)", err=True)
-    if events_failed is not None:
-        raise InputError(
-            f"{events_output or output + '.kvev'}: {events_failed.strerror}: the KV events "
-            "written before it stay"
-        )
-    if events_writer is not None:
+            events_fh.close()
+        except OSError as exc:  # disk full: the events written whole stay readable
+            events_failed = exc
+    try:
+        recording.close()
+    except KeyboardInterrupt:
+        # A second signal while the journal is rewritten: the journal is whole; keep it.
         click.echo(
-            f"wrote {events_writer.messages} KV-event messages to "
-            f"{events_output or output + '.kvev'}",
+            f"kvoffload: interrupted while writing {output}; the recording is in "
+            f"{recording.journal} (`kvoffload record --finalize "
+            f"{recording.journal}` finishes it)",
             err=True,
         )
-    if recording.scrapes == 0:
-        raise InputError("no scrape succeeded: the recording is empty")
+        sys.exit(130)
+    return events_failed

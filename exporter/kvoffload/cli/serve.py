@@ -20,7 +20,9 @@ from kvoffload.fleet.options import make_api, prometheus_options, time_range
 from kvoffload.links import docs_epilog
 
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
-    from kvoffload.sidecar.service import Service
+    from kvoffload.analysis.analyze import Settings
+    from kvoffload.fleet.promapi import PrometheusAPI
+    from kvoffload.sidecar.service import KVEventsSource, Service
 
 from kvoffload.cli.options import (
     duration_callback,
@@ -49,6 +51,10 @@ _SCRAPE_ONLY = (
     "kv_events_sample_budget",
     "state_dir",
     "state_interval",
+)
+_SCRAPE_ONLY_WHY = (
+    "with --prometheus the fleet is read from Prometheus "
+    "(no scrapes, no KV events; the figures cover --range)"
 )
 # ... and those only reading Prometheus uses: refused with --target.
 _PROMETHEUS_ONLY = (
@@ -272,8 +278,7 @@ def serve(
     """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
     (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
     from kvoffload.analysis.stability import StabilityRules
-    from kvoffload.fleet.service import FleetConfig, FleetService
-    from kvoffload.sidecar.service import KVEventsSource, ScrapeLimits, Sidecar, SidecarConfig
+    from kvoffload.sidecar.service import ScrapeLimits, Sidecar, SidecarConfig
 
     if bool(targets) == (prometheus_url is not None):
         raise InputError("give --target URL (repeatable) or --prometheus URL, one of them")
@@ -282,40 +287,92 @@ def serve(
         world_size, memory_limit, thresholds_file, threshold_overrides, kv_bytes_per_token
     )
     if prometheus_url is not None:
-        refused = _given(ctx, _SCRAPE_ONLY)
-        if refused:
-            raise InputError(
-                f"{', '.join(refused)}: with --prometheus the fleet is read from Prometheus "
-                "(no scrapes, no KV events; the figures cover --range)"
-            )
+        _refuse(ctx, _SCRAPE_ONLY, _SCRAPE_ONLY_WHY)
         fixed = None if start is None and end is None else time_range(range_seconds, start, end)
-        fleet = FleetService(
-            FleetConfig(
-                range_seconds if range_seconds is not None else 3600.0,
-                fixed,
-                selector,
-                step,
-                interval if interval is not None else 60.0,
-                settings,
-            ),
-            make_api(prometheus_url, prometheus_timeout, **auth),
-        )
-        span = (
-            f"{fixed[0]:.0f} to {fixed[1]:.0f}"
-            if fixed
-            else f"the last {fleet.config.range_seconds:g} s"
-        )
-        _run(
-            fleet,
-            f"reading the fleet from {fleet.api.base} ({span}) every "
-            f"{fleet.config.interval_seconds:g} s",
-            web,
-        )
+        api = make_api(prometheus_url, prometheus_timeout, **auth)
+        _serve_fleet(api, fixed, range_seconds, selector, step, interval, settings, web)
         return
-    refused = _given(ctx, _PROMETHEUS_ONLY)
-    if refused:
-        raise InputError(f"{', '.join(refused)}: only with --prometheus")
+    _refuse(ctx, _PROMETHEUS_ONLY, "only with --prometheus")
     interval = interval if interval is not None else 5.0
+    sources = _kv_events_sources(
+        targets, kv_events, kv_events_replay, kv_events_dp, kv_events_topic, state_dir
+    )
+    limits = ScrapeLimits(sample_limit, group_limit, label_value_length_limit)
+    rules = StabilityRules(advice_warmup, advice_dwell) if advice_warmup or advice_dwell else None
+    config = SidecarConfig(
+        list(targets),
+        interval,
+        window,
+        scrape_timeout,
+        int(max_payload),
+        settings,
+        sources,
+        kv_events_sample_rate,
+        kv_events_sample_budget,
+        state_dir,
+        state_interval,
+        limits,
+        rules,
+        host_memory_cgroup,
+    )
+    _run(Sidecar(config), f"scraping {', '.join(targets)} every {interval:g} s", web)
+
+
+def _refuse(ctx: click.Context, names: tuple[str, ...], why: str) -> None:
+    """Refuse the options among `names` that the user set, saying `why`."""
+    refused = _given(ctx, names)
+    if refused:
+        raise InputError(f"{', '.join(refused)}: {why}")
+
+
+def _serve_fleet(
+    api: PrometheusAPI,
+    fixed: tuple[float, float] | None,
+    range_seconds: float | None,
+    selector: str | None,
+    step: float | None,
+    interval: float | None,
+    settings: Settings,
+    web: WebFlags,
+) -> None:
+    """`serve --prometheus`: the fleet's figures re-read from Prometheus every --interval."""
+    from kvoffload.fleet.service import FleetConfig, FleetService
+
+    fleet = FleetService(
+        FleetConfig(
+            range_seconds if range_seconds is not None else 3600.0,
+            fixed,
+            selector,
+            step,
+            interval if interval is not None else 60.0,
+            settings,
+        ),
+        api,
+    )
+    span = (
+        f"{fixed[0]:.0f} to {fixed[1]:.0f}"
+        if fixed
+        else f"the last {fleet.config.range_seconds:g} s"
+    )
+    _run(
+        fleet,
+        f"reading the fleet from {fleet.api.base} ({span}) every "
+        f"{fleet.config.interval_seconds:g} s",
+        web,
+    )
+
+
+def _kv_events_sources(
+    targets: tuple[str, ...],
+    kv_events: tuple[str, ...],
+    kv_events_replay: tuple[str, ...],
+    dp: int,
+    topic: str,
+    state_dir: str | None,
+) -> list[KVEventsSource]:
+    """Each --kv-events endpoint paired by position with its --target (and --kv-events-replay)."""
+    from kvoffload.sidecar.service import KVEventsSource
+
     if len(kv_events) > len(targets) or len(kv_events_replay) > len(kv_events):
         raise InputError(
             "--kv-events pairs with --target (and --kv-events-replay with "
@@ -326,8 +383,8 @@ def serve(
             url,
             endpoint,
             kv_events_replay[i] if i < len(kv_events_replay) else None,
-            kv_events_dp,
-            kv_events_topic,
+            dp,
+            topic,
         )
         for i, (url, endpoint) in enumerate(zip(targets, kv_events, strict=False))
     ]
@@ -337,25 +394,7 @@ def serve(
             "there is none to keep",
             err=True,
         )
-    sidecar = Sidecar(
-        SidecarConfig(
-            list(targets),
-            interval,
-            window,
-            scrape_timeout,
-            int(max_payload),
-            settings,
-            sources,
-            kv_events_sample_rate,
-            kv_events_sample_budget,
-            state_dir,
-            state_interval,
-            ScrapeLimits(sample_limit, group_limit, label_value_length_limit),
-            StabilityRules(advice_warmup, advice_dwell) if advice_warmup or advice_dwell else None,
-            host_memory_cgroup,
-        )
-    )
-    _run(sidecar, f"scraping {', '.join(targets)} every {interval:g} s", web)
+    return sources
 
 
 def _run(service: Service, doing: str, web: WebFlags) -> None:

@@ -314,17 +314,14 @@ def parse_text(
     wanted_families: frozenset[str] | set[str] | None = None,
     limits: Limits | None = None,
 ) -> Exposition:
-    """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all).
-    Over one of `limits`: `LimitError`, as soon as the sample over it is read.
+    """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all);
+    over one of `limits`, `LimitError` as soon as the sample over it is read.
 
-    With `wanted_families` (every name `wanted` keeps, and the name less any of
-    FAMILY_SUFFIXES: catalog.WANTED_FAMILIES), the samples that follow the TYPE line of a family
-    none of them names are skipped with one search, not looked at (most of a vLLM payload is
-    histogram buckets nobody asked for): the samples kept are those a full parse keeps, a
-    wanted sample that comes without its own TYPE line after such a family included.
-    Tokens may be separated by any number of blanks and tabs, which may also lead or trail a
-    line, as Prometheus reads the format. Timestamps (milliseconds in 0.0.4) are converted to
-    seconds.
+    With `wanted_families` (catalog.WANTED_FAMILIES: every name `wanted` keeps, with and
+    without FAMILY_SUFFIXES), a family none of them names is skipped with one search from its
+    TYPE line (most of a vLLM payload is buckets nobody asked for); the samples kept are those
+    a full parse keeps. Blanks and tabs separate tokens as Prometheus reads the format;
+    timestamps (milliseconds in 0.0.4) become seconds.
     """
     text = _decode(body)
     expo = Exposition()
@@ -335,8 +332,7 @@ def parse_text(
     find = text.find
     compiles = [_SKIP_COMPILES]  # new family skips this parse may compile
     plans = _skip_plans(wanted_families) if wanted_families is not None else {}
-    max_samples = limits.samples if limits is not None else 0
-    max_value = limits.label_value_bytes if limits is not None else 0
+    max_samples, max_value = (limits.samples, limits.label_value_bytes) if limits else (0, 0)
     while pos < size:
         end = find("\n", pos)
         if end == -1:
@@ -363,9 +359,7 @@ def parse_text(
         try:
             sample = _parse_sample_line(line, 0, wanted)
         except ParseError as exc:
-            raise ParseError(
-                str(exc).replace("line 0:", f"line {_lineno(text, pos)}:", 1)
-            ) from None
+            raise _at_line(exc, _lineno(text, pos)) from None
         pos = end + 1
         if sample is None:
             if line[0] in " \t" and (rest := line.lstrip(" \t"))[:1] in ("#", ""):
@@ -378,19 +372,49 @@ def parse_text(
             sample = (sample[0], sample[1], sample[2], sample[3] / 1000.0)
         samples.append(sample)
         if max_samples and len(samples) > max_samples:
-            raise LimitError(
-                "samples",
-                f"more than {max_samples:,} samples (--scrape.sample-limit): "
-                f"abandoned at line {_lineno(text, pos - 1)}",
-            )
+            raise _over_sample_limit(max_samples, _lineno(text, pos - 1))
         # Only a line longer than the limit can hold a value over it: one comparison a line.
         if max_value and len(line) > max_value and (label := _too_long(sample[1], max_value)):
-            raise LimitError(
-                "label_value_length",
-                f"line {_lineno(text, pos - 1)}: label {label} longer than {max_value:,} "
-                "bytes (--scrape.label-value-length-limit)",
-            )
+            raise _over_value_limit(label, max_value, _lineno(text, pos - 1))
     return expo
+
+
+def _at_line(exc: ParseError, lineno: int) -> ParseError:
+    """`exc`, raised by a sample line parsed as line 0, naming its line in the payload."""
+    return ParseError(str(exc).replace("line 0:", f"line {lineno}:", 1))
+
+
+def _over_sample_limit(max_samples: int, lineno: int) -> LimitError:
+    return LimitError(
+        "samples",
+        f"more than {max_samples:,} samples (--scrape.sample-limit): abandoned at line {lineno}",
+    )
+
+
+def _over_value_limit(label: str, max_value: int, lineno: int) -> LimitError:
+    return LimitError(
+        "label_value_length",
+        f"line {lineno}: label {label} longer than {max_value:,} "
+        "bytes (--scrape.label-value-length-limit)",
+    )
+
+
+def _no_timestamp(lineno: int) -> ParseError:
+    return ParseError(f"line {lineno}: recording sample without a timestamp")
+
+
+def _check_nul(text: str, lineno: Callable[[str, int], int]) -> None:
+    """Refuse a chunk holding a NUL byte: one scan of the chunk instead of one per line."""
+    nul = text.find("\x00")
+    if nul != -1:
+        raise ParseError(f"line {lineno(text, nul)}: not text: NUL byte")
+
+
+def _back_in_time(ts: float, last: float | None, lineno: int) -> ParseError:
+    return ParseError(
+        f"line {lineno}: timestamp {ts} goes back in time (after {last}); recordings must be "
+        "written scrape by scrape"
+    )
 
 
 def _lineno(text: str, pos: int) -> int:
@@ -605,8 +629,6 @@ def _keyed_samples(
     """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key. TYPE
     lines are collected in `state.all_families`; skipped families are jumped over (with a
     look at their `instance` labels only, recorded in `users`: family → instances)."""
-    from kvoffload.ingest.extsort import float_key
-
     wanted, parse_line = state.wanted, _parse_sample_line
     ts_keys: dict[float, str] = {}
     cut_line = False
@@ -617,10 +639,8 @@ def _keyed_samples(
         pos = 0
         size = len(text)
         find = text.find
-        nul = find("\x00")
-        if nul != -1:
-            raise ParseError(f"line {state._lineno(text, nul)}: not text: NUL byte")
-        compiles, plans = [_SKIP_COMPILES], state.plans
+        _check_nul(text, state._lineno)
+        compiles = [_SKIP_COMPILES]
         if state.skip is not None:  # in a family skipped in the last chunk
             pos, state.skip = _skip_on(state.skip, text)
             _note_users(users, family, text, 0, pos)
@@ -644,22 +664,9 @@ def _keyed_samples(
                 if line == "# EOF":
                     state.saw_eof = True
                 elif line.startswith("# TYPE "):
-                    fam, mtype = _TYPE_LINES.get(line) or _type_line(
-                        line, partial(state._lineno, text, pos)
-                    )
-                    state.all_families[fam] = mtype
-                    family = fam
-                    if state.families is not None and fam not in state.families:
-                        search = plans.get(line) or _skip_plan(
-                            line, plans, state.families, compiles
-                        )
-                        found = search(text, end)  # past the family's samples
-                        if found is not None:
-                            pos = found.end()
-                        else:  # which may go on in the next chunk
-                            pos, state.skip = size, search
-                        _note_users(users, family, text, end, pos)
-                        continue
+                    # (a strict file declares each family once: no per-scrape cost here)
+                    family, pos = _keyed_type_line(state, users, text, pos, end, line, compiles)
+                    continue
                 pos = end + 1
                 continue
             if cut_line:
@@ -667,9 +674,7 @@ def _keyed_samples(
             try:
                 sample = parse_line(line, 0, wanted)
             except ParseError as exc:
-                raise ParseError(
-                    str(exc).replace("line 0:", f"line {state._lineno(text, pos)}:", 1)
-                ) from None
+                raise _at_line(exc, state._lineno(text, pos)) from None
             if sample is None:
                 skipped = pos
                 pos = _skip_same_name(text, end + 1, line)
@@ -677,31 +682,65 @@ def _keyed_samples(
                 continue
             ts = sample[3]
             if ts is None:
-                raise ParseError(
-                    f"line {state._lineno(text, pos)}: recording sample without a timestamp"
-                )
+                raise _no_timestamp(state._lineno(text, pos))
             seen = (family, sample[1].get("instance", ""))
             if seen != last_seen:  # a family's samples come together: one set.add per run
                 users.setdefault(family, set()).add(seen[1])
                 last_seen = seen
             pos = end + 1
-            key = ts_keys.get(ts)
-            if key is None:
-                if len(ts_keys) >= 100_000:
-                    ts_keys.clear()
-                key = ts_keys[ts] = float_key(ts)
+            key = ts_keys.get(ts) or _new_ts_key(ts_keys, ts)
             yield f"{key}{seq:010x}{line}\n"
             seq += 1
         state.lines_before += text.count("\n")
     if not state.saw_eof:
-        # In these layouts a cut file misses whole series or families at its end, not the
-        # last scrape: say so, and use what is there (bar a line cut in the middle).
-        log.warning(
-            "truncated recording: no '# EOF' after line %d (cut short?): families "
-            "or series at its end may be missing%s",
-            state.lines_before,
-            "; its last, cut line dropped" if cut_line else "",
-        )
+        _warn_truncated(state.lines_before, cut_line)
+
+
+def _new_ts_key(ts_keys: dict[float, str], ts: float) -> str:
+    """The sort key of a timestamp not seen yet, kept (at most 100,000 of them)."""
+    from kvoffload.ingest.extsort import float_key
+
+    if len(ts_keys) >= 100_000:
+        ts_keys.clear()
+    key = ts_keys[ts] = float_key(ts)
+    return key
+
+
+def _warn_truncated(lines: int, cut_line: bool) -> None:
+    # In these layouts a cut file misses whole series or families at its end, not the
+    # last scrape: say so, and use what is there (bar a line cut in the middle).
+    log.warning(
+        "truncated recording: no '# EOF' after line %d (cut short?): families "
+        "or series at its end may be missing%s",
+        lines,
+        "; its last, cut line dropped" if cut_line else "",
+    )
+
+
+def _keyed_type_line(
+    state: _OMState,
+    users: dict[str, set[str]],
+    text: str,
+    pos: int,
+    end: int,
+    line: str,
+    compiles: list[int],
+) -> tuple[str, int]:
+    """A TYPE line at text[pos:end] in `_keyed_samples`: its family, and where to read on
+    (past the family's samples when nobody wants it; their instances noted in `users`)."""
+    fam, mtype = _TYPE_LINES.get(line) or _type_line(line, partial(state._lineno, text, pos))
+    state.all_families[fam] = mtype
+    if state.families is None or fam in state.families:
+        return fam, end + 1
+    plans = state.plans
+    search = plans.get(line) or _skip_plan(line, plans, state.families, compiles)
+    found = search(text, end)  # past the family's samples
+    if found is not None:
+        pos = found.end()
+    else:  # which may go on in the next chunk
+        pos, state.skip = len(text), search
+    _note_users(users, fam, text, end, pos)
+    return fam, pos
 
 
 _INSTANCE_RE = re.compile(r'[{,]instance="((?:[^"\\]|\\.)*)"')
@@ -765,9 +804,7 @@ class _OMState:
         pos = 0
         size = len(text)
         find = text.find
-        nul = text.find("\x00")
-        if nul != -1:  # one scan of the chunk instead of one per line
-            raise ParseError(f"line {self._lineno(text, nul)}: not text: NUL byte")
+        _check_nul(text, self._lineno)
         compiles, plans = [_SKIP_COMPILES], self.plans
         if self.skip is not None:  # in a family skipped in the last chunk
             pos, self.skip = _skip_on(self.skip, text)
@@ -812,29 +849,21 @@ class _OMState:
             try:
                 sample = parse_line(line, 0, wanted)
             except ParseError as exc:
-                raise ParseError(
-                    str(exc).replace("line 0:", f"line {self._lineno(text, pos)}:", 1)
-                ) from None
+                raise _at_line(exc, self._lineno(text, pos)) from None
             pos = end + 1
             if sample is None:
                 pos = _skip_same_name(text, pos, line)
                 continue
             ts = sample[3]
             if ts is None:
-                raise ParseError(
-                    f"line {self._lineno(text, pos - 1)}: recording sample without a timestamp"
-                )
+                raise _no_timestamp(self._lineno(text, pos - 1))
             current = self.current
             if current is None or ts != current.timestamp:
                 if current is not None:
                     if ts < current.timestamp:  # type: ignore[operator]
                         # Interleaved families of several timestamps: not a recording we
                         # wrote, and streaming it would give wrong windows.
-                        raise ParseError(
-                            f"line {self._lineno(text, pos - 1)}: timestamp {ts} goes back "
-                            f"in time (after {current.timestamp}); recordings must be "
-                            "written scrape by scrape"
-                        )
+                        raise _back_in_time(ts, current.timestamp, self._lineno(text, pos - 1))
                     self.complete += 1
                     yield current
                 current = self.current = Exposition(timestamp=ts)

@@ -300,6 +300,8 @@ _FAM_KEY, _SERIES_KEY, _TIME_KEY, _SEQ_KEY = 6, 14, 30, 40
 # series with its `_count` and `_sum`.
 _LE_RE = re.compile(r'(?:^|,)le="[^"]*"')
 _QUANTILE_RE = re.compile(r'(?:^|,)quantile="[^"]*"')
+# The label a type's series carry apart from their own (dropped from the series' key).
+_SERIES_LABEL = {"histogram": _LE_RE, "gaugehistogram": _LE_RE, "summary": _QUANTILE_RE}
 
 
 def finalize_journal(
@@ -393,6 +395,8 @@ class _JournalScan:
         return len(self.times)
 
     def keyed(self, fh: TextIO, path: str) -> Iterator[str]:
+        """Every sample line of the journal `fh`, prefixed by its sort key (family, series,
+        time, file order); the last scrape only when the journal ends with `# EOF`."""
         from kvoffload.ingest.extsort import float_key
 
         fam_index: dict[str, int] = {}
@@ -413,16 +417,9 @@ class _JournalScan:
                 break  # else cut mid-line: the recorder was killed while writing it
             if line[0] == "#":
                 if line.startswith("# TYPE "):
-                    parts = line.split()
-                    if len(parts) != 4:
-                        raise ParseError(f"{path}: line {lineno}: malformed TYPE line")
-                    fam = self._family(fam_index, parts[2], parts[3])
+                    fam = self._declared(fam_index, line, path, lineno)
                     pending.append(fam)
-                    drop = {
-                        "histogram": _LE_RE,
-                        "gaugehistogram": _LE_RE,
-                        "summary": _QUANTILE_RE,
-                    }.get(self.families[fam][1])
+                    drop = _SERIES_LABEL.get(self.families[fam][1])
                 elif line == "# EOF\n":
                     eof = True
                     break
@@ -457,27 +454,47 @@ class _JournalScan:
                 for declared in pending:
                     self.declared_by.setdefault(declared, set()).add(instance)
                 pending = []
-            prefix = prefixes.get((fam, head))
-            if prefix is None:
-                self.instances.add(_instance_of(head))
-                labels = head[head.find("{") + 1 : -1] if labelled else ""
-                if drop is not None:
-                    labels = drop.sub("", labels).lstrip(",")
-                series = series_index.setdefault((fam, labels), len(series_index))
-                prefix = prefixes[(fam, head)] = f"{fam:06x}{series:08x}"
+            prefix = prefixes.get((fam, head)) or self._new_series(
+                prefixes, series_index, fam, head, labelled, drop
+            )
             held.append(f"{prefix}{ts_key}{seq:010x}{line}")
             seq += 1
-        if held:
-            if eof:
-                self.times.add(ts_key)
-                yield from held
-            else:
-                log.warning(
-                    "%s: no '# EOF' after line %d (its recorder was killed?): the "
-                    "last, possibly partial scrape dropped",
-                    path,
-                    lineno,
-                )
+        if held and eof:
+            self.times.add(ts_key)
+            yield from held
+        elif held:
+            log.warning(
+                "%s: no '# EOF' after line %d (its recorder was killed?): the "
+                "last, possibly partial scrape dropped",
+                path,
+                lineno,
+            )
+
+    def _declared(self, fam_index: dict[str, int], line: str, path: str, lineno: int) -> int:
+        """The family a journal's TYPE line declares."""
+        parts = line.split()
+        if len(parts) != 4:
+            raise ParseError(f"{path}: line {lineno}: malformed TYPE line")
+        return self._family(fam_index, parts[2], parts[3])
+
+    def _new_series(
+        self,
+        prefixes: dict[tuple[int, str], str],
+        series_index: dict[tuple[int, str], int],
+        fam: int,
+        head: str,
+        labelled: bool,
+        drop: re.Pattern[str] | None,
+    ) -> str:
+        """The key prefix of a sample head not seen before: its family and its series (the
+        labels less le/quantile, so a histogram's buckets sort together)."""
+        self.instances.add(_instance_of(head))
+        labels = head[head.find("{") + 1 : -1] if labelled else ""
+        if drop is not None:
+            labels = drop.sub("", labels).lstrip(",")
+        series = series_index.setdefault((fam, labels), len(series_index))
+        prefix = prefixes[(fam, head)] = f"{fam:06x}{series:08x}"
+        return prefix
 
     def empty_family(self, fam: int) -> str:
         """The TYPE line of a family declared without a sample ("" when only some instances

@@ -21,6 +21,7 @@ def _row(name: str, spec: tuple[str, list[str], str]) -> str:
 
 
 def metrics_markdown() -> str:
+    """The whole of docs/metrics.md: the sidecar's series, then what it reads of vLLM."""
     lines = [
         "# Metrics the sidecar exports",
         "",
@@ -32,78 +33,47 @@ def metrics_markdown() -> str:
         "",
         "| metric | type | JSON key | help |",
         "|---|---|---|---|",
-    ]
-    lines += [_row(name, spec) for name, spec in TARGET_METRICS.items()]
-    for fig in FIGURES:
-        extra = "".join(f',{k}="{v}"' for k, v in fig.labels)
-        unit = "" if fig.export_scale == 1 else f" (JSON in {fig.unit})"
-        lines.append(
-            f"| `{fig.metric}{{target,model_name{extra}}}` | gauge | `{fig.key}` | "
-            f"{fig.help}{unit} |"
-        )
-    lines += [_row(name, spec) for name, spec in ADVICE_METRICS.items()]
-    for name, (labels, help_text) in TTFT_METRICS.items():
-        lines.append(
-            f"| `{name}{{{','.join(['target', 'model_name', *labels])}}}` | gauge | | {help_text} |"
-        )
-    lines += [
+        *_figure_rows(),
         "",
         "JSON (`/api/v1/status`, `kvoffload analyze --json`) uses the figure keys; "
         "undefined figures are `null`. The TTFT verdict (docs/advisor.md) is "
         "`figures.offload_ttft_effect_seconds`, `recommendation.ttft_change_seconds`, "
         "`ttft_change_basis`, `ttft_change_range_seconds` and a `ttft` block per group.",
-        "",
-        "## With `--kv-events`",
-        "",
+    ]
+    lines += _section(
+        "With `--kv-events`",
         "Exact sizing from vLLM's KV events (docs/sizing.md). Per engine sizes; the JSON "
         "adds `kv_events`, `curve` and `predicted_offload_hit_ratio` to each group.",
-        "",
-        "| metric | type | help |",
-        "|---|---|---|",
-    ]
-    lines += _table(KV_EVENT_METRICS)
-    lines += [
-        "",
-        "## vLLM's container memory",
-        "",
+        _table(KV_EVENT_METRICS),
+    )
+    lines += _section(
+        "vLLM's container memory",
         "Read every 15 s from the cgroup of vLLM's container where the sidecar can see it "
         "(`--host-memory.cgroup`: the pod's cgroup less the sidecar's own, the cgroup of "
         "vLLM's processes in a shared PID namespace, or a directory given), v2 or v1; absent "
         "with `--prometheus` and where nothing is visible (`kvoffload_host_memory_read_info` "
         "then says why). The OOM check and `KVOffloadHostMemoryNearLimit` read them.",
-        "",
-        "| metric | type | help |",
-        "|---|---|---|",
-    ]
-    lines += _table(HOST_MEMORY_METRICS)
-    lines += [
-        "",
-        "## With `--prometheus`",
-        "",
+        _table(HOST_MEMORY_METRICS),
+    )
+    lines += _section(
+        "With `--prometheus`",
         "`serve --prometheus URL` reads the whole fleet from Prometheus every `--interval` "
         "instead of scraping (docs/architecture.md): the series above then carry Prometheus' "
         "`instance` as `target`, their figures cover `--range` (or `--start`/`--end`), and "
         "`kvoffload_up`, `kvoffload_last_success_timestamp_seconds` and "
         "`kvoffload_scrape_failures_total` describe the reads of each instance's series. No "
         "KV-event series. The reads themselves:",
-        "",
-        "| metric | type | help |",
-        "|---|---|---|",
-    ]
-    lines += _table(FLEET_METRICS)
-    lines += [
-        "",
-        "## What it reads of vLLM",
-        "",
+        _table(FLEET_METRICS),
+    )
+    lines += _section(
+        "What it reads of vLLM",
         "The catalog (`exporter/kvoffload/ingest/catalog.py`, one row per series read). A value "
         "outside its row's range is unknown: the figures that read it are absent while that "
         "scrape is in the window, and the group's warnings name the series and the value "
         "(docs/reliability.md). A numeric label outside its range is as if absent.",
-        "",
-        "| key | kind | vLLM series | believable range | notes |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [_source_row(src) for src in CATALOG]
+        [_source_row(src) for src in CATALOG],
+        "| key | kind | vLLM series | believable range | notes |\n|---|---|---|---|---|",
+    )
     lines += [
         "",
         "## The sidecar itself",
@@ -117,6 +87,31 @@ def metrics_markdown() -> str:
         "(`{generation}`).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _figure_rows() -> list[str]:
+    """The first table's rows: per target, the figures, the advice and the TTFT verdict."""
+    lines = [_row(name, spec) for name, spec in TARGET_METRICS.items()]
+    for fig in FIGURES:
+        extra = "".join(f',{k}="{v}"' for k, v in fig.labels)
+        unit = "" if fig.export_scale == 1 else f" (JSON in {fig.unit})"
+        lines.append(
+            f"| `{fig.metric}{{target,model_name{extra}}}` | gauge | `{fig.key}` | "
+            f"{fig.help}{unit} |"
+        )
+    lines += [_row(name, spec) for name, spec in ADVICE_METRICS.items()]
+    for name, (labels, help_text) in TTFT_METRICS.items():
+        lines.append(
+            f"| `{name}{{{','.join(['target', 'model_name', *labels])}}}` | gauge | | {help_text} |"
+        )
+    return lines
+
+
+def _section(
+    title: str, intro: str, rows: list[str], header: str = "| metric | type | help |\n|---|---|---|"
+) -> list[str]:
+    """One `##` section: its title, a paragraph, then a table."""
+    return ["", f"## {title}", "", intro, "", *header.split("\n"), *rows]
 
 
 def _source_row(src: Source) -> str:

@@ -73,89 +73,116 @@ def make_app(
     if kv_events_endpoint is not None:
         sim.enable_kv_events()
     stamped = (speed != 1.0 and not mapped) if timestamps is None else timestamps
+    events = None
+    if kv_events_endpoint is not None:
+        events = (kv_events_endpoint, kv_events_replay, kv_events_topic)
+    served = _ServedSim(sim, speed, clock, stamped, events)
     app = web.Application()
     app[SIM_KEY] = sim
-    state = {"t0": clock(), "base": sim.now}
+    app.router.add_get(metrics_path, served.metrics)
+    app.router.add_get("/ground-truth", served.ground_truth)
+    app.cleanup_ctx.append(served.serving)
+    return app
 
-    def advance() -> None:
-        target = state["base"] + speed * (clock() - state["t0"])
+
+class _ServedSim:
+    """The simulator behind the app: simulated time follows `clock` at `speed`, and its KV
+    events (with `events`: endpoint, replay endpoint, topic) go out on one publisher a rank."""
+
+    def __init__(
+        self,
+        sim: SimServer,
+        speed: float,
+        clock: Callable[[], float],
+        stamped: bool,
+        events: tuple[str, str | None, str] | None,
+    ) -> None:
+        self.sim = sim
+        self.speed = speed
+        self.clock = clock
+        self.stamped = stamped
+        self.events = events
+        self.t0 = clock()
+        self.base = sim.now
+        self.publishers: list[ZmqEventPublisher] = []
+
+    def advance(self) -> None:
+        sim = self.sim
+        target = self.base + self.speed * (self.clock() - self.t0)
         if target <= sim.now:
             return
         # In slices of 50 ms of simulated-at-speed time, within a budget: state in between
         # is consistent (advance_to leaves it at an instant), and a late one catches up on
         # the next tick.
-        step = max(speed * 0.05, 1e-3)
+        step = max(self.speed * 0.05, 1e-3)
         deadline = time.perf_counter() + _ADVANCE_BUDGET_S
         while sim.now < target and time.perf_counter() < deadline:
             sim.advance_to(min(target, sim.now + step))
 
-    async def metrics(_: web.Request) -> web.Response:
-        advance()
+    async def metrics(self, _: web.Request) -> web.Response:
+        self.advance()
         return web.Response(
-            body=sim.render(timestamped=stamped), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
+            body=self.sim.render(timestamped=self.stamped),
+            headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4},
         )
 
-    async def ground_truth(request: web.Request) -> web.Response:
-        advance()
+    async def ground_truth(self, request: web.Request) -> web.Response:
+        self.advance()
         full = request.query.get("requests", "1") not in ("0", "false", "no")
-        return web.json_response(sim.ground_truth(include_requests=full))
+        return web.json_response(self.sim.ground_truth(include_requests=full))
 
-    publishers: list[ZmqEventPublisher] = []
-
-    def publish_kv_events() -> None:
-        if not publishers:
+    def publish_kv_events(self) -> None:
+        if not self.publishers:
             return
         from .kv_events import encode_batch, is_restart_batch
 
-        for rank, ts, events in sim.drain_kv_events():
-            pub = publishers[rank]
+        for rank, ts, events in self.sim.drain_kv_events():
+            pub = self.publishers[rank]
             if is_restart_batch(events):
                 pub.reset()
             pub.publish(encode_batch(ts, events, rank))
-        for pub in publishers:
+        for pub in self.publishers:
             pub.service_replay()
 
-    async def ticker() -> None:
+    async def ticker(self) -> None:
         while True:
             await asyncio.sleep(_TICK_S)
-            advance()
-            publish_kv_events()
+            self.advance()
+            self.publish_kv_events()
 
-    async def start_ticker(app: web.Application) -> AsyncIterator[None]:
-        if kv_events_endpoint is not None:
-            from .kv_events import ZmqEventPublisher
+    def open_publishers(self) -> None:
+        """One publisher per DP rank; all closed again if one fails to open."""
+        if self.events is None:
+            return
+        from .kv_events import ZmqEventPublisher
 
-            try:
-                for rank in range(sim.scenario.dp):
-                    publishers.append(
-                        ZmqEventPublisher(
-                            kv_events_endpoint,
-                            kv_events_replay,
-                            topic=kv_events_topic,
-                            dp_rank=rank,
-                        )
-                    )
-            except BaseException:
-                for pub in publishers:
-                    pub.close()
-                raise
-        state["t0"] = clock()
-        state["base"] = sim.now
-        if mapped:
+        endpoint, replay, topic = self.events
+        try:
+            for rank in range(self.sim.scenario.dp):
+                self.publishers.append(
+                    ZmqEventPublisher(endpoint, replay, topic=topic, dp_rank=rank)
+                )
+        except BaseException:
+            for pub in self.publishers:
+                pub.close()
+            raise
+
+    async def serving(self, _app: web.Application) -> AsyncIterator[None]:
+        """The app's cleanup context: the publishers open and the ticker runs while it serves."""
+        self.open_publishers()
+        sim = self.sim
+        self.t0 = self.clock()
+        self.base = sim.now
+        if sim.mapped_clock:
             # Anchor the wall clock to the moment serving starts (construction was earlier).
             sim.epoch = time.time() - sim.now * sim.time_scale
-        task = asyncio.create_task(ticker())
+        task = asyncio.create_task(self.ticker())
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            for pub in publishers:
+            for pub in self.publishers:
                 pub.close()
-            publishers.clear()
-
-    app.router.add_get(metrics_path, metrics)
-    app.router.add_get("/ground-truth", ground_truth)
-    app.cleanup_ctx.append(start_ticker)
-    return app
+            self.publishers.clear()

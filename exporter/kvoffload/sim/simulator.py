@@ -43,6 +43,23 @@ if TYPE_CHECKING:
 ENDLESS_RECORDS = 10_000
 
 
+# The primary model's figures that ground_truth also puts at its top level.
+_PRIMARY_KEYS = (
+    "true_offload_hit_ratio",
+    "loaded_bytes",
+    "stored_bytes",
+    "loaded_tokens",
+    "gpu_missed_tokens",
+    "never_reloaded_evicted_bytes",
+    "never_reloaded_resident_bytes",
+    "never_reloaded_bytes",
+    "mean_ttft_s",
+    "store_failures",
+    "stores_skipped",
+    "ttft_saved_s",
+)
+
+
 class SimServer:
     """One simulated vLLM process.
 
@@ -78,28 +95,7 @@ class SimServer:
         self._kv_log: KvEventLog | None = None
         if kv_events:
             self._kv_log = self._new_kv_log()
-        self.models: list[Scenario] = [
-            scenario,
-            *(
-                # What belongs to the process, not to a model, is the main scenario's.
-                replace(
-                    m,
-                    extra_models=(),
-                    duration_s=scenario.duration_s,
-                    vllm_version=scenario.vllm_version,
-                    start_epoch=scenario.start_epoch,
-                    restart_at_s=scenario.restart_at_s,
-                    kv_cache_metrics=scenario.kv_cache_metrics,
-                    kv_cache_metrics_sample=scenario.kv_cache_metrics_sample,
-                )
-                for m in scenario.extra_models
-            ),
-        ]
-        names = [m.model_name for m in self.models]
-        if len(set(names)) != len(names):
-            raise ValueError(f"{scenario.name}: served model names must differ: {names}")
-        for m in self.models:
-            validate(m)
+        self.models = _served_models(scenario)
         self.sizings = [Sizing.of(m) for m in self.models]
         self._hashers = [PromptHasher(m.block_size) for m in self.models]
         # every model's requests, keyed by arrival at its engine core (after tokenization)
@@ -137,12 +133,16 @@ class SimServer:
         self._collector = mf.StoreCollector(lambda: self.metrics)
         self.registry.register(self._collector)
         self._start(0.0)
+        self._schedule_first_events()
+
+    def _schedule_first_events(self) -> None:
+        """Each closed-loop client's first request, and the scenario's restart."""
         for mi, pending in self._closed.items():
             clients = self.models[mi].workload.concurrency or 0
             for c in range(min(clients, len(pending))):
                 self._push(c * 1e-3, -1, self._send, (mi,))
-        if scenario.restart_at_s is not None:
-            self._push(scenario.restart_at_s, -1, self._restart, ())
+        if self.scenario.restart_at_s is not None:
+            self._push(self.scenario.restart_at_s, -1, self._restart, ())
 
     # -- clocks and workload periods -------------------------------------------------------
 
@@ -396,48 +396,7 @@ class SimServer:
 
     def ground_truth(self, include_requests: bool = True) -> dict[str, Any]:
         """What really happened: JSON-serialisable, cumulative over restarts."""
-        per_model: list[dict[str, Any]] = []
-        for mi, (m, sz) in enumerate(zip(self.models, self.sizings, strict=True)):
-            tot = EngineTruth()
-            _add(tot, self._archive_truth[mi])
-            evicted_never = self._archive_never[mi]
-            resident_never = 0
-            for eng in self.engines[mi]:
-                _add(tot, eng.truth)
-                if eng.cpu is not None:
-                    evicted_never += eng.cpu.evicted_never_loaded
-                    resident_never += eng.cpu.resident_never_loaded()
-            n_ttft = self._ttft_n[mi]
-            d = asdict(tot)
-            d.update(
-                {
-                    "model_name": m.model_name,
-                    "offloading": m.offloading,
-                    "cpu_gib": m.cpu_gib,
-                    "tp": m.tp,
-                    "dp": m.dp,
-                    "bytes_per_token": sz.bytes_per_token,
-                    "block_bytes": sz.block_bytes,
-                    "num_gpu_blocks_per_engine": sz.num_gpu_blocks,
-                    "gpu_kv_tokens_per_engine": sz.kv_cache_size_tokens,
-                    "cpu_num_chunks_per_engine": sz.cpu_num_chunks,
-                    "cpu_kv_cache_size_bytes_per_engine": sz.cpu_kv_cache_size_bytes,
-                    "prefill_tokens_per_s": sz.prefill_tokens_per_s,
-                    "true_offload_hit_ratio": (tot.loaded_tokens / tot.gpu_missed_tokens)
-                    if tot.gpu_missed_tokens
-                    else None,
-                    "gpu_hit_ratio": (
-                        tot.gpu_hit_tokens / (tot.gpu_hit_tokens + tot.gpu_missed_tokens)
-                    )
-                    if tot.gpu_hit_tokens + tot.gpu_missed_tokens
-                    else None,
-                    "never_reloaded_evicted_bytes": evicted_never * sz.chunk_bytes,
-                    "never_reloaded_resident_bytes": resident_never * sz.chunk_bytes,
-                    "never_reloaded_bytes": (evicted_never + resident_never) * sz.chunk_bytes,
-                    "mean_ttft_s": self._ttft_sum[mi] / n_ttft if n_ttft else None,
-                }
-            )
-            per_model.append(d)
+        per_model = [self._model_truth(mi) for mi in range(len(self.models))]
         primary = per_model[0]
         out: dict[str, Any] = {
             "scenario": self.scenario.name,
@@ -453,20 +412,7 @@ class SimServer:
             "models": per_model,
         }
         # the primary model's figures at top level, for the common single-model case
-        for k in (
-            "true_offload_hit_ratio",
-            "loaded_bytes",
-            "stored_bytes",
-            "loaded_tokens",
-            "gpu_missed_tokens",
-            "never_reloaded_evicted_bytes",
-            "never_reloaded_resident_bytes",
-            "never_reloaded_bytes",
-            "mean_ttft_s",
-            "store_failures",
-            "stores_skipped",
-            "ttft_saved_s",
-        ):
+        for k in _PRIMARY_KEYS:
             out[k] = primary[k]
         out["requests_total"] = primary["requests"]
         if include_requests:
@@ -476,7 +422,76 @@ class SimServer:
             out["requests_listed"] = len(self.records)
         return out
 
+    def _model_truth(self, mi: int) -> dict[str, Any]:
+        """Model `mi`'s truth summed over its engines and the processes before a restart."""
+        m, sz = self.models[mi], self.sizings[mi]
+        tot = EngineTruth()
+        _add(tot, self._archive_truth[mi])
+        evicted_never = self._archive_never[mi]
+        resident_never = 0
+        for eng in self.engines[mi]:
+            _add(tot, eng.truth)
+            if eng.cpu is not None:
+                evicted_never += eng.cpu.evicted_never_loaded
+                resident_never += eng.cpu.resident_never_loaded()
+        n_ttft = self._ttft_n[mi]
+        d = asdict(tot)
+        d.update(
+            {
+                "model_name": m.model_name,
+                "offloading": m.offloading,
+                "cpu_gib": m.cpu_gib,
+                "tp": m.tp,
+                "dp": m.dp,
+                "bytes_per_token": sz.bytes_per_token,
+                "block_bytes": sz.block_bytes,
+                "num_gpu_blocks_per_engine": sz.num_gpu_blocks,
+                "gpu_kv_tokens_per_engine": sz.kv_cache_size_tokens,
+                "cpu_num_chunks_per_engine": sz.cpu_num_chunks,
+                "cpu_kv_cache_size_bytes_per_engine": sz.cpu_kv_cache_size_bytes,
+                "prefill_tokens_per_s": sz.prefill_tokens_per_s,
+                "true_offload_hit_ratio": (tot.loaded_tokens / tot.gpu_missed_tokens)
+                if tot.gpu_missed_tokens
+                else None,
+                "gpu_hit_ratio": (tot.gpu_hit_tokens / (tot.gpu_hit_tokens + tot.gpu_missed_tokens))
+                if tot.gpu_hit_tokens + tot.gpu_missed_tokens
+                else None,
+                "never_reloaded_evicted_bytes": evicted_never * sz.chunk_bytes,
+                "never_reloaded_resident_bytes": resident_never * sz.chunk_bytes,
+                "never_reloaded_bytes": (evicted_never + resident_never) * sz.chunk_bytes,
+                "mean_ttft_s": self._ttft_sum[mi] / n_ttft if n_ttft else None,
+            }
+        )
+        return d
+
 
 def _add(into: EngineTruth, other: EngineTruth) -> None:
     for k, v in asdict(other).items():
         setattr(into, k, getattr(into, k) + v)
+
+
+def _served_models(scenario: Scenario) -> list[Scenario]:
+    """The scenario's models, each whole and validated; the first is the scenario itself."""
+    models = [
+        scenario,
+        *(
+            # What belongs to the process, not to a model, is the main scenario's.
+            replace(
+                m,
+                extra_models=(),
+                duration_s=scenario.duration_s,
+                vllm_version=scenario.vllm_version,
+                start_epoch=scenario.start_epoch,
+                restart_at_s=scenario.restart_at_s,
+                kv_cache_metrics=scenario.kv_cache_metrics,
+                kv_cache_metrics_sample=scenario.kv_cache_metrics_sample,
+            )
+            for m in scenario.extra_models
+        ),
+    ]
+    names = [m.model_name for m in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{scenario.name}: served model names must differ: {names}")
+    for m in models:
+        validate(m)
+    return models

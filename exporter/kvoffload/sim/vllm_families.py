@@ -368,6 +368,65 @@ RESIDENCY = [
     ),
 ]
 
+# The per-request latency histograms (their buckets fixed, unlike the token counts').
+REQUEST_TIMES = [
+    Family(
+        "vllm:time_to_first_token_seconds",
+        "histogram",
+        "Histogram of time to first token in seconds.",
+        BASE,
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "vllm:e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of e2e request latency in seconds.",
+        BASE,
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    Family(
+        "vllm:request_queue_time_seconds",
+        "histogram",
+        "Histogram of time spent in WAITING phase for request.",
+        BASE,
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    Family(
+        "vllm:request_prefill_time_seconds",
+        "histogram",
+        "Histogram of time spent in PREFILL phase for request.",
+        BASE,
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    Family(
+        "vllm:request_decode_time_seconds",
+        "histogram",
+        "Histogram of time spent in DECODE phase for request.",
+        BASE,
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    Family(
+        "vllm:inter_token_latency_seconds",
+        "histogram",
+        "Histogram of inter-token latency in seconds.",
+        BASE,
+        ITL_BUCKETS,
+    ),
+    Family(
+        "vllm:iteration_tokens_total",
+        "histogram",
+        "Histogram of number of tokens per engine_step.",
+        BASE,
+        ITERATION_TOKEN_BUCKETS,
+    ),
+    Family(
+        "vllm:request_num_preemptions",
+        "histogram",
+        "Histogram of the number of times a request was preempted.",
+        BASE,
+        tuple(float(b) for b in PREEMPTION_BUCKETS),
+    ),
+]
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -524,62 +583,7 @@ def families_for(
             BASE,
             token_buckets,
         ),
-        Family(
-            "vllm:time_to_first_token_seconds",
-            "histogram",
-            "Histogram of time to first token in seconds.",
-            BASE,
-            TTFT_BUCKETS,
-        ),
-        Family(
-            "vllm:e2e_request_latency_seconds",
-            "histogram",
-            "Histogram of e2e request latency in seconds.",
-            BASE,
-            REQUEST_LATENCY_BUCKETS,
-        ),
-        Family(
-            "vllm:request_queue_time_seconds",
-            "histogram",
-            "Histogram of time spent in WAITING phase for request.",
-            BASE,
-            REQUEST_LATENCY_BUCKETS,
-        ),
-        Family(
-            "vllm:request_prefill_time_seconds",
-            "histogram",
-            "Histogram of time spent in PREFILL phase for request.",
-            BASE,
-            REQUEST_LATENCY_BUCKETS,
-        ),
-        Family(
-            "vllm:request_decode_time_seconds",
-            "histogram",
-            "Histogram of time spent in DECODE phase for request.",
-            BASE,
-            REQUEST_LATENCY_BUCKETS,
-        ),
-        Family(
-            "vllm:inter_token_latency_seconds",
-            "histogram",
-            "Histogram of inter-token latency in seconds.",
-            BASE,
-            ITL_BUCKETS,
-        ),
-        Family(
-            "vllm:iteration_tokens_total",
-            "histogram",
-            "Histogram of number of tokens per engine_step.",
-            BASE,
-            ITERATION_TOKEN_BUCKETS,
-        ),
-        Family(
-            "vllm:request_num_preemptions",
-            "histogram",
-            "Histogram of the number of times a request was preempted.",
-            BASE,
-            tuple(float(b) for b in PREEMPTION_BUCKETS),
-        ),
+        *REQUEST_TIMES,
         Family(
             "vllm:request_prefill_kv_computed_tokens",
             "histogram",

@@ -12,6 +12,7 @@ import bisect
 import itertools
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 Segments = tuple[tuple[int, int], ...]
@@ -143,80 +144,128 @@ def generate(
     """
     if period < 0:
         raise ValueError("period must be >= 0")
-    rng = random.Random(seed if period == 0 else f"{seed}/{period}")
-    offset = period * duration_s
     # Ids of things that are new in every period live in a range of their own per period.
     fresh = period * _PERIOD_ID_STRIDE
-    questions = itertools.count(_QUESTION_BASE + fresh)
-    system: list[tuple[int, int]] = (
-        [(SYSTEM_SEGMENT_ID, workload.system_tokens)] if workload.system_tokens > 0 else []
+    draw = _Draw(
+        workload,
+        duration_s,
+        seed,
+        max_prompt_tokens,
+        random.Random(seed if period == 0 else f"{seed}/{period}"),
+        period * duration_s,
+        fresh,
+        itertools.count(_QUESTION_BASE + fresh),
+        [(SYSTEM_SEGMENT_ID, workload.system_tokens)] if workload.system_tokens > 0 else [],
     )
-
-    def question() -> tuple[int, int]:
-        lo, hi = workload.question_tokens
-        return (next(questions), rng.randint(lo, hi))
-
-    out: list[RequestSpec] = []
     if workload.kind == "documents":
-        n = max(1, workload.num_docs)
-        if workload.popularity == "zipf":
-            weights = [1.0 / math.pow(rank + 1, workload.zipf_alpha) for rank in range(n)]
-        else:
-            weights = [1.0] * n
-        cum = list(itertools.accumulate(weights))
-        unique_ids = itertools.count(_UNIQUE_DOC_BASE + fresh)
-        times = (
-            _arrivals(rng, workload.rate_rps, duration_s, workload.arrival)
-            if workload.requests is None
-            else [0.0] * workload.requests
-        )
-        for t in times:
-            if workload.unique_fraction > 0 and rng.random() < workload.unique_fraction:
-                doc_id = next(unique_ids)
-            else:
-                idx = bisect.bisect_left(cum, rng.random() * cum[-1])
-                generation = (
-                    int((offset + t) // workload.rotate_every_s) if workload.rotate_every_s else 0
-                )
-                doc_id = _DOC_BASE + generation * n + min(idx, n - 1)
-            doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
-            segs = _fit([*system, doc, question()], max_prompt_tokens)
-            out.append(RequestSpec(t=t, segments=segs, label="doc", route_key=doc_id))
+        out = _documents(draw)
     elif workload.kind == "sessions":
-        per_session = 1 + max(0, workload.reuses)
-        session_rate = workload.rate_rps / per_session
-        for i, t0 in enumerate(_arrivals(rng, session_rate, duration_s, workload.arrival)):
-            doc_id = _DOC_BASE + fresh + i
-            doc = (doc_id, _doc_len(seed, doc_id, workload.doc_tokens))
-            t = t0
-            for turn in range(per_session):
-                if turn:
-                    t += rng.expovariate(1.0 / workload.reuse_gap_s)
-                if t >= duration_s and not spill:
-                    break
-                segs = _fit([*system, doc, question()], max_prompt_tokens)
-                label = "first" if turn == 0 else "reuse"
-                out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
+        out = _sessions(draw, spill)
     elif workload.kind == "batches":
-        t = workload.request_interval_s
-        for b in itertools.count():
-            if workload.num_batches is not None and b >= workload.num_batches:
-                break
-            if t >= duration_s or not workload.batch:
-                break
-            keys: dict[str, int] = {}
-            for label, key, tokens in workload.batch:
-                doc_id = keys.setdefault(key, _DOC_BASE + fresh + b * 100 + len(keys))
-                segs = _fit([*system, (doc_id, tokens)], max_prompt_tokens)
-                out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
-                t += workload.request_interval_s
+        out = _batches(draw)
     else:
         raise ValueError(f"unknown workload kind {workload.kind!r}")
     if workload.output_tokens > 1:
         out = [replace(r, output_tokens=workload.output_tokens) for r in out]
-    if offset:
-        out = [replace(r, t=r.t + offset) for r in out]
+    if draw.offset:
+        out = [replace(r, t=r.t + draw.offset) for r in out]
     out.sort(key=lambda r: r.t)
+    return out
+
+
+@dataclass
+class _Draw:
+    """What one period's requests are drawn with: its random stream, its range of fresh ids,
+    its question ids and the shared system prompt."""
+
+    workload: Workload
+    duration_s: float
+    seed: int
+    max_prompt_tokens: int
+    rng: random.Random
+    offset: float
+    fresh: int
+    questions: Iterator[int]
+    system: list[tuple[int, int]]
+
+    def question(self) -> tuple[int, int]:
+        lo, hi = self.workload.question_tokens
+        return (next(self.questions), self.rng.randint(lo, hi))
+
+    def document(self, doc_id: int) -> tuple[int, int]:
+        return (doc_id, _doc_len(self.seed, doc_id, self.workload.doc_tokens))
+
+    def prompt(self, *segments: tuple[int, int]) -> Segments:
+        return _fit([*self.system, *segments], self.max_prompt_tokens)
+
+
+def _documents(draw: _Draw) -> list[RequestSpec]:
+    """ "documents": each request a new question about a library document (or a unique one)."""
+    workload, rng = draw.workload, draw.rng
+    n = max(1, workload.num_docs)
+    if workload.popularity == "zipf":
+        weights = [1.0 / math.pow(rank + 1, workload.zipf_alpha) for rank in range(n)]
+    else:
+        weights = [1.0] * n
+    cum = list(itertools.accumulate(weights))
+    unique_ids = itertools.count(_UNIQUE_DOC_BASE + draw.fresh)
+    times = (
+        _arrivals(rng, workload.rate_rps, draw.duration_s, workload.arrival)
+        if workload.requests is None
+        else [0.0] * workload.requests
+    )
+    out: list[RequestSpec] = []
+    for t in times:
+        if workload.unique_fraction > 0 and rng.random() < workload.unique_fraction:
+            doc_id = next(unique_ids)
+        else:
+            idx = bisect.bisect_left(cum, rng.random() * cum[-1])
+            generation = (
+                int((draw.offset + t) // workload.rotate_every_s) if workload.rotate_every_s else 0
+            )
+            doc_id = _DOC_BASE + generation * n + min(idx, n - 1)
+        segs = draw.prompt(draw.document(doc_id), draw.question())
+        out.append(RequestSpec(t=t, segments=segs, label="doc", route_key=doc_id))
+    return out
+
+
+def _sessions(draw: _Draw, spill: bool) -> list[RequestSpec]:
+    """ "sessions": a new document, then asked about again `reuses` times."""
+    workload, rng = draw.workload, draw.rng
+    per_session = 1 + max(0, workload.reuses)
+    session_rate = workload.rate_rps / per_session
+    out: list[RequestSpec] = []
+    for i, t0 in enumerate(_arrivals(rng, session_rate, draw.duration_s, workload.arrival)):
+        doc_id = _DOC_BASE + draw.fresh + i
+        doc = draw.document(doc_id)
+        t = t0
+        for turn in range(per_session):
+            if turn:
+                t += rng.expovariate(1.0 / workload.reuse_gap_s)
+            if t >= draw.duration_s and not spill:
+                break
+            segs = draw.prompt(doc, draw.question())
+            label = "first" if turn == 0 else "reuse"
+            out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
+    return out
+
+
+def _batches(draw: _Draw) -> list[RequestSpec]:
+    """ "batches": the explicit sequence again and again, each batch on fresh documents."""
+    workload = draw.workload
+    out: list[RequestSpec] = []
+    t = workload.request_interval_s
+    for b in itertools.count():
+        if workload.num_batches is not None and b >= workload.num_batches:
+            break
+        if t >= draw.duration_s or not workload.batch:
+            break
+        keys: dict[str, int] = {}
+        for label, key, tokens in workload.batch:
+            doc_id = keys.setdefault(key, _DOC_BASE + draw.fresh + b * 100 + len(keys))
+            segs = draw.prompt((doc_id, tokens))
+            out.append(RequestSpec(t=t, segments=segs, label=label, route_key=doc_id))
+            t += workload.request_interval_s
     return out
 
 
