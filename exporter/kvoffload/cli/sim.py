@@ -154,4 +154,15 @@ def sim(
         kv_events_replay=kv_events_replay,
         metrics_path=web.telemetry_path,
     )
-    run_app(app, web, lambda url: log.info("simulated vLLM (%s, %gx): %s", chosen.name, speed, url))
+    # The sidecar's interval is wall time, the simulator's data virtual: at 60x a 5 s scrape
+    # would span 5 virtual minutes, too few intervals for the TTFT fit. Say what matches.
+    every = f"{max(chosen.scrape_interval_s / speed, 0.1):g}s"
+    run_app(
+        app,
+        web,
+        lambda url: log.info(
+            "simulated vLLM (%s, %gx): %s; watch it with: kvoffload serve --target %s "
+            "--interval %s (the scenario's %gs scrapes in its virtual time)",
+            chosen.name, speed, url, url, every, chosen.scrape_interval_s,
+        ),
+    )  # fmt: skip
