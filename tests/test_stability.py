@@ -96,9 +96,10 @@ def test_an_advice_within_the_noise_yields_at_once_to_one_that_clears_it() -> No
 
 
 # Steady simulator scenarios (and a tier near its memory limit) never change a settled advice:
-# once one clears the noise it stands to the end. The demo's lines say, in the data's own
-# time, how long the advice has stood, so a machine that starves the simulator (it falls
-# behind its 60x) slows the test's clock with it instead of failing it.
+# once one clears the noise it stands. The demo's lines say, in the data's own time, how long
+# the advice has stood, and each demo runs until its settled advice has stood 10 simulated
+# minutes (or 150 s of wall time): a machine that starves the simulator (it falls behind its
+# 60x) makes the test wait longer instead of failing it.
 STEADY = [
     ("pressure-without-offloading", ()),
     ("laptop-eviction", ()),
@@ -108,30 +109,41 @@ STEADY = [
 _ADVICE = re.compile(
     r"^\[\s*\d+s\].*\| advice: ([a-z_]+(?: [\d.]+ GiB)?) \((within the noise, )?stands (\d+) s\)"
 )
+SETTLED_FOR = 600.0  # data seconds the settled advice must stand
+WALL_LIMIT = 150.0
 
 
-def _demo(scenario: str, extra: tuple[str, ...]) -> str:
-    r = subprocess.run(
+def _demo(scenario: str, extra: tuple[str, ...]) -> list[tuple[str, bool, int]]:
+    """The demo's judged lines (advice, clears the noise, stood for) until it has settled."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "kvoffload", "demo", "--scenario", scenario, *extra,
-         "--duration", "44s", "--every", "2s"],
-        capture_output=True, text=True, timeout=120,
+         "--duration", f"{WALL_LIMIT:g}s", "--every", "2s"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    judged: list[tuple[str, bool, int]] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if m := _ADVICE.match(line):
+                judged.append((m.group(1), m.group(2) is None, int(m.group(3))))
+                settled = [j for j in judged if j[1]]
+                if len({a for a, _, _ in settled}) > 1 or (
+                    len(settled) >= 3 and settled[-1][2] >= SETTLED_FOR
+                ):
+                    break  # changed (the test fails on it) or long settled (it passes)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return judged
 
 
 def test_steady_demo_scenarios_never_change_a_settled_advice() -> None:
     with ThreadPoolExecutor(len(STEADY)) as pool:
         outputs = list(pool.map(lambda s: _demo(*s), STEADY))
-    for (scenario, _), out in zip(STEADY, outputs, strict=True):
-        judged = [
-            (m.group(1), m.group(2) is None, int(m.group(3)))
-            for line in out.splitlines()
-            if (m := _ADVICE.match(line))
-        ]
+    for (scenario, _), judged in zip(STEADY, outputs, strict=True):
         settled = [(advice, stood) for advice, clear, stood in judged if clear]
         assert len(settled) >= 3, (scenario, judged)
         assert len({advice for advice, _ in settled}) == 1, (scenario, judged)
-        # one advice, never republished: how long it has stood only grows
+        # one advice, never republished: how long it has stood only grows, to 10 minutes
         stood = [s for _, s in settled]
-        assert stood == sorted(stood) and stood[-1] > stood[0], (scenario, judged)
+        assert stood == sorted(stood) and stood[-1] >= SETTLED_FOR, (scenario, judged)
