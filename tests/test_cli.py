@@ -31,6 +31,14 @@ def kvo(*args, timeout=60):
     return subprocess.run([*KVO, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def journal_scrapes(journal) -> int:
+    """How many scrapes a recording journal holds so far: its distinct sample timestamps."""
+    if not journal.exists():
+        return 0
+    lines = journal.read_text(errors="replace").splitlines()[:-1]  # the last may be cut
+    return len({ln.rsplit(" ", 1)[-1] for ln in lines if ln and not ln.startswith("#")})
+
+
 def test_analyze_sample_report():
     r = kvo("analyze", str(SAMPLE))
     assert r.returncode == 0, r.stderr
@@ -273,14 +281,12 @@ def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_p
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
-            # Signalled once scrapes are landing (its SIGTERM handler is in place by then:
-            # a loaded machine can take seconds to start Python).
-            deadline = time.time() + 30
-            while time.time() < deadline and (
-                not journal.exists() or journal.read_text().count("# TYPE") < 2
-            ):
+            # Signalled once more than three scrapes have landed (its SIGTERM handler is in
+            # place by then): polled, since a loaded machine can take seconds to start Python.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and journal_scrapes(journal) <= 4:
                 time.sleep(0.1)
-            time.sleep(1)
+            assert journal_scrapes(journal) > 4, "record wrote too few scrapes in 60 s"
             rec.send_signal(sig)
             rec.wait(timeout=20)
             assert out.exists() == (sig == signal.SIGTERM)
