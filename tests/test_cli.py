@@ -1,7 +1,6 @@
 """The command line as a user runs it: exit codes, one-line errors, record → analyze → promtool."""
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -140,7 +139,7 @@ def static_server():
     proc.wait(5)
 
 
-def test_record_then_analyze_then_promtool_backfill(static_server, tmp_path):
+def test_record_then_analyze_then_promtool_backfill(static_server, promtool, tmp_path):
     out = tmp_path / "rec.om"
     r = kvo(
         "record",
@@ -166,8 +165,6 @@ def test_record_then_analyze_then_promtool_backfill(static_server, tmp_path):
     assert group["figures"]["cpu_capacity_tokens"] == 4672
     assert group["figures"]["loaded_bytes"] == 0  # a static body: nothing moved in between
 
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is installed by `make test` (Debian package prometheus)"
     r = subprocess.run(
         [promtool, "tsdb", "create-blocks-from", "openmetrics", str(out), str(tmp_path / "tsdb")],
         capture_output=True,
@@ -333,6 +330,7 @@ def test_the_cli_starts_without_the_network_stacks() -> None:
     assert r.stdout.strip() == "[]"
 
 
+@pytest.mark.timing
 def test_analyze_target_of_non_vllm_metrics_fails_at_once(tmp_path):
     """A node-exporter-like body: one line naming what it found and exit 2 after the first
     scrape, not a report after the whole --duration; progress goes to stderr."""

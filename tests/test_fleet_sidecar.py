@@ -394,5 +394,6 @@ async def _sliding(tmp_path: Path) -> None:
                 assert up == {(("target", instance),): 1.0}
 
 
+@pytest.mark.timing
 def test_the_default_range_slides_with_the_clock(tmp_path: Path) -> None:
     asyncio.run(_sliding(tmp_path))

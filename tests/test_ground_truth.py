@@ -104,6 +104,7 @@ async def _live(speed: float, seconds: float):
     return status, truth
 
 
+@pytest.mark.timing
 def test_live_sidecar_on_a_fast_virtual_clock():
     started = time.monotonic()
     status, truth = asyncio.run(_live(speed=100.0, seconds=4.0))

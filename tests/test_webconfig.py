@@ -337,6 +337,7 @@ async def _flood_and_scrape(
     return took, statuses
 
 
+@pytest.mark.timing
 def test_wrong_passwords_do_not_hold_up_an_authorized_scrape(tmp_path: Path) -> None:
     """Before: 96 clients of wrong passwords queued bcrypt checks in the thread pool that
     renders /metrics: an authorized scrape took 11–16 s, past Prometheus' 10 s timeout."""

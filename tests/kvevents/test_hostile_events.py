@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+import pytest
 import zmq
 import zmq.asyncio
 from hypothesis import given, settings
@@ -285,6 +286,7 @@ def test_jumps_and_out_of_range_numbers_with_replay_never_wedge_ingestion():
     assert state.unseen_before_start() == 0 and eng.last_seq == (1 << 39) + 19
 
 
+@pytest.mark.timing
 def test_a_publisher_flapping_between_restarts_gets_replays_rate_limited():
     """Every message goes back (a 'restart' each): without a limit, each asked for a replay
     from 0 that a silent ROUTER let time out — one message per timeout. Now the first few

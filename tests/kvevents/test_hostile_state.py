@@ -202,6 +202,7 @@ def test_a_cut_file_is_refused(tmp_path, caplog):
         assert "not a state file" in _refused(path, caplog)
 
 
+@pytest.mark.timing
 def test_blocks_over_the_budget_are_refused_before_they_are_unpacked(tmp_path, caplog):
     """Before: 5 M blocks over a 10,000 budget blocked the start for 160 s."""
     path = _file(tmp_path, budget=10_000)
@@ -216,6 +217,7 @@ def test_blocks_over_the_budget_are_refused_before_they_are_unpacked(tmp_path, c
     assert "over the budget" in line and time.monotonic() - started < 10
 
 
+@pytest.mark.timing
 def test_a_million_checkpoints_are_refused_at_once(tmp_path, caplog):
     """Before: 10 M checkpoints cost 2.97 GB and 14 s to load."""
     path = _file(tmp_path)
