@@ -356,6 +356,7 @@ def test_wrong_passwords_do_not_hold_up_an_authorized_scrape(tmp_path: Path) -> 
     print(f"authorized scrapes: max {max(took):.3f} s of {len(took)}; attackers {dict(statuses)}")
 
 
+@pytest.mark.timing
 def test_an_unknown_user_takes_as_long_as_a_known_one(tmp_path: Path) -> None:
     """Before: the dummy hash of unknown names was cost 10 whatever the users' cost: with
     cost-12 hashes a wrong password took 0.82 s for a known name, 0.17 s for an unknown."""

@@ -164,6 +164,7 @@ def test_a_flood_of_new_blocks_stays_within_the_one_budget():
 
 
 # -- 2. a 200k-block chain: O(1) amortised per event ------------------------------------------
+@pytest.mark.timing
 def test_a_200k_block_chain_costs_o1_amortised_per_event():
     """One message stores a 200k-block chain, then 2,000 one-block messages each continue it
     (the walk to the root was 200k ancestors an event, 0.65-3 s each: ~20-100 minutes for
