@@ -191,6 +191,7 @@ def test_analyze_live_target(static_server):
     assert group["labels"]["instance"].startswith("127.0.0.1:")
 
 
+@pytest.mark.slow
 def test_demo_prints_live_figures():
     r = kvo("demo", "--duration", "7s", "--every", "2s", timeout=60)
     assert r.returncode == 0, r.stderr
@@ -237,6 +238,7 @@ def test_thresholds_file_changes_the_advice_and_bad_values_are_one_line_errors(t
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_record_closes_the_file_on_sigterm_and_a_killed_one_stays_readable(tmp_path):
     """SIGTERM (a pod stopping, a driver) ends the recording like Ctrl-C: the journal becomes
     the OpenMetrics file. After SIGKILL the journal (OUT.partial) is what is left: analyze

@@ -148,6 +148,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         }
 
 
+@pytest.mark.slow
 def test_status_is_what_analyze_prints(fleet: dict[str, Any]) -> None:
     r = kvo("analyze", "--prometheus", fleet["prometheus"], *fleet["span"], "--json")
     assert r.returncode == 0, r.stderr
@@ -317,6 +318,7 @@ def test_prometheus_down_keeps_the_last_analysis(chromium: Any, fleet: dict[str,
     assert "STALE: target down" in dom
 
 
+@pytest.mark.slow
 def test_serve_options_are_checked(tmp_path: Path) -> None:
     prom = f"http://127.0.0.1:{free_port()}"
     cases = {
@@ -394,6 +396,7 @@ async def _sliding(tmp_path: Path) -> None:
                 assert up == {(("target", instance),): 1.0}
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_the_default_range_slides_with_the_clock(tmp_path: Path) -> None:
     asyncio.run(_sliding(tmp_path))

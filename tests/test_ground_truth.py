@@ -64,6 +64,7 @@ def whole_run(name: str, interval: float | None = None):
     return group, sim.ground_truth(include_requests=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_figures_match_ground_truth(name):
     group, truth = whole_run(name)

@@ -251,6 +251,7 @@ def _wait(url: str, ok, timeout: float = 60.0):
     raise AssertionError(f"{url}: never ready ({last})")
 
 
+@pytest.mark.slow
 def test_a_live_sidecar_exports_host_memory_and_warns(tmp_path: Path) -> None:
     """`serve --host-memory.cgroup DIR` next to the simulator (a 0.5 GiB tier): the cgroup's
     numbers on /metrics and /api/v1/status, the footprint at the bound, and the OOM warning

@@ -468,6 +468,7 @@ def _closed_by_server(socks: list[socket.socket], within: float) -> int:
     return len(socks) - len(left)
 
 
+@pytest.mark.slow
 def test_stalled_tls_handshakes_are_bounded(pki: dict[str, Path], tmp_path: Path) -> None:
     """Before: asyncio gave each TLS connection 256 KiB before its handshake and the heap kept
     it: 1,000 connections that never finished one took the sidecar from 52 to 352 MB, four

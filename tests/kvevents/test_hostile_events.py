@@ -126,6 +126,7 @@ async def _with(
 
 
 # -- 1. new blocks, never removed: one budget bounds the whole state --------------------------
+@pytest.mark.slow
 def test_a_flood_of_new_blocks_stays_within_the_one_budget():
     """200k new GPU blocks (each message's chain continuing the last) also stored in the CPU
     tier, never a BlockRemoved, budget 10,000: every structure holds at most the budget, the

@@ -175,6 +175,7 @@ def test_a_publisher_timestamp_or_baseline_that_is_no_number_is_dropped_not_trus
     assert loaded.baselines == {'["vllm:8000", "n"]': {}}
 
 
+@pytest.mark.slow
 def test_a_thousand_one_byte_corruptions_none_loads(tmp_path, caplog):
     """Before: 971 of 1,000 loaded silently. The checksum finds every one."""
     good = _file(tmp_path).read_bytes()

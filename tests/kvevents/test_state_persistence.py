@@ -261,6 +261,7 @@ def _status(port: int) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_serve_state_dir_survives_sigkill(tmp_path):
     import signal
