@@ -12,7 +12,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # kustomize v2, too old for deploy/kustomize.
 DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 
-.PHONY: demo test lint generate bench deps system-deps clean
+.PHONY: demo test quick-test lint generate bench deps system-deps clean
 
 # setup.py builds the compiled journal scan (recording/_scan.c) where a C compiler is at hand.
 $(BIN)/kvoffload: pyproject.toml setup.py exporter/kvoffload/recording/_scan.c
@@ -49,6 +49,11 @@ test: system-deps deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n auto --dist loadfile
+
+## The edit-test loop: every test but those marked slow (simulator-oracle runs, packaging) or
+## timing (waits on or asserts on the wall clock); under 5 minutes on 2 cores. No lint here.
+quick-test: system-deps deps
+	$(BIN)/pytest -n auto --dist loadfile -m "not slow and not timing"
 
 ## Lint: ruff (rules and formatting), and mypy over the package (pyproject.toml's [tool.mypy]).
 lint: deps

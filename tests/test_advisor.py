@@ -34,6 +34,7 @@ def _single_model_scenarios() -> list[str]:
     return [n for n in scenarios.names() if not scenarios.get(n).extra_models]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _single_model_scenarios())
 def test_advisor_takes_the_scenarios_right_action(name):
     (group,) = run_scenario(name)

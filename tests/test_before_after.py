@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_recording
 from kvoffload.analysis.beforeafter import MAX_GROUPS, TierTimeline, before_after
 from kvoffload.ingest.catalog import Extract
@@ -40,6 +42,7 @@ def test_real_vllm_restarted_with_a_tier_is_measured_before_and_after(tmp_path: 
     assert "before and after its tier changed" in rec_.reasons[0]
 
 
+@pytest.mark.slow
 def test_a_simulated_restart_into_a_tier_is_detected_and_judged(tmp_path: Path) -> None:
     off = scenarios.get("pressure-without-offloading")
     on = replace(off, name="pressure-with-offloading", cpu_gib=12.0)
@@ -56,6 +59,7 @@ def test_a_simulated_restart_into_a_tier_is_detected_and_judged(tmp_path: Path) 
     assert any("before and after its tier changed" in r for r in group.recommendation.reasons)
 
 
+@pytest.mark.slow
 def test_a_restart_at_another_load_is_not_compared(tmp_path: Path) -> None:
     off = scenarios.get("pressure-without-offloading")
     # after the restart the prompts are twice as long: not the same load

@@ -9,9 +9,7 @@ import yaml
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
-def test_prometheus_example_config_and_its_rule_files_check():
-    promtool = shutil.which("promtool")
-    assert promtool, "make test installs Debian's prometheus (promtool)"
+def test_prometheus_example_config_and_its_rule_files_check(promtool):
     r = subprocess.run(
         [promtool, "check", "config", str(EXAMPLES / "prometheus.yml")],
         capture_output=True,

@@ -200,6 +200,7 @@ def test_log_format_json_before_or_after_the_subcommand(args: tuple[str, ...], e
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", lines[0]["ts"])
 
 
+@pytest.mark.slow
 def test_log_level_anywhere_and_the_old_spelling() -> None:
     err = _stderr_of_serve("serve", "--target", DEAD_TARGET)
     first = err.splitlines()[0]
@@ -237,6 +238,7 @@ def test_self_metrics_and_telemetry_path() -> None:
         assert name in body, name
 
 
+@pytest.mark.slow
 def test_an_address_in_use_is_one_line() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -132,6 +132,8 @@ def test_families_it_does_not_cover_are_handed_to_prometheus_client():
     )
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("openmetrics", [False, True])
 def test_a_thousand_groups_written_fast(openmetrics):
     """The point of the writer: the same bytes in a fraction of prometheus_client's time."""

@@ -75,6 +75,7 @@ def sim_recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["restart", "legacy-0.23", "two-models", "dp2"])
 def test_simulator_recordings_read_the_same(sim_recordings: dict[str, Path], name: str) -> None:
     path = sim_recordings[name]

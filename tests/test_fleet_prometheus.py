@@ -127,6 +127,7 @@ def _by_key(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(g["labels"]["instance"], g["labels"]["model_name"]): g for g in report["groups"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [None, "15s"], ids=["every-sample", "step-15s"])
 def test_same_figures_and_advice_as_the_recording(fleet: dict[str, Any], step: str | None) -> None:
     sim_start = min(fleet["spans"][i][0] for i in SIM)
@@ -295,6 +296,7 @@ def proxy(fleet: dict[str, Any]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/prometheus"
 
 
+@pytest.mark.slow
 def test_errors_are_reported_per_engine_and_the_run_goes_on(
     fleet: dict[str, Any], proxy: str, tmp_path: Path
 ) -> None:
@@ -346,6 +348,7 @@ def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> 
     assert len(runs[0][0]) == len(SIM) + 1
 
 
+@pytest.mark.slow
 def test_tls_with_the_operators_ca(fleet: dict[str, Any], tmp_path: Path) -> None:
     ca, cert, key = certificates(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

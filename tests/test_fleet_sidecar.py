@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,6 @@ from rules_procs import prometheus
 KVO = [sys.executable, "-m", "kvoffload"]
 SIM = {"rag:8000": "rag-hot-set-fits", "small:8000": "buffer-too-small"}
 EXPECTED_ACTIONS = {"rag:8000": "keep", "small:8000": "grow"}
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def kvo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -113,31 +111,11 @@ def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     }
 
 
-def page(url: str) -> str:
+def page(chromium: Any, url: str) -> str:
     """The status page's DOM after its script ran, in a real headless Chromium."""
-    assert CHROMIUM, "make test installs Debian's chromium"
-    with tempfile.TemporaryDirectory() as profile:
-        r = subprocess.run(
-            [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--virtual-time-budget=5000",
-                "--dump-dom",
-                f"{url}/",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    assert 'data-loaded="true"' in r.stdout, r.stderr[-2000:]
-    return r.stdout
+    dom = chromium.dom(f"{url}/", timeout=60)
+    assert 'data-loaded="true"' in dom, dom[-2000:]
+    return dom
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +148,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         }
 
 
+@pytest.mark.slow
 def test_status_is_what_analyze_prints(fleet: dict[str, Any]) -> None:
     r = kvo("analyze", "--prometheus", fleet["prometheus"], *fleet["span"], "--json")
     assert r.returncode == 0, r.stderr
@@ -216,8 +195,8 @@ def test_metrics_publish_every_engine(fleet: dict[str, Any]) -> None:
     assert size[(("model_name", "Qwen/Qwen3-8B"), ("target", "small:8000"))] > 0  # grow to
 
 
-def test_status_page_shows_the_fleet(fleet: dict[str, Any]) -> None:
-    dom = page(fleet["url"])
+def test_status_page_shows_the_fleet(chromium: Any, fleet: dict[str, Any]) -> None:
+    dom = page(chromium, fleet["url"])
     assert 'id="fleet-summary"' in dom and "2 engine(s): 1 keep, 1 grow" in dom
     assert 'class="action grow"' in dom and 'class="action keep"' in dom
     assert 'data-instance="rag:8000"' in dom and 'data-instance="small:8000"' in dom
@@ -305,7 +284,7 @@ def test_instances_that_fail_are_down_and_the_others_go_on(fleet: dict[str, Any]
     asyncio.run(_instances_failing(fleet["prometheus"], fleet["start"], fleet["end"]))
 
 
-def test_prometheus_down_keeps_the_last_analysis(fleet: dict[str, Any]) -> None:
+def test_prometheus_down_keeps_the_last_analysis(chromium: Any, fleet: dict[str, Any]) -> None:
     url = fleet["url"]
     before = status(url)
     fleet["stop_prometheus"]()
@@ -334,11 +313,12 @@ def test_prometheus_down_keeps_the_last_analysis(fleet: dict[str, Any]) -> None:
     assert samples(url, "kvoffload_recommendation") == {}
     assert samples(url, "kvoffload_fleet_read_failures_total")[()] >= 1
     assert requests.get(f"{url}/readyz", timeout=5).status_code == 200  # it has an analysis
-    dom = page(url)
+    dom = page(chromium, url)
     assert 'id="read-error"' in dom and "last read failed" in dom and "Connection refused" in dom
     assert "STALE: target down" in dom
 
 
+@pytest.mark.slow
 def test_serve_options_are_checked(tmp_path: Path) -> None:
     prom = f"http://127.0.0.1:{free_port()}"
     cases = {
@@ -416,5 +396,7 @@ async def _sliding(tmp_path: Path) -> None:
                 assert up == {(("target", instance),): 1.0}
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 def test_the_default_range_slides_with_the_clock(tmp_path: Path) -> None:
     asyncio.run(_sliding(tmp_path))

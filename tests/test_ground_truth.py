@@ -64,6 +64,7 @@ def whole_run(name: str, interval: float | None = None):
     return group, sim.ground_truth(include_requests=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_figures_match_ground_truth(name):
     group, truth = whole_run(name)
@@ -104,6 +105,7 @@ async def _live(speed: float, seconds: float):
     return status, truth
 
 
+@pytest.mark.timing
 def test_live_sidecar_on_a_fast_virtual_clock():
     started = time.monotonic()
     status, truth = asyncio.run(_live(speed=100.0, seconds=4.0))

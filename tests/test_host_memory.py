@@ -132,6 +132,8 @@ def test_this_machines_own_cgroup() -> None:
     assert read_host_memory(own).source == "explicit"
 
 
+# A FIFO opened plainly would block forever: the timeout fails that hang, no clock is asserted.
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["fifo", "huge", "garbage", "negative", "symlink", "missing"])
 def test_a_hostile_cgroup_file_is_a_one_line_problem(tmp_path: Path, kind: str) -> None:
     """A FIFO must not hang the reader, /dev/zero must not fill memory, garbage must not crash."""
@@ -148,10 +150,8 @@ def test_a_hostile_cgroup_file_is_a_one_line_problem(tmp_path: Path, kind: str) 
         current.write_text("-5\n")
     elif kind == "symlink":
         current.symlink_to("/dev/zero")
-    t0 = time.monotonic()
     with pytest.raises(HostMemoryError) as err:
         read_cgroup(str(d))
-    assert time.monotonic() - t0 < 5  # the FIFO case would block forever on a plain open
     assert "\n" not in str(err.value) and str(current) in str(err.value)
     reading = read_host_memory(str(d))
     assert reading.cgroup is None and reading.problem == str(err.value)
@@ -251,6 +251,7 @@ def _wait(url: str, ok, timeout: float = 60.0):
     raise AssertionError(f"{url}: never ready ({last})")
 
 
+@pytest.mark.slow
 def test_a_live_sidecar_exports_host_memory_and_warns(tmp_path: Path) -> None:
     """`serve --host-memory.cgroup DIR` next to the simulator (a 0.5 GiB tier): the cgroup's
     numbers on /metrics and /api/v1/status, the footprint at the bound, and the OOM warning

@@ -537,6 +537,7 @@ async def _responsiveness_run() -> tuple[list[float], Sidecar]:
     return latencies, sidecar
 
 
+@pytest.mark.timing
 def test_the_loop_answers_while_a_target_serves_a_payload_at_the_limits():
     latencies, sidecar = asyncio.run(_responsiveness_run())
     target = sidecar.targets[0]

@@ -129,6 +129,7 @@ def _drip_app(where: str, started: threading.Event | None = None) -> web.Applica
     return one_route_app(drip)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("where", ["headers", "body"])
 def test_a_slow_drip_ends_at_the_question_deadline(where: str) -> None:
     for url in serve_in_thread(_drip_app(where)):

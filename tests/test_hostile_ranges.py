@@ -134,6 +134,7 @@ def test_every_catalog_row_has_one_shape_and_a_range() -> None:
     assert len(keys) == len(set(keys))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["journal", "strict"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_value_out_of_range_in_a_recording_is_unknown_with_its_reason(

@@ -92,6 +92,8 @@ def _lines(log: Path) -> list[str]:
     return log.read_text(errors="replace").splitlines()
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 def test_idle_connections_past_the_file_limit(server):
     """Idle: connected, nothing sent (over TLS: no ClientHello, the handshake pending)."""
     proc, port, log, ca = server

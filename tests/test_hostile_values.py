@@ -200,6 +200,7 @@ def _write_events(path: Path, messages: list[RawMessage]) -> None:
 FUZZ_RUNS = 24
 
 
+@pytest.mark.slow
 def test_fuzzed_values_of_a_real_recording_never_crash_analyze(tmp_path, real_run):
     """Random NaN, ±Inf, 1e308, negative, denormal values in every sample (or a share of
     them) of a real vLLM 0.26 recording and its KV events: `analyze` exits 0 with JSON that

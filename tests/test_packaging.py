@@ -166,6 +166,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_license_types_page_and_urls(wheel: Path) -> None:
     # The compiled scan makes it a wheel for this Python and platform.
     abi = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -190,6 +191,7 @@ def test_the_wheel_carries_license_types_page_and_urls(wheel: Path) -> None:
     assert not any(n.startswith(("tests/", "docs/", "bench/")) for n in names)
 
 
+@pytest.mark.slow
 def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Path) -> None:
     """What the sidecar image does: `pip install` of the wheel alone, then the CLI, the sidecar's
     modules and the simulator run; `generate` asks for its extra."""
@@ -240,6 +242,7 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
     )
 
 
+@pytest.mark.slow
 def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
     wheel: Path, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -174,6 +175,7 @@ def _same(ours: list, theirs: list) -> bool:
     return True
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(expositions())
 def test_full_parse_equals_prometheus_client(doc):
@@ -185,6 +187,7 @@ def test_full_parse_equals_prometheus_client(doc):
     assert ours == their_families
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(expositions())
 def test_filtered_parse_keeps_what_the_full_parse_keeps(doc):
@@ -195,6 +198,7 @@ def test_filtered_parse_keeps_what_the_full_parse_keeps(doc):
     assert filtered.families == full.families
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data())
 def test_a_wanted_sample_after_a_skipped_family_is_kept(data):

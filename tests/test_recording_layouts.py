@@ -64,6 +64,7 @@ def analyze(path: Path, events: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("set_name, server", [("B", "B-cpu5"), ("live", "cpu4g")])
 def test_every_layout_gives_the_same_json(tmp_path, set_name, server):
     text = lzma.decompress((SETS / set_name / f"{server}.om.xz").read_bytes()).decode()
@@ -82,6 +83,7 @@ def test_every_layout_gives_the_same_json(tmp_path, set_name, server):
     assert results["strict"] == results["scrape"]
 
 
+@pytest.mark.slow
 def test_a_family_declared_without_samples_survives_the_strict_rewrite(tmp_path):
     """vLLM declares its per-direction offload families before the first transfer, with no
     sample yet; that the family is there decides how the others are read (flat, not legacy

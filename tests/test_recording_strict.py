@@ -166,6 +166,7 @@ def analyze_json(path: Path) -> dict:
     return doc
 
 
+@pytest.mark.slow
 def test_record_writes_openmetrics_that_prometheus_client_and_promtool_accept(
     vllm_targets, tmp_path
 ):
@@ -192,6 +193,7 @@ def test_record_writes_openmetrics_that_prometheus_client_and_promtool_accept(
     assert [g["offloading"] for g in doc["groups"]].count(True) == 1
 
 
+@pytest.mark.slow
 def test_killed_record_leaves_a_journal_analyze_reads_like_the_finished_file(
     vllm_targets, tmp_path
 ):

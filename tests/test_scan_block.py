@@ -80,6 +80,7 @@ def test_the_compiled_scan_is_built() -> None:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_block())
 def test_compiled_and_pure_scans_agree(case: tuple[fastjournal._Family, bytes, int, int]) -> None:

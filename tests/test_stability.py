@@ -7,6 +7,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from kvoffload.analysis.advisor import Recommendation
 from kvoffload.analysis.stability import AdviceHolder, StabilityRules
 
@@ -137,6 +139,7 @@ def _demo(scenario: str, extra: tuple[str, ...]) -> list[tuple[str, bool, int]]:
     return judged
 
 
+@pytest.mark.slow
 def test_steady_demo_scenarios_never_change_a_settled_advice() -> None:
     with ThreadPoolExecutor(len(STEADY)) as pool:
         outputs = list(pool.map(lambda s: _demo(*s), STEADY))

@@ -1,9 +1,6 @@
 """A real headless Chromium loads the status page and the page renders the sidecar's status."""
 
 import asyncio
-import shutil
-import subprocess
-import tempfile
 
 from aiohttp import web
 
@@ -17,8 +14,6 @@ from kvoffload.sim.server import make_app as make_sim_app
 
 from helpers import FIXTURES, SAMPLE, free_port
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
 
 def laptop_events() -> TargetEvents:
     sim = SimServer(scenarios.get("laptop-eviction"), kv_events=True)
@@ -29,7 +24,7 @@ def laptop_events() -> TargetEvents:
     return state
 
 
-async def _dump_dom(screenshot: str | None = None) -> str:
+async def _dump_dom(chromium, screenshot: str | None = None) -> str:
     # KV events of the laptop scenario (the sample's shapes), as if subscribed, with a gap
     # vLLM could not replay: the curve is provisional. Made first: it takes seconds, and the
     # simulated server's 400 requests start when it is served (a sidecar scraping only after
@@ -76,42 +71,15 @@ async def _dump_dom(screenshot: str | None = None) -> str:
             if sidecar.ready and all(t.scrapes for t in sidecar.targets) and judged:
                 break
             await asyncio.sleep(0.1)
-        with tempfile.TemporaryDirectory() as profile:
-            args = [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--virtual-time-budget=5000",
-            ]
-            args += (
-                [f"--screenshot={screenshot}", "--window-size=1200,1400"]
-                if screenshot
-                else ["--dump-dom"]
-            )
-            proc = await asyncio.create_subprocess_exec(
-                *args,
-                f"http://127.0.0.1:{port}/",
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
-            out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        return out.decode()
+        return await chromium.dom_async(f"http://127.0.0.1:{port}/", screenshot)
     finally:
         await runner.cleanup()
         await fx_runner.cleanup()
         await sim_runner.cleanup()
 
 
-def test_status_page_renders_in_chromium():
-    assert CHROMIUM, "make test installs Debian's chromium"
-    dom = asyncio.run(_dump_dom())
+def test_status_page_renders_in_chromium(chromium):
+    dom = asyncio.run(_dump_dom(chromium))
     assert 'data-loaded="true"' in dom
     assert 'data-model="Qwen/Qwen3-Reranker-0.6B"' in dom
     # too few requests to judge: the badge says so, no green "keep" (test_status_page_states)

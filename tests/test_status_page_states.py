@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -31,7 +28,6 @@ from kvoffload.sim.server import make_app as make_sim_app
 
 from helpers import FIXTURES, SAMPLE, free_port
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PNG = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "link", "br", "img", "input", "hr", "area", "base", "col", "source", "wbr"}
 
@@ -137,32 +133,9 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def load(url: str, screenshot: Path) -> Node:
+async def load(chromium, url: str, screenshot: Path) -> Node:
     """The page's DOM after its script ran, and its screenshot, from one headless Chromium."""
-    assert CHROMIUM, "make test installs Debian's chromium"
-    with tempfile.TemporaryDirectory() as profile:
-        proc = await asyncio.create_subprocess_exec(
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=5000",
-            "--window-size=1200,1600",
-            f"--screenshot={screenshot}",
-            "--dump-dom",
-            url + "/",
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 90)
-    dom = out.decode()
+    dom = await chromium.dom_async(url + "/", screenshot)
     assert 'data-loaded="true"' in dom, dom[-3000:]
     assert screenshot.read_bytes().startswith(PNG)
     return parse(dom)
@@ -200,7 +173,7 @@ async def _simulated(speed: float = 4.0) -> tuple[web.AppRunner, str]:
 
 
 # -- the states -------------------------------------------------------------------------------
-async def _healthy(shot: Path) -> Node:
+async def _healthy(chromium, shot: Path) -> Node:
     sim_runner, sim_url = await _simulated()
     cgroup = _cgroup(shot.parent / "vllm-cgroup")
     sidecar = Sidecar(
@@ -209,8 +182,9 @@ async def _healthy(shot: Path) -> Node:
     runner, url = await _serve(make_app(sidecar))
     try:
         await wait_for("advice", lambda: judged(sidecar, SIM_MODEL))
-        await asyncio.sleep(1.0)  # a few more scrapes in the trends
-        return await load(url, shot)
+        after = sidecar.targets[0].scrapes + 5  # a few more scrapes in the trends
+        await wait_for("more scrapes", lambda: sidecar.targets[0].scrapes >= after)
+        return await load(chromium, url, shot)
     finally:
         await runner.cleanup()
         await sim_runner.cleanup()
@@ -234,8 +208,8 @@ def _cgroup(d: Path) -> Path:
     return d
 
 
-def test_healthy_shows_advice_and_trends(tmp_path):
-    page = asyncio.run(_healthy(tmp_path / "healthy.png"))
+def test_healthy_shows_advice_and_trends(chromium, tmp_path):
+    page = asyncio.run(_healthy(chromium, tmp_path / "healthy.png"))
     card = groups(page)[SIM_MODEL]
     badge = badge_of(card)
     assert badge.attrs["data-state"] == "advice" and badge.text == "disable"
@@ -269,14 +243,14 @@ def test_healthy_shows_advice_and_trends(tmp_path):
             assert not n.attrs.get(attr, "").startswith(("http:", "https:", "//")), n.attrs
 
 
-async def _no_data(shot: Path) -> Node:
+async def _no_data(chromium, shot: Path) -> Node:
     fixtures, fx_url = await _serve(_static_fixtures())
     # one snapshot served again and again: up, but nothing moves, never enough to judge
     sidecar = Sidecar(SidecarConfig([f"{fx_url}/{SAMPLE.name}"], interval_seconds=0.2))
     runner, url = await _serve(make_app(sidecar))
     try:
         await wait_for("a group", lambda: sidecar.ready and sidecar.groups())
-        return await load(url, shot)
+        return await load(chromium, url, shot)
     finally:
         await runner.cleanup()
         await fixtures.cleanup()
@@ -288,8 +262,8 @@ def _static_fixtures() -> web.Application:
     return app
 
 
-def test_no_data_says_waiting_for_data_not_keep(tmp_path):
-    page = asyncio.run(_no_data(tmp_path / "no-data.png"))
+def test_no_data_says_waiting_for_data_not_keep(chromium, tmp_path):
+    page = asyncio.run(_no_data(chromium, tmp_path / "no-data.png"))
     card = groups(page)["Qwen/Qwen3-Reranker-0.6B"]
     badge = badge_of(card)
     assert badge.text == "waiting for data" and badge.attrs["data-state"] == "waiting"
@@ -300,7 +274,7 @@ def test_no_data_says_waiting_for_data_not_keep(tmp_path):
     assert "--kv-offloading-size" not in card.text
 
 
-async def _target_down(shot: Path) -> Node:
+async def _target_down(chromium, shot: Path) -> Node:
     sim_runner, sim_url = await _simulated()
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     sidecar = Sidecar(
@@ -309,17 +283,20 @@ async def _target_down(shot: Path) -> Node:
     runner, url = await _serve(make_app(sidecar))
     try:
         await wait_for("advice", lambda: judged(sidecar, SIM_MODEL))
-        await asyncio.sleep(0.6)
+        after = sidecar.targets[0].scrapes + 3
+        await wait_for("more scrapes", lambda: sidecar.targets[0].scrapes >= after)
         await sim_runner.cleanup()  # vLLM goes away
         await wait_for("the target down", lambda: not sidecar.targets[0].up)
-        await asyncio.sleep(0.6)  # the trends record the gap
-        return await load(url, shot)
+        # the trends record the gap: a few failed scrapes after the first
+        after = sidecar.targets[0].failures + 3
+        await wait_for("failed scrapes", lambda: sidecar.targets[0].failures >= after)
+        return await load(chromium, url, shot)
     finally:
         await runner.cleanup()
 
 
-def test_target_down_says_target_down_with_the_last_advice(tmp_path):
-    page = asyncio.run(_target_down(tmp_path / "target-down.png"))
+def test_target_down_says_target_down_with_the_last_advice(chromium, tmp_path):
+    page = asyncio.run(_target_down(chromium, tmp_path / "target-down.png"))
     card = groups(page)[SIM_MODEL]
     badge = badge_of(card)
     assert badge.text == "target down" and badge.attrs["data-state"] == "down"
@@ -337,7 +314,7 @@ def test_target_down_says_target_down_with_the_last_advice(tmp_path):
     assert any("cannot connect" in r.text for r in rows.values())
 
 
-async def _all_down(shot: Path) -> Node:
+async def _all_down(chromium, shot: Path) -> Node:
     sidecar = Sidecar(
         SidecarConfig(
             [f"http://127.0.0.1:{free_port()}/metrics"], interval_seconds=0.2, timeout_seconds=1
@@ -346,13 +323,13 @@ async def _all_down(shot: Path) -> Node:
     runner, url = await _serve(make_app(sidecar))
     try:
         await wait_for("a failed scrape", lambda: sidecar.targets[0].failures > 0)
-        return await load(url, shot)
+        return await load(chromium, url, shot)
     finally:
         await runner.cleanup()
 
 
-def test_no_engine_and_every_target_down(tmp_path):
-    page = asyncio.run(_all_down(tmp_path / "all-down.png"))
+def test_no_engine_and_every_target_down(chromium, tmp_path):
+    page = asyncio.run(_all_down(chromium, tmp_path / "all-down.png"))
     card = page.find("section", id="no-groups")
     badge = badge_of(card)
     assert badge.text == "target down"
@@ -375,7 +352,7 @@ def _with_events(scenario: str, seconds: float) -> tuple[Window, TargetEvents]:
     return window, state
 
 
-async def _kv_events(shot: Path) -> tuple[Node, dict]:
+async def _kv_events(chromium, shot: Path) -> tuple[Node, dict]:
     # A RAG service whose CPU tier is the size of its GPU cache: the curve says grow.
     window, state = _with_events("buffer-too-small", 300.0)
     sidecar = Sidecar(SidecarConfig([f"http://{INSTANCE}/metrics"], interval_seconds=0.2))
@@ -390,14 +367,14 @@ async def _kv_events(shot: Path) -> tuple[Node, dict]:
         app[HISTORY_KEY].sample(sidecar.groups(), time.time() - 60 + 2 * i)
     runner, url = await _serve(app)
     try:
-        page = await load(url, shot)
+        page = await load(chromium, url, shot)
         return page, sidecar.status()
     finally:
         await runner.cleanup()
 
 
-def test_kv_events_curve_chart_marks_current_and_advised(tmp_path):
-    page, status = asyncio.run(_kv_events(tmp_path / "kv-events.png"))
+def test_kv_events_curve_chart_marks_current_and_advised(chromium, tmp_path):
+    page, status = asyncio.run(_kv_events(chromium, tmp_path / "kv-events.png"))
     (group,) = status["groups"]
     rec = group["recommendation"]
     assert rec["action"] == "grow" and rec["kv_offloading_size_gib"]

@@ -101,6 +101,7 @@ def judged(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("set_name", sorted(CASES))
 def test_without_a_tier_the_action_follows_the_predicted_effect(judged, set_name):
     off, ons = CASES[set_name]

@@ -337,6 +337,7 @@ async def _flood_and_scrape(
     return took, statuses
 
 
+@pytest.mark.timing
 def test_wrong_passwords_do_not_hold_up_an_authorized_scrape(tmp_path: Path) -> None:
     """Before: 96 clients of wrong passwords queued bcrypt checks in the thread pool that
     renders /metrics: an authorized scrape took 11–16 s, past Prometheus' 10 s timeout."""
@@ -355,6 +356,7 @@ def test_wrong_passwords_do_not_hold_up_an_authorized_scrape(tmp_path: Path) -> 
     print(f"authorized scrapes: max {max(took):.3f} s of {len(took)}; attackers {dict(statuses)}")
 
 
+@pytest.mark.timing
 def test_an_unknown_user_takes_as_long_as_a_known_one(tmp_path: Path) -> None:
     """Before: the dummy hash of unknown names was cost 10 whatever the users' cost: with
     cost-12 hashes a wrong password took 0.82 s for a known name, 0.17 s for an unknown."""
@@ -466,6 +468,7 @@ def _closed_by_server(socks: list[socket.socket], within: float) -> int:
     return len(socks) - len(left)
 
 
+@pytest.mark.slow
 def test_stalled_tls_handshakes_are_bounded(pki: dict[str, Path], tmp_path: Path) -> None:
     """Before: asyncio gave each TLS connection 256 KiB before its handshake and the heap kept
     it: 1,000 connections that never finished one took the sidecar from 52 to 352 MB, four

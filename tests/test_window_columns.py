@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -86,6 +87,7 @@ def _state(window: Window) -> str:
     return repr((out, window.resets))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_scrapes(), st.sampled_from([None, 40.0]))
 def test_the_fast_path_gives_the_slow_paths_figures(scrapes: list[Extract], seconds: float | None):

@@ -21,6 +21,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_curve_sizes_match_the_oracle(name):
     action, sizes = CASES[name]
@@ -51,6 +52,7 @@ def test_curve_sizes_match_the_oracle(name):
         assert rec["ttft_change_basis"] == "predicted" and rec["ttft_change_seconds"] < 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in scenarios.names() if n not in CASES])
 def test_with_events_every_scenario_gets_its_action(name):
     window, state, _ = run_with_events(name)
@@ -66,6 +68,7 @@ def test_with_events_every_scenario_gets_its_action(name):
     assert group["recommendation"]["action"] == advice, group["recommendation"]["reasons"]
 
 
+@pytest.mark.slow
 def test_curve_keeps_a_tier_that_fits_and_agrees_on_no_reuse():
     window, state, _ = run_with_events("rag-hot-set-fits")
     (group,) = analyze_window(window, events={INSTANCE: state})
@@ -77,6 +80,7 @@ def test_curve_keeps_a_tier_that_fits_and_agrees_on_no_reuse():
     assert any("curve agrees" in r for r in rec["reasons"])
 
 
+@pytest.mark.slow
 def test_exact_waste_from_events_matches_the_ground_truth():
     window, state, truth = run_with_events("no-reuse")
     (group,) = analyze_window(window, events={INSTANCE: state})

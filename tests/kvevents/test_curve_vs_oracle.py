@@ -59,6 +59,7 @@ def worst_error(curve, state: TargetEvents, measured: dict) -> tuple[float, floa
     return max(errors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
@@ -79,6 +80,7 @@ def test_exact_curve_matches_the_oracle_within_003(name, oracles):
     assert error <= 0.03, (error, at)
 
 
+@pytest.mark.slow
 def test_sampled_curve_at_10_percent_matches_the_oracle_within_005(oracles):
     name = "buffer-too-small"
     state, truth = events_of(name, sample_rate=0.1)
@@ -95,6 +97,7 @@ AGENT_VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(AGENT_VARIANTS))
 def test_exact_and_1_percent_sampled_curves_match_the_oracle(variant):
     # SHARDS needs many distinct blocks; agent-sessions has ~330k (4 requests/s of new
@@ -148,6 +151,7 @@ def _document_stream(requests: int, docs: int, blocks: int, alpha: float, seed: 
             yield (doc * 1_000_003 + j) * 0x9E3779B97F4A7C15 & (2**64 - 1)
 
 
+@pytest.mark.slow
 def test_sampling_at_1_percent_tracks_the_exact_curve_on_a_large_stream():
     # SHARDS needs many distinct blocks: on ~640k distinct blocks a 1% sample stays within 0.05
     # of the exact curve while tracking ~1% of the blocks. (Across sample draws the error of

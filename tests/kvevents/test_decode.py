@@ -192,6 +192,7 @@ def test_a_new_publisher_means_a_restart_and_empties_the_state():
     assert state.engines[0].tracker.histogram.cold == 3  # 1 and 2 would be cold again too
 
 
+@pytest.mark.timing
 def test_a_parent_loop_does_not_hang():
     import time
 

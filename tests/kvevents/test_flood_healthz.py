@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import pytest
 import requests
 import zmq
 
@@ -43,6 +44,7 @@ def _events(base: str) -> tuple[dict, dict]:
     return status["kv_events"][0], (groups[0].get("kv_events") or {}) if groups else {}
 
 
+@pytest.mark.slow
 def test_healthz_and_metrics_answer_throughout_a_flood_at_the_default_budget():
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     port = free_port()

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from kvoffload.sim.kv_events import encode_batch
@@ -35,6 +36,7 @@ def _stored(hashes: list[int], medium: str) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_a_flood_of_new_hashes_and_big_messages_stays_within_the_stated_memory():
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()

@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+import pytest
 import zmq
 import zmq.asyncio
 from hypothesis import given, settings
@@ -125,6 +126,7 @@ async def _with(
 
 
 # -- 1. new blocks, never removed: one budget bounds the whole state --------------------------
+@pytest.mark.slow
 def test_a_flood_of_new_blocks_stays_within_the_one_budget():
     """200k new GPU blocks (each message's chain continuing the last) also stored in the CPU
     tier, never a BlockRemoved, budget 10,000: every structure holds at most the budget, the
@@ -163,6 +165,7 @@ def test_a_flood_of_new_blocks_stays_within_the_one_budget():
 
 
 # -- 2. a 200k-block chain: O(1) amortised per event ------------------------------------------
+@pytest.mark.timing
 def test_a_200k_block_chain_costs_o1_amortised_per_event():
     """One message stores a 200k-block chain, then 2,000 one-block messages each continue it
     (the walk to the root was 200k ancestors an event, 0.65-3 s each: ~20-100 minutes for
@@ -285,6 +288,7 @@ def test_jumps_and_out_of_range_numbers_with_replay_never_wedge_ingestion():
     assert state.unseen_before_start() == 0 and eng.last_seq == (1 << 39) + 19
 
 
+@pytest.mark.timing
 def test_a_publisher_flapping_between_restarts_gets_replays_rate_limited():
     """Every message goes back (a 'restart' each): without a limit, each asked for a replay
     from 0 that a silent ROUTER let time out — one message per timeout. Now the first few

@@ -175,6 +175,7 @@ def test_a_publisher_timestamp_or_baseline_that_is_no_number_is_dropped_not_trus
     assert loaded.baselines == {'["vllm:8000", "n"]': {}}
 
 
+@pytest.mark.slow
 def test_a_thousand_one_byte_corruptions_none_loads(tmp_path, caplog):
     """Before: 971 of 1,000 loaded silently. The checksum finds every one."""
     good = _file(tmp_path).read_bytes()
@@ -202,6 +203,7 @@ def test_a_cut_file_is_refused(tmp_path, caplog):
         assert "not a state file" in _refused(path, caplog)
 
 
+@pytest.mark.timing
 def test_blocks_over_the_budget_are_refused_before_they_are_unpacked(tmp_path, caplog):
     """Before: 5 M blocks over a 10,000 budget blocked the start for 160 s."""
     path = _file(tmp_path, budget=10_000)
@@ -216,6 +218,7 @@ def test_blocks_over_the_budget_are_refused_before_they_are_unpacked(tmp_path, c
     assert "over the budget" in line and time.monotonic() - started < 10
 
 
+@pytest.mark.timing
 def test_a_million_checkpoints_are_refused_at_once(tmp_path, caplog):
     """Before: 10 M checkpoints cost 2.97 GB and 14 s to load."""
     path = _file(tmp_path)

@@ -51,6 +51,7 @@ async def _live(name: str, speed: float, seconds: float, min_messages: int = 0):
     return status, metrics
 
 
+@pytest.mark.slow
 def test_sidecar_subscribes_and_publishes_the_curve():
     status, metrics = asyncio.run(
         _live("buffer-too-small", speed=300.0, seconds=6.0, min_messages=3000)
@@ -117,6 +118,7 @@ def sim_with_events():
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_record_with_events_then_analyze_offline(sim_with_events, tmp_path):
     url, events = sim_with_events
     out = tmp_path / "run.om"

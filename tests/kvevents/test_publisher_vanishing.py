@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import free_port
 
 PROCS = Path(__file__).parent / "procs"
 TRIES = 5
 
 
+@pytest.mark.slow
 def test_the_subscriber_survives_its_publisher_killed_during_a_replay_five_times():
     pub_ep = f"tcp://127.0.0.1:{free_port()}"
     router_ep = f"tcp://127.0.0.1:{free_port()}"

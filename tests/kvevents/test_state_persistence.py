@@ -261,6 +261,8 @@ def _status(port: int) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 def test_serve_state_dir_survives_sigkill(tmp_path):
     import signal
     import subprocess
@@ -328,24 +330,33 @@ def test_serve_state_dir_survives_sigkill(tmp_path):
         state_dir = tmp_path / "state"
         serve(whole_port)
         victim = serve(killed_port, "--state-dir", str(state_dir), "--state-interval", "1s")
-        time.sleep(6)
+        # Killed once it has taken messages and saved a state file with them (polled: a busy
+        # machine is slow to start it), two saves apart so the file holds some history.
+        deadline = time.monotonic() + 60
+        while not (
+            list(state_dir.glob("kv-events-*.state"))
+            and _status(killed_port)["groups"]
+            and _status(killed_port)["groups"][0]["kv_events"]["messages"] > 0
+        ):
+            assert time.monotonic() < deadline, "no state saved with messages in 60 s"
+            time.sleep(0.2)
+        time.sleep(2)  # two saves at --state-interval 1s: the file holds what came so far
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         (saved,) = state_dir.glob("kv-events-*.state")
         time.sleep(2)  # messages published meanwhile are only in vLLM's replay buffer
         restarted = serve(killed_port, "--state-dir", str(state_dir), "--state-interval", "1s")
-        time.sleep(5)
         # The stream goes on: read both back to back (a replay in flight must not be frozen);
         # on a busy machine the replay of the messages missed takes longer: up to 90 s.
         deadline = time.monotonic() + 90
         while True:
             resumed, whole = _status(killed_port), _status(whole_port)
             ev_whole = whole["groups"][0]["kv_events"]
-            ev = resumed["groups"][0]["kv_events"]
+            ev = resumed["groups"][0]["kv_events"] if resumed["groups"] else {"messages": 0}
             if ev["messages"] == pytest.approx(ev_whole["messages"], rel=0.02):
                 break
             assert time.monotonic() < deadline, (ev["messages"], ev_whole["messages"])
-            time.sleep(1)
+            time.sleep(0.5)
         (sub,) = resumed["kv_events"]
         assert sub["replayed"] > 0 and sub["last_error"] is None
         assert ev["lost_messages"] == 0 and ev["unseen_before_start"] == 0

@@ -337,6 +337,8 @@ def test_a_replay_cut_by_the_routers_send_limit_is_asked_again_from_where_it_sto
     assert sub.state.replayed == 499 and starts == [1, 101, 201, 301, 401]
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("deadline", [1.5, None])  # None: the shipped 10 s
 def test_a_replay_dripping_duplicates_without_an_end_ends_at_its_deadline(monkeypatch, deadline):
     """#25 item 9: a lying ROUTER sending one duplicate frame every 0.3 s (inside the silence

@@ -6,6 +6,8 @@ figure and every held block must be the same."""
 import random
 import time
 
+import pytest
+
 from kvoffload.kvevents.blockindex import HEADROOM
 from kvoffload.kvevents.eventfile import RawMessage
 from kvoffload.kvevents.state import EngineEvents, TargetEvents
@@ -90,6 +92,7 @@ def _figures(e: EngineEvents) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_upkeep_in_pieces_gives_the_same_state_as_at_once():
     payloads = _stream()
     ahead, ahead_steps = _ingest(payloads, True)

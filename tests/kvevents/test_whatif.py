@@ -119,6 +119,7 @@ def _simulator_event_file(tmp_path: Path, scenario: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["laptop-eviction", "restart"])
 def test_whatif_equals_vllm_policies_on_simulator_streams(tmp_path: Path, scenario: str) -> None:
     """The same equality on simulator streams (restart: a publisher restart clears both)."""

@@ -318,6 +318,7 @@ def _cgroup_fixture() -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_prometheus_loads_every_rule_and_evaluates_it_without_error(live: Live) -> None:
     assert len(live.rule_health) == len(rules.recording_rules(CFG)) + len(rules.alerting_rules(CFG))
     bad = [r for r in live.rule_health if r[1] != "ok"]

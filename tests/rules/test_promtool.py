@@ -47,6 +47,7 @@ def test_prometheusrule_holds_both_files_and_checks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     result = promtool("test", "rules", TEST_FILE.name, cwd=TEST_FILE.parent)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

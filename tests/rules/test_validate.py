@@ -28,6 +28,7 @@ def kvo(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*KVO, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag, selector, words",
     [

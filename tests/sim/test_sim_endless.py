@@ -25,6 +25,7 @@ def _totals(sim: SimServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
     }
 
 
+@pytest.mark.slow
 def test_the_first_period_is_the_library_run_and_traffic_goes_on() -> None:
     sc = scenarios.get("laptop-eviction")
     lib = SimServer(sc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -135,6 +136,7 @@ def _run_and_check(s: Scenario, seed: int) -> None:
     assert gt["loaded_tokens"] <= gt["gpu_missed_tokens"]
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario(), st.integers(0, 3))
 def test_counter_invariants(s: Scenario, seed: int) -> None:

@@ -211,6 +211,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_every_scrape_is_up_and_covers_several_scenario_lengths(run: dict[str, Any]) -> None:
     up = run["up"]
     # one scrape a second (a scrape may slip by its jitter: at most one missing slot)
