@@ -1,5 +1,5 @@
 """Fleet analysis from Prometheus at scale (issue #15): N simulated engines over H hours,
-backfilled into a real Prometheus, analysed by `kvoffload analyze --prometheus`.
+backfilled into a real Prometheus, analyzed by `kvoffload analyze --prometheus`.
 
 The fleet: a few simulator scenarios recorded H hours at 15 s (the endless mode keeps their
 traffic coming), cloned under N instance names (clones of one scenario carry the same numbers,

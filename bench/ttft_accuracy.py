@@ -83,7 +83,7 @@ def decidable(case: Case) -> int:
     return 1 if case.effect_ms > 0 else -1
 
 
-def analysed(loaded: Loaded, settings: Settings):
+def analyzed(loaded: Loaded, settings: Settings):
     instance = loaded.group[0]
     events = {instance: loaded.events} if loaded.events is not None else None
     (entry,) = [
@@ -98,8 +98,8 @@ def evaluate(cases: list[Case], t: Thresholds) -> list[dict]:
     for case in cases:
         on = load(case.recording, case.events)
         twin = load(case.twin_recording, case.twin_events)
-        entry = analysed(on, settings)
-        twin_entry = analysed(twin, settings)
+        entry = analyzed(on, settings)
+        twin_entry = analyzed(twin, settings)
         now = entry.ttft.now.to_json() if entry.ttft and entry.ttft.now else None
         size = case.cpu_gib * GIB
         with_events = predicted_effect(twin.window, twin.group, settings, size, twin.events)

@@ -1,4 +1,4 @@
-"""The real vLLM 0.26.0 TTFT sets, ready to analyse: every offload server and its no-offload twin.
+"""The real vLLM 0.26.0 TTFT sets, ready to analyze: every offload server and its no-offload twin.
 
 What: one `Case` per offload server of ../shared/reference's TTFT sets (truth.csv: 29 rows) and of
 bench/real's own runs, with the recording and KV-event file of the server and of its twin.

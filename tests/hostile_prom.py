@@ -1,6 +1,6 @@
 """A small Prometheus HTTP API on loopback that serves a simulator recording, for the tests of a
 hostile or broken Prometheus (`test_hostile_prometheus`): it answers the three kinds of
-question `ingest.promsource.FleetReader` asks (/api/v1/series, the count_over_time probe, range
+question `fleet.source.FleetReader` asks (/api/v1/series, the count_over_time probe, range
 selectors of instances), and each test makes it misbehave through `FakePrometheus.hook` (an
 answer's JSON rewritten) or its own aiohttp handlers."""
 

@@ -1,4 +1,4 @@
-"""The fast reader of scrape-ordered recordings (ingest.fastjournal) gives exactly what the
+"""The fast reader of scrape-ordered recordings (recording.journal_reader) gives exactly what the
 general reader gives, or declines and leaves the file to it.
 
 Equality is of the whole analysis JSON (every figure, bit for bit), on simulator scenarios
@@ -303,7 +303,7 @@ def test_strict_recordings_read_the_same(
     sim_recordings: dict[str, Path], tmp_path: Path, name: str
 ) -> None:
     """The strict layout `record` leaves (families once, series contiguous) read by columns
-    (ingest.faststrict) gives the general reader's JSON, bit for bit."""
+    (recording.strict_reader) gives the general reader's JSON, bit for bit."""
     from kvoffload.recording.strict_reader import strict_extracts
 
     path = _strict(sim_recordings[name], tmp_path)

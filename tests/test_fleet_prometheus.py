@@ -328,7 +328,7 @@ def test_errors_are_reported_per_engine_and_the_run_goes_on(
 
 
 def test_worker_processes_give_what_one_process_gives(fleet: dict[str, Any]) -> None:
-    """Batches analysed in worker processes, merged, then compared across the fleet: the
+    """Batches analyzed in worker processes, merged, then compared across the fleet: the
     same groups, figures and advice as one process reading everything."""
     from kvoffload.analysis.analyze import Settings
     from kvoffload.fleet.promapi import PrometheusAPI

@@ -1,7 +1,7 @@
 """Numbers that cannot be believed (#12 item 1, the crash part): a target stamping its samples
 with NaN, infinite or absurd timestamps, or serving NaN values, loses those samples — counted by
 reason — and poisons nothing: the JSON API answers for every target, no NaN reaches /metrics;
-a recording with such timestamps is analysed with one warning line, not a traceback."""
+a recording with such timestamps is analyzed with one warning line, not a traceback."""
 
 import asyncio
 import json

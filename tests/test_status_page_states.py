@@ -358,7 +358,7 @@ async def _kv_events(chromium, shot: Path) -> tuple[Node, dict]:
     sidecar = Sidecar(SidecarConfig([f"http://{INSTANCE}/metrics"], interval_seconds=0.2))
     sidecar.window = window
     sidecar.events[INSTANCE] = state
-    sidecar.reanalyse()  # (groups are analysed as scrapes land; these were built here)
+    sidecar.reanalyse()  # (groups are analyzed as scrapes land; these were built here)
     target = sidecar.targets[0]
     target.up, target.last_success_timestamp, target.scrapes = True, time.time(), 21
     app = make_app(sidecar, manage_lifecycle=False)

@@ -767,7 +767,7 @@ def _judge_on_unmeasurable(
 def judge_fleet(
     rec: Recommendation, offloading: bool, mean_ttft: float, fleet: Effect, t: Thresholds
 ) -> Recommendation:
-    """Re-decide from replicas of the same model with and without a tier (analysis.fleet)."""
+    """Re-decide from replicas of the same model with and without a tier (analysis.replicas)."""
     n = int(fleet.parts.get("replicas_compared", 0))
     seen = (
         f"{n} comparable replica(s) of this model {'without' if offloading else 'with'} a "

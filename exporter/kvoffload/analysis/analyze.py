@@ -78,7 +78,7 @@ def analyze_groups(
     advisor sizes from the curve. event_baselines: counter totals when the events started
     (live); without them the window's increases are the events' period (a recording).
     fleet=False leaves out the comparison of replicas (`add_fleet_evidence`), for a caller
-    that analyses a fleet in parts and compares them once all are in.
+    that analyzes a fleet in parts and compares them once all are in.
     """
     settings = settings or Settings()
     groups: list[GroupAnalysis] = []
@@ -190,10 +190,10 @@ def _curve_hit_at(
 def add_fleet_evidence(
     groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
 ) -> None:
-    """Replicas of one model with and without a tier, compared (analysis.fleet): where there
+    """Replicas of one model with and without a tier, compared (analysis.replicas): where there
     are some, their measured difference decides (basis "fleet"). copy_changed: the entries are
     shared (the sidecar keeps each group's analysis until its next scrape), so an entry the
-    fleet changes is replaced in `groups` by a copy, and the shared one stays as analysed."""
+    fleet changes is replaced in `groups` by a copy, and the shared one stays as analyzed."""
     effects = fleet_effects(groups)
     for i, entry in enumerate(groups):
         fleet = effects.get(entry.key)

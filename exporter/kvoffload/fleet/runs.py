@@ -1,9 +1,9 @@
-"""A fleet read from Prometheus, analysed on every core.
+"""A fleet read from Prometheus, analyzed on every core.
 
-Reading and analysing a thousand engines is Python work per sample (decoding the answers,
+Reading and analyzing a thousand engines is Python work per sample (decoding the answers,
 the window's counter arithmetic), and Prometheus needs CPU of its own to answer. The reader's
 batches are independent (whole instances each), so worker processes take one batch at a
-time — each reads it, feeds a window of its own and analyses its groups — while the parent
+time — each reads it, feeds a window of its own and analyzes its groups — while the parent
 only merges: the comparison of replicas across the fleet (`add_fleet_evidence`) runs once all
 groups are in, so the result is what one process would give.
 """
@@ -47,7 +47,7 @@ class _BatchResult:
 def _analyze_batches(
     reader: FleetReader, batches: list[list[_Plan]], settings: Settings
 ) -> _BatchResult:
-    """Read `batches` and analyse their groups (without the fleet comparison)."""
+    """Read `batches` and analyze their groups (without the fleet comparison)."""
     reader.stats = ReadStats()
     try:
         window, scrapes, lifetime = window_from_extracts(
@@ -89,7 +89,7 @@ def analyze_from_prometheus(
     jobs: int | None = None,
     progress: Callable[[ReadStats], None] | None = None,
 ) -> FleetResult:
-    """Read everything `reader` covers and analyse it, with `jobs` worker processes (default:
+    """Read everything `reader` covers and analyze it, with `jobs` worker processes (default:
     one per core; 1: in this process)."""
     batches = reader.batches()
     # What the plan's questions found: their warnings, the instances refused from the start.

@@ -2,7 +2,7 @@
 
 Instead of scraping targets, the service reads every engine's vLLM series from a Prometheus-API
 server every `interval_seconds` with what `analyze --prometheus` runs
-(`analysis.fleetrun.analyze_from_prometheus` over an `ingest.promsource.FleetReader`) and
+(`fleet.runs.analyze_from_prometheus` over an `fleet.source.FleetReader`) and
 publishes what that prints for the same range: the groups in need order, the fleet summary,
 the per-instance read errors. The range either slides
 (the last `range_seconds`, the default) or is fixed (`--start`/`--end`: a post-mortem).
@@ -88,7 +88,7 @@ class FleetConfig:
 
 @dataclass
 class FleetRead:
-    """One read of the fleet, analysed."""
+    """One read of the fleet, analyzed."""
 
     groups: list[GroupAnalysis]  # need order; instances that failed left out
     summary: FleetSummary
@@ -108,7 +108,7 @@ class _Stopped(Exception):
 def read_fleet(
     reader: FleetReader, settings: Settings, progress: Callable[[ReadStats], None]
 ) -> FleetRead:
-    """Read and analyse what `reader` covers, as `analyze --prometheus` does (in this thread:
+    """Read and analyze what `reader` covers, as `analyze --prometheus` does (in this thread:
     the server's other threads make forking worker processes unsafe)."""
     started = time.monotonic()
     result = analyze_from_prometheus(reader, settings, jobs=1, progress=progress)

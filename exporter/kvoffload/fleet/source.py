@@ -226,7 +226,7 @@ class FleetReader:
 
     def batches(self) -> list[list[_Plan]]:
         """The plan cut into questions' worth of whole instances (each batch can be read and
-        analysed on its own: a worker process per batch, `analysis.fleetrun`)."""
+        analyzed on its own: a worker process per batch, `fleet.runs`)."""
         plans = self.plan()
         self.stats.instances = len(plans) + len(self.stats.errors)
         if not plans and self.stats.errors:

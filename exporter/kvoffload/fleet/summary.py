@@ -123,7 +123,7 @@ def analyze_fleet(
 ) -> tuple[list[GroupAnalysis], FleetSummary]:
     """Every group of the window in need order and their summary, without the instances in
     `left_out` (those whose read failed: what came of them is partial): what `analyze` prints
-    for a recording or a live target (`analysis.fleetrun` does the same for Prometheus)."""
+    for a recording or a live target (`fleet.runs` does the same for Prometheus)."""
     groups = need_order(
         [
             g

@@ -48,7 +48,7 @@ FRACTION = Range(0.0, 1.0)
 BELIEVABLE = Range(-MAX_VALUE, MAX_VALUE)  # a `_created` time: only compared, never summed
 TIB = 2.0**40
 # A block of KV cache is at least a byte and far below a TiB (derived from the labels and
-# figures: kvevents.evidence); a block holds at most 2^20 tokens (kvevents.state's limit too).
+# figures: analysis.evidence); a block holds at most 2^20 tokens (kvevents.state's limit too).
 BYTES_PER_BLOCK = Range(1.0, TIB)
 BLOCK_TOKENS = Range(1.0, 2.0**20)
 
@@ -173,7 +173,7 @@ CATALOG: tuple[Source, ...] = (
         summed=True,
     ),
     Source("running", "gauge", "vllm:num_requests_running", summed=True),
-    # Numeric labels of the info metrics (read by analysis.signals and kvevents.evidence).
+    # Numeric labels of the info metrics (read by analysis.signals and analysis.evidence).
     Source("block_size", "label", CACHE_CONFIG_INFO, "block_size", range=BLOCK_TOKENS),
     Source("num_gpu_blocks", "label", CACHE_CONFIG_INFO, "num_gpu_blocks"),
     Source("kv_cache_size_tokens", "label", CACHE_CONFIG_INFO, "kv_cache_size_tokens"),

@@ -207,7 +207,7 @@ def journal_scrapes(
 ) -> Iterator[Scrape]:
     """journal_extracts' scrapes as read, before they become Extracts — (time, families
     declared, each instance's values by series index; the instances' `members` name the
-    series): for a reader that makes the Extracts in another process (ingest.journalparts)."""
+    series): for a reader that makes the Extracts in another process (recording.parts)."""
     with _mapped(path) as mm:
         yield from _read_rows(mm, None, span, report)
 

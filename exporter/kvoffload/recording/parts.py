@@ -1,7 +1,7 @@
 """A scrape-ordered recording read in parts, one worker process per part, its scrapes given
 back in file order.
 
-Reading a journal (`ingest.fastjournal`) costs several times what the window does with what
+Reading a journal (`recording.journal_reader`) costs several times what the window does with what
 it reads, so the reading is what runs in parallel: each worker reads its byte range
 (`journal_parts`: cuts at scrape boundaries) and writes its scrapes to a spill file; this
 process follows the files in order — part 0 while part 1 is still being read — and turns the

@@ -119,7 +119,7 @@ class EventCounts(Protocol):
 
 class Service(Protocol):
     """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads: the `Sidecar`
-    scraping its targets, or the fleet read back from Prometheus (`sidecar.fleet`)."""
+    scraping its targets, or the fleet read back from Prometheus (`fleet.service`)."""
 
     targets: list[TargetState]
     subscribers: list[Subscriber]
@@ -456,7 +456,7 @@ class Sidecar:
         try:
             self._analyse(touched)
         except Exception:  # left for groups(), where it fails as it always did
-            log.exception("analysing %s", target.name)
+            log.exception("analyzing %s", target.name)
 
     def _extract(self, target: TargetState, result: Scrape) -> Extract:
         """The scrape in the catalog's terms, checked: vLLM's, within the group limit."""
@@ -507,12 +507,12 @@ class Sidecar:
 
     # -- analysis -----------------------------------------------------------------------------
     def reanalyse(self) -> None:
-        """Analyse every group of the window anew: for a window built elsewhere and put in
-        place (groups are otherwise analysed as their scrapes land)."""
+        """Analyze every group of the window anew: for a window built elsewhere and put in
+        place (groups are otherwise analyzed as their scrapes land)."""
         self._analyse(set(self.window.groups()))
 
     def _analyse(self, groups: set[GroupKey]) -> None:
-        """(Re-)analyse these groups (what analyze_groups does for each, the replicas'
+        """(Re-)analyze these groups (what analyze_groups does for each, the replicas'
         comparison aside): each reads only its own part of the window and its target's events."""
         by_name = self._by_name
         for group in sorted(groups):
