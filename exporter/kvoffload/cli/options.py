@@ -86,6 +86,18 @@ def load_thresholds(path: str | None, overrides: dict[str, float]) -> Thresholds
     return Thresholds(**values)
 
 
+# One spelling for both commands that scrape (the old one kept as an alias).
+scrape_timeout_option = click.option(
+    "--scrape.timeout",
+    "--scrape-timeout",
+    "scrape_timeout",
+    callback=duration_callback,
+    default="10s",
+    show_default=True,
+    help="Longest one scrape of the target may take (--scrape-timeout: the old spelling).",
+)
+
+
 def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by serve and analyze: how to read the figures and judge them."""
     for option in reversed(

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp
     from kvoffload.kvevents.eventfile import EventFileWriter
     from kvoffload.recording.openmetrics import Recording
 
-from kvoffload.cli.options import duration_callback
+from kvoffload.cli.options import duration_callback, scrape_timeout_option
 
 
 @click.command()
@@ -37,15 +37,7 @@ from kvoffload.cli.options import duration_callback
     "OUTPUT.partial (what a killed recorder leaves; `analyze` reads it).",
 )
 @click.option("--job", default="vllm", show_default=True, help="job label added to every series.")
-@click.option(
-    "--scrape.timeout",
-    "--scrape-timeout",
-    "scrape_timeout",
-    callback=duration_callback,
-    default="10s",
-    show_default=True,
-    help="Longest one scrape of the target may take (--scrape-timeout: the old spelling).",
-)
+@scrape_timeout_option
 @click.option(
     "--kv-events",
     "kv_events",

@@ -28,6 +28,7 @@ from kvoffload.cli.options import (
     duration_callback,
     duration_or_zero_callback,
     make_settings,
+    scrape_timeout_option,
     settings_options,
     size_callback,
 )
@@ -113,15 +114,7 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     show_default=True,
     help="Window the figures are computed over.",
 )
-@click.option(
-    "--scrape.timeout",
-    "--scrape-timeout",
-    "scrape_timeout",
-    callback=duration_callback,
-    default="10s",
-    show_default=True,
-    help="Longest one scrape of the target may take (--scrape-timeout: the old spelling).",
-)
+@scrape_timeout_option
 @click.option(
     "--max-payload",
     callback=size_callback,
