@@ -162,10 +162,20 @@ def replay(path: str, num_blocks: int, policy: str, threshold: int) -> tuple[int
     """One engine's tier (rank 0; the captures have one) over a KV-event file."""
     mgr = Manager(num_blocks, policy, threshold, 64_000)
     parent: dict[int, int | None] = {}
+    tails: set[int] = set()  # each GPU run's last block, until a run extends it
     for msg in read_event_file(path):
         for ev in decode_batch(msg.payload, msg.dp_rank).events:
             gpu = ev.medium in (None, "GPU", "gpu", "cuda")
-            if ev.kind == STORED and gpu:
+            if ev.kind == STORED and gpu and ev.block_hashes:
+                # offload_prompt_only: a lone block extending a run's tail was filled by
+                # decoding, and the connector never looks it up nor stores it
+                decoded = len(ev.block_hashes) == 1 and ev.parent_block_hash in tails
+                tails.discard(ev.parent_block_hash)  # type: ignore[arg-type]
+                tails.add(ev.block_hashes[-1])
+                if decoded:
+                    if ev.block_hashes[0] != ev.parent_block_hash:
+                        parent[ev.block_hashes[0]] = ev.parent_block_hash
+                    continue
                 prefix: list[int] = []
                 p = ev.parent_block_hash
                 while p is not None and p in parent and p not in prefix:
@@ -181,7 +191,9 @@ def replay(path: str, num_blocks: int, policy: str, threshold: int) -> tuple[int
             elif ev.kind == REMOVED and gpu:
                 for h in ev.block_hashes:
                     parent.pop(h, None)
+                    tails.discard(h)
             elif ev.kind == CLEARED:
                 parent.clear()
+                tails.clear()
                 mgr.reset()
     return mgr.result()

@@ -36,7 +36,13 @@ from msgspec import Meta
 
 from kvoffload.kvevents import statefile
 from kvoffload.kvevents.stackdist import _SPACE, DistanceHistogram, StackDistanceTracker
-from kvoffload.kvevents.state import MAX_BLOCK_SIZE, SEQUENCE_LIMIT, EngineEvents, TargetEvents
+from kvoffload.kvevents.state import (
+    MAX_BLOCK_SIZE,
+    MAX_CHAIN_TAILS,
+    SEQUENCE_LIMIT,
+    EngineEvents,
+    TargetEvents,
+)
 
 log = logging.getLogger("kvoffload.kvevents")
 
@@ -61,7 +67,7 @@ _ENGINE_SCALARS = (
     "last_ts",
 )
 # Added since the first files of version 1: read with 0 when absent.
-_ENGINE_COUNTERS = ("sequence_jumps", "sequence_rejected", "prefix_walks_cut")
+_ENGINE_COUNTERS = ("sequence_jumps", "sequence_rejected", "prefix_walks_cut", "decode_blocks")
 
 
 class StateError(Exception):
@@ -103,6 +109,7 @@ def snapshot(
                 "checkpoints": [list(c) for c in e.checkpoints],
                 "cpu_resident": e.cpu_resident.copy(),
                 "gpu_parent": dict(e.gpu_parent),
+                "chain_tails": list(e.chain_tails),
                 "tracker_state": t.copy_state(),
                 "tracker": {
                     "threshold": t.threshold,
@@ -161,6 +168,7 @@ def encode(snap: Snapshot) -> bytes:
                 "gpu_blocks": _pack_hashes(parents),
                 "gpu_has_parent": bytes(bytearray(p is not None for p in parents.values())),
                 "gpu_parents": _pack_hashes(0 if p is None else p for p in parents.values()),
+                "chain_tails": _pack_hashes(eng["chain_tails"]),
                 "tracker": eng["tracker"],
                 # Access order is all the tracker needs: positions are renumbered on load.
                 "tracker_blocks": _pack_hashes(
@@ -227,6 +235,7 @@ class _Scalars(msgspec.Struct):
     sequence_jumps: _Count = 0
     sequence_rejected: _Count = 0
     prefix_walks_cut: _Count = 0
+    decode_blocks: _Count = 0
     gpu_parents_evicted: _Count = 0
     cpu_resident_evicted: _Count = 0
 
@@ -258,6 +267,8 @@ class _Engine(msgspec.Struct):
     histogram_exact: bytes
     histogram_coarse: bytes
     histogram: _HistogramTotals
+    # added since: the runs' last blocks that tell decode blocks (absent: none known yet)
+    chain_tails: bytes = b""
 
 
 class _Head(msgspec.Struct):
@@ -363,6 +374,7 @@ def _engine(raw: _Engine, sample_rate: float, sample_budget: int | None) -> Engi
         e.gpu_parent[b] = p if flag else None
     e.gpu_parent.trim()
     e.gpu_parent.evicted = sc.gpu_parents_evicted
+    e.chain_tails = dict.fromkeys(_hashes(raw.chain_tails, MAX_CHAIN_TAILS, "the chain tails"))
     e.cpu_resident.evicted = sc.cpu_resident_evicted
     e.tracker = _tracker(raw, sample_rate, sample_budget)
     return e

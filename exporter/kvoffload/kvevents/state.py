@@ -68,6 +68,9 @@ MAX_BLOCK_SIZE = 1 << 20
 # it) and their distances restart the running maximum; no real event comes near (a 100k-token
 # context is ~6,000 blocks).
 STEP_BLOCKS = 8192
+# Chain tails kept to tell decode blocks (EngineEvents._is_decode_block): one per request in
+# flight is enough (vLLM's max_num_seqs is at most a few thousand); past it the oldest half goes.
+MAX_CHAIN_TAILS = 1 << 16
 
 
 class ParentMap(dict[int, int | None]):
@@ -134,6 +137,10 @@ class EngineEvents:
     # and by sample_budget whatever it sends; enough to rebuild prefixes.
     gpu_parent: ParentMap = field(init=False)
     cpu_stored_blocks: int = 0
+    # GPU blocks filled by decoding (see _is_decode_block): GPU-cached, never offloaded
+    decode_blocks: int = 0
+    # the last block of each recent GPU run (insertion order = age), to tell decode blocks
+    chain_tails: dict[int, None] = field(default_factory=dict)
     # Blocks loaded back from the CPU tier, with repeats: what vLLM's load-bytes counter
     # counts (÷ bytes per block), so the two reconcile.
     cpu_loaded_blocks: int = 0
@@ -279,6 +286,10 @@ class EngineEvents:
                 if ev.block_size:
                     self.block_size = ev.block_size
                 hashes = ev.block_hashes
+                if self._is_decode_block(hashes, ev.parent_block_hash):
+                    self._gpu_decoded(hashes[0], ev.parent_block_hash)
+                    continue
+                self._note_tail(hashes[-1] if hashes else None, ev.parent_block_hash)
                 if len(hashes) <= STEP_BLOCKS:
                     self._gpu_stored(hashes, ev.parent_block_hash)
                     continue
@@ -295,8 +306,10 @@ class EngineEvents:
                 self.cpu_stored_blocks += len(ev.block_hashes)
             elif ev.kind == REMOVED and ev.medium in GPU_MEDIA:
                 pop = self.gpu_parent.pop
+                tails = self.chain_tails
                 for h in ev.block_hashes:
                     pop(h, None)
+                    tails.pop(h, None)
             elif ev.kind == REMOVED and ev.medium in CPU_MEDIA:
                 for h in ev.block_hashes:
                     loaded = self.cpu_resident.pop(h)
@@ -313,6 +326,37 @@ class EngineEvents:
         self.tracker.reset()
         self.cpu_resident.clear()
         self.gpu_parent.clear()
+        self.chain_tails.clear()
+
+    def _is_decode_block(self, hashes: tuple[int, ...], parent: int | None) -> bool:
+        """A block that decoding filled: one block extending the last block of an earlier run.
+
+        vLLM offloads prompt blocks only (`offload_prompt_only`, default true, in
+        vllm/v1/kv_offload/base.py), so such a block is never looked up or stored in the CPU
+        tier; counted as a lookup it fills the replayed tier with blocks the real one never
+        holds. On every real capture no block told so was ever CPU-stored and every other was.
+        """
+        return len(hashes) == 1 and parent is not None and parent in self.chain_tails
+
+    def _gpu_decoded(self, block: int, parent: int | None) -> None:
+        """A decode block: GPU-resident (a later prompt's prefix may run through it), no lookup."""
+        self.decode_blocks += 1
+        self._note_tail(block, parent)
+        if block != parent:
+            self.gpu_parent[block] = parent
+            if self.gpu_parent.limit is not None and len(self.gpu_parent) > self.gpu_parent.limit:
+                self.gpu_parent.trim()
+
+    def _note_tail(self, tail: int | None, parent: int | None) -> None:
+        """The run's last block is now a chain's tail, and its parent no longer is."""
+        tails = self.chain_tails
+        if parent is not None:
+            tails.pop(parent, None)
+        if tail is not None:
+            tails[tail] = None
+            if len(tails) > MAX_CHAIN_TAILS:  # requests that ended long ago: drop the oldest half
+                for old in list(tails)[: MAX_CHAIN_TAILS // 2]:
+                    del tails[old]
 
     def _gpu_stored(
         self,
