@@ -164,6 +164,26 @@ CONFIGS = {
         ],
     ),
 }
+# Session 36 (the earlier runs' results were lost with their machine): each call has its own
+# no-offload baseline, as TTFT moved by ~30 ms between calls on the same configuration.
+CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-3"] = (
+    CONFIGS["qwen3-4b-rag-c16-kv3g-knobs"][0],
+    [
+        ("nooffload", None, False),
+        ("cpu4", 4, False),
+        ("cpu4-arc", 4, False, {"eviction_policy": "arc"}),
+        ("cpu4-thr2", 4, True, {"store_threshold": 2}),
+    ],
+)
+CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-4"] = (
+    CONFIGS["qwen3-4b-rag-c16-kv3g-knobs"][0],
+    [
+        ("cpu4-thr2", 4, False, {"store_threshold": 2}),
+        ("nooffload", None, False),
+        ("cpu4-arc", 4, False, {"eviction_policy": "arc"}),
+        ("cpu4", 4, True),
+    ],
+)
 CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"] = (
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs"][0],
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"][1],
