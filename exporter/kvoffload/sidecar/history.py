@@ -41,6 +41,8 @@ EFFECT_SERIES = ("ttft_effect_seconds", "ttft_effect_low_seconds", "ttft_effect_
 SERIES = TREND_FIGURES + EFFECT_SERIES
 
 Row = tuple[float | None, ...]
+# Each group's samples as JSON (History.group), by (instance, model_name).
+Trends = dict[tuple[str, str], dict[str, object]]
 
 
 def _round(value: float | None) -> float | None:
@@ -125,8 +127,17 @@ class History:
             "stride": series.stride,  # samples offered per sample kept
         }
 
+    def snapshot(self) -> Trends:
+        """Every group's samples, copied: the page renders them in a thread while the
+        sampling goes on."""
+        out: Trends = {}
+        for instance, model in list(self._series):
+            if (group := self.group(instance, model)) is not None:
+                out[instance, model] = group
+        return out
+
     def to_json(self) -> dict[str, object]:
-        groups = [self.group(instance, model) for instance, model in list(self._series)]
+        groups = list(self.snapshot().values())
         return {"figures": list(SERIES), "points": self.points, "groups": groups}
 
 

@@ -122,10 +122,8 @@ def trend_chart(
             )
     parts.append(tag("path", {"class": "line", "d": _path(xs, values, y)}))
     last = next((i for i in range(len(values) - 1, -1, -1) if values[i] is not None), None)
-    if last is not None:
-        parts.append(
-            tag("circle", {"cx": f"{xs[last]:.1f}", "cy": f"{y(values[last]):.1f}", "r": 2.5})
-        )  # type: ignore[arg-type]
+    if last is not None and (end := values[last]) is not None:
+        parts.append(tag("circle", {"cx": f"{xs[last]:.1f}", "cy": f"{y(end):.1f}", "r": 2.5}))
     return tag(
         "svg",
         {"class": "trend-chart", "viewBox": f"0 0 {W} {H}", "role": "img", "aria-label": label},

@@ -16,7 +16,6 @@ class Html(str):
     """Markup that is already safe: `tag` puts it in as it is."""
 
 
-
 def esc(text: object) -> Html:
     return Html(html.escape(str(text), quote=True))
 
