@@ -94,7 +94,9 @@ def trend_chart(
         return T + (H - T - B) * (1 - (v - lo) / (hi - lo))
 
     grid, axis = [], []
-    for v in (lo, (lo + hi) / 2, hi):
+    # An effect's middle tick is zero (no effect) where the range spans it.
+    middle = 0.0 if band and lo < 0 < hi else (lo + hi) / 2
+    for v in (lo, middle, hi):
         grid.append(tag("line", {"x1": L, "x2": W - R, "y1": f"{y(v):.1f}", "y2": f"{y(v):.1f}"}))
         axis.append(
             tag("text", {"x": L - 4, "y": f"{y(v) + 4:.1f}", "text-anchor": "end"}, fmt(v, unit))
