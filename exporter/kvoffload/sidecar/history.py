@@ -81,6 +81,7 @@ class _Series:
     skipped: int = 0  # offered since the last kept one
 
     def offer(self, now: float, row: Row, advice: str, points: int) -> None:
+        """One sample, kept if it is the stride's turn; thinned past `points`."""
         if self.t and self.skipped + 1 < self.stride:
             self.skipped += 1
             return
@@ -105,6 +106,7 @@ class History:
         self._series: dict[tuple[str, str], _Series] = {}
 
     def sample(self, groups: list[GroupAnalysis], now: float) -> None:
+        """Offer each group's figures, TTFT effect and advice now; forget groups gone."""
         seen = set()
         for group in groups[: self.max_groups]:
             seen.add(group.key)
@@ -137,6 +139,7 @@ class History:
         return out
 
     def to_json(self) -> dict[str, object]:
+        """GET /api/v1/history: every group's samples and what the series are."""
         groups = list(self.snapshot().values())
         return {"figures": list(SERIES), "points": self.points, "groups": groups}
 

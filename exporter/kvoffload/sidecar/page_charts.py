@@ -70,6 +70,21 @@ def _time_axis(t0: float, t1: float, x: Callable[[float], float], bottom: float)
     ]
 
 
+def _value_axis(lo: float, hi: float, unit: str, zero: bool, y: Callable[[float], float]):
+    """Grid lines and labels at the low, middle and high values (the middle at zero where
+    `zero` asks for it and the range spans it: an effect's "no effect")."""
+    grid, axis = [], []
+    middle = 0.0 if zero and lo < 0 < hi else (lo + hi) / 2
+    for v in (lo, middle, hi):
+        at = f"{y(v):.1f}"
+        cls = "zero" if zero and v == 0.0 else None
+        grid.append(tag("line", {"class": cls, "x1": L, "x2": W - R, "y1": at, "y2": at}))
+        axis.append(
+            tag("text", {"x": L - 4, "y": f"{y(v) + 4:.1f}", "text-anchor": "end"}, fmt(v, unit))
+        )
+    return grid, axis
+
+
 def trend_chart(
     t: Sequence[float],
     values: Sequence[float | None],
@@ -82,55 +97,33 @@ def trend_chart(
     known = [v for v in values if v is not None]
     if len(known) < 2 or len(t) < 2:
         return None
-    every = known + ([v for v in band[0] + band[1] if v is not None] if band else [])  # type: ignore[operator]
-    if band:
-        every.append(0.0)  # an effect's chart shows where zero (no effect) is
+    every = list(known)
+    if band:  # its range, and zero (no effect), in view
+        every += [v for side in band for v in side if v is not None] + [0.0]
     lo, hi = _scale(every, unit)
-    t0, t1 = t[0], t[-1]
-    span = (t1 - t0) or 1.0
-    xs = [L + (W - L - R) * (s - t0) / span for s in t]
+    t0, span = t[0], (t[-1] - t[0]) or 1.0
+
+    def x(s: float) -> float:
+        return L + (W - L - R) * (s - t0) / span
 
     def y(v: float) -> float:
         return T + (H - T - B) * (1 - (v - lo) / (hi - lo))
 
-    grid, axis = [], []
-    # An effect's middle tick is zero (no effect) where the range spans it.
-    middle = 0.0 if band and lo < 0 < hi else (lo + hi) / 2
-    for v in (lo, middle, hi):
-        grid.append(tag("line", {"x1": L, "x2": W - R, "y1": f"{y(v):.1f}", "y2": f"{y(v):.1f}"}))
-        axis.append(
-            tag("text", {"x": L - 4, "y": f"{y(v) + 4:.1f}", "text-anchor": "end"}, fmt(v, unit))
-        )
-    axis += _time_axis(t0, t1, lambda s: L + (W - L - R) * (s - t0) / span, H - B)
+    xs = [x(s) for s in t]
+    grid, axis = _value_axis(lo, hi, unit, band is not None, y)
     parts: list[Html] = [
         tag("title", {}, f"{label}: {fmt(min(known), unit)} … {fmt(max(known), unit)}"),
         tag("g", {"class": "grid"}, join(*grid)),
-        tag("g", {"class": "axis"}, join(*axis)),
+        tag("g", {"class": "axis"}, join(*axis, *_time_axis(t0, t[-1], x, H - B))),
     ]
     if band:
         parts += _band(xs, band[0], band[1], y)
-        if lo < 0 < hi:
-            parts.append(
-                tag(
-                    "line",
-                    {
-                        "class": "zero",
-                        "x1": L,
-                        "x2": W - R,
-                        "y1": f"{y(0):.1f}",
-                        "y2": f"{y(0):.1f}",
-                    },
-                )
-            )
     parts.append(tag("path", {"class": "line", "d": _path(xs, values, y)}))
     last = next((i for i in range(len(values) - 1, -1, -1) if values[i] is not None), None)
     if last is not None and (end := values[last]) is not None:
         parts.append(tag("circle", {"cx": f"{xs[last]:.1f}", "cy": f"{y(end):.1f}", "r": 2.5}))
-    return tag(
-        "svg",
-        {"class": "trend-chart", "viewBox": f"0 0 {W} {H}", "role": "img", "aria-label": label},
-        join(*parts),
-    )
+    attrs = {"class": "trend-chart", "viewBox": f"0 0 {W} {H}", "role": "img", "aria-label": label}
+    return tag("svg", attrs, join(*parts))
 
 
 def advice_runs(t: Sequence[float], advice: Sequence[str]) -> list[tuple[float, float, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import time
+from collections.abc import Mapping
 
 
 class Html(str):
@@ -17,10 +18,11 @@ class Html(str):
 
 
 def esc(text: object) -> Html:
+    """`text` as HTML text or an attribute value (quotes too)."""
     return Html(html.escape(str(text), quote=True))
 
 
-def tag(name: str, attrs: dict[str, object] | None = None, *kids: Html | str | None) -> Html:
+def tag(name: str, attrs: Mapping[str, object] | None = None, *kids: Html | str | None) -> Html:
     """`<name attrs>kids</name>`: attribute values and plain-text kids escaped, None left out."""
     parts = [name]
     for key, value in (attrs or {}).items():
@@ -100,6 +102,7 @@ def signed_ms(value: object) -> str:
 
 
 def ago(seconds: float) -> str:
+    """An age for people: just now, 3 s ago, 5 min ago."""
     return "just now" if seconds < 1 else f"{secs(round(seconds))} ago"
 
 
