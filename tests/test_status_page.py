@@ -170,6 +170,7 @@ async def _fragment() -> tuple[str, str, str]:
         async with aiohttp.ClientSession() as s:
             async with s.get(f"http://127.0.0.1:{port}/") as r:
                 whole, cache = await r.text(), r.headers["Cache-Control"]
+                assert r.headers["Content-Encoding"] in ("gzip", "deflate", "br")
             async with s.get(f"http://127.0.0.1:{port}/?part=body") as r:
                 assert r.content_type == "text/html"
                 body = await r.text()

@@ -52,6 +52,7 @@ def make_app(
         text = await asyncio.to_thread(_page_html, view, trends, metrics_href, body_only)
         resp = web.Response(text=text, content_type="text/html", charset="utf-8")
         resp.headers["Cache-Control"] = "no-store"
+        resp.enable_compression()  # a fleet's page is megabytes of repetitive markup
         return resp
 
     async def healthz(_request: web.Request) -> web.Response:
