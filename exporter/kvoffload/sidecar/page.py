@@ -15,7 +15,7 @@ from typing import Any
 
 from kvoffload.sidecar.history import Trends
 from kvoffload.sidecar.page_group import group_card
-from kvoffload.sidecar.page_html import Html, ago, fmt, join, secs, tag, when
+from kvoffload.sidecar.page_html import Html, ago, fmt, join, secs, signed_ms, tag, when
 
 Status = dict[str, Any]
 BODY_MARK = "<!--body-->"
@@ -85,9 +85,7 @@ def _fleet_card(s: Status) -> Html:
                     {},
                     join(
                         "Mean TTFT change per request if every change is applied: ",
-                        tag(
-                            "span", {"class": "cost" if v > 0 else "saving"}, f"{v * 1000:+.1f} ms"
-                        ),
+                        tag("span", {"class": "cost" if v > 0 else "saving"}, signed_ms(v)),
                         f" over {round(f['requests']):,} requests",
                     ),
                 )
