@@ -134,8 +134,8 @@ def _laptop_window():
 
 def test_numbers_for_people():
     assert secs(0.11666666666666667) == "117 ms"
-    assert [secs(v) for v in (5, 0.2, 59.94, 300, 7200, 0)] == [
-        "5 s", "200 ms", "59.9 s", "5 min", "2 h", "0 s",
+    assert [secs(v) for v in (5, 0.2, 59.94, 300, 7200, 0, 3.93e-5)] == [
+        "5 s", "200 ms", "59.9 s", "5 min", "2 h", "0 s", "39.3 µs",
     ]  # fmt: skip
     assert fmt(57.3e9, "bytes") == "57.30 GB" and fmt(0, "bytes") == "0 B"
     assert fmt(0.1234, "pct") == "12.3 %" and fmt(None, "pct") == "—"

@@ -77,13 +77,15 @@ def fmt(value: object, unit: str) -> str:
 
 
 def secs(value: object) -> str:
-    """A duration for people: 117 ms, 5 s, 2.5 min, 1.5 h (never 0.11666666666666667 s)."""
+    """A duration for people: 39.3 µs, 117 ms, 5 s, 2.5 min, 1.5 h (never 0.11666666666666667 s)."""
     v = _finite(value)
     if v is None:
         return "—"
     a = abs(v)
     if a == 0:
         return "0 s"
+    if a < 0.001:
+        return f"{sig(v * 1e6)} µs"
     if a < 1:
         return f"{sig(v * 1000)} ms"
     if a < 120:
