@@ -1,12 +1,20 @@
-"""A real headless Chromium loads the status page and the page renders the sidecar's status."""
+"""The status page: a real headless Chromium loads it over a sidecar with a mix of targets;
+its body fragment, its history (kept long, thinned) and its rounding for people."""
 
 import asyncio
+import itertools
+import sys
+import time
+from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from kvoffload.kvevents.decode import decode_batch
 from kvoffload.kvevents.state import TargetEvents
+from kvoffload.sidecar.history import History
 from kvoffload.sidecar.http import make_app
+from kvoffload.sidecar.page_html import fmt, secs, tag
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import encode_batch
@@ -80,7 +88,7 @@ async def _dump_dom(chromium, screenshot: str | None = None) -> str:
 
 def test_status_page_renders_in_chromium(chromium):
     dom = asyncio.run(_dump_dom(chromium))
-    assert 'data-loaded="true"' in dom
+    assert 'data-loaded="true"' in dom and 'id="page"' in dom
     assert 'data-model="Qwen/Qwen3-Reranker-0.6B"' in dom
     # too few requests to judge: the badge says so, no green "keep" (test_status_page_states)
     assert 'class="action waiting"' in dom and ">waiting for data<" in dom
@@ -94,3 +102,89 @@ def test_status_page_renders_in_chromium(chromium):
     assert 'id="curve"' in dom and "current" in dom  # the KV-event curve, current size marked
     assert 'id="curve-chart"' in dom and 'data-mark="current"' in dom  # ... and drawn
     assert 'id="provisional"' in dom and "3 lost in gaps" in dom
+
+
+def test_history_keeps_the_whole_run_thinned():
+    """A day of 5 s scrapes (17,280 samples) is kept as at most 240, evenly spaced, from the
+    first sample to the newest."""
+    sidecar = Sidecar(SidecarConfig(["http://sim:8000/metrics"], interval_seconds=5))
+    sidecar.window = _laptop_window()
+    sidecar.targets[0].up = True  # as if scraped (the window was built here)
+    sidecar.reanalyse()
+    history, start = History(), 1_000_000.0
+    for i in range(17_280):
+        history.sample(sidecar.groups(), start + 5 * i)
+    (group,) = history.snapshot().values()
+    t = group["t"]
+    assert 120 < len(t) <= 240
+    assert t[0] == start and t[-1] >= start + 5 * 17_280 - 5 * group["stride"]
+    steps = {round(b - a, 1) for a, b in itertools.pairwise(t)}
+    assert steps == {5.0 * group["stride"]}, steps
+    assert set(group["advice"]) == {sidecar.groups()[0].recommendation.action}
+    assert all(len(v) == len(t) for v in group["figures"].values())
+
+
+def _laptop_window():
+    sys.path.insert(0, str(Path(__file__).parent / "kvevents"))
+    from kv_helpers import run_with_events
+
+    window, _, _ = run_with_events("laptop-eviction")
+    return window
+
+
+def test_numbers_for_people():
+    assert secs(0.11666666666666667) == "117 ms"
+    assert [secs(v) for v in (5, 0.2, 59.94, 300, 7200, 0, 3.93e-5)] == [
+        "5 s", "200 ms", "59.9 s", "5 min", "2 h", "0 s", "39.3 µs",
+    ]  # fmt: skip
+    assert fmt(57.3e9, "bytes") == "57.30 GB" and fmt(0, "bytes") == "0 B"
+    assert fmt(0.1234, "pct") == "12.3 %" and fmt(None, "pct") == "—"
+    assert fmt(float("nan"), "s") == "—" and fmt(4672.4, "tokens") == "4,672 tokens"
+
+
+def test_text_is_escaped_and_absent_parts_left_out():
+    assert tag("td", {"title": 'a"b'}, "<script>", None) == (
+        '<td title="a&quot;b">&lt;script&gt;</td>'
+    )
+
+
+async def _fragment() -> tuple[str, str, str]:
+    fixtures = web.Application()
+    fixtures.router.add_static("/", FIXTURES)
+    fx_runner = web.AppRunner(fixtures)
+    await fx_runner.setup()
+    fx_port = free_port()
+    await web.TCPSite(fx_runner, "127.0.0.1", fx_port).start()
+    sidecar = Sidecar(
+        SidecarConfig([f"http://127.0.0.1:{fx_port}/{SAMPLE.name}"], interval_seconds=0.2)
+    )
+    runner = web.AppRunner(make_app(sidecar, metrics_path="/prefix/metrics"))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (sidecar.ready and sidecar.groups()):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/") as r:
+                whole, cache = await r.text(), r.headers["Cache-Control"]
+                assert r.headers["Content-Encoding"] in ("gzip", "deflate", "br")
+            async with s.get(f"http://127.0.0.1:{port}/?part=body") as r:
+                assert r.content_type == "text/html"
+                body = await r.text()
+        return whole, body, cache
+    finally:
+        await runner.cleanup()
+        await fx_runner.cleanup()
+
+
+def test_body_fragment_is_what_the_page_holds():
+    whole, body, cache = asyncio.run(_fragment())
+    assert cache == "no-store"
+    assert whole.startswith("<!doctype html>") and "<!--body-->" not in whole
+    assert not body.startswith("<!doctype") and "<script" not in body
+    for part in ('id="groups"', 'data-model="Qwen/Qwen3-Reranker-0.6B"', 'id="targets"'):
+        assert part in body and part in whole
+    assert 'href="prefix/metrics"' in body  # relative to the page, as --web.telemetry-path

@@ -1,14 +1,19 @@
-"""The status page in a real headless Chromium in each state a user meets (#13 item 7): healthy
-(advice, trends), no data yet ("waiting for data"), a target gone ("target down"), and with KV
-events (the miss-ratio curve drawn with the current and advised sizes marked). Each state is
-checked by its elements in the DOM after the page's script ran, and its screenshot is kept in
-the test's tmp dir (tmp_path/<state>.png) for a look by eye."""
+"""The status page in a real headless Chromium in the six states a user meets (#13 item 7,
+#27 item 4): keep, enable, disable, target down, provisional (the KV events' curve still warming
+up) and no data ("waiting for data"). Each state is loaded twice: with scripts blocked (the
+server-rendered first paint must hold the verdict, its reasons, the figures and the charts) and
+with scripts on past the page's 5 s refresh (the body swapped in by its script says the same,
+and the badges' computed colours are read). Screenshots are kept in the test's tmp dir
+(tmp_path/<state>.png, <state>-nojs.png) for a look by eye."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import re
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -19,7 +24,7 @@ from aiohttp import web
 
 from kvoffload.analysis.window import Window
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.sidecar import http
+from kvoffload.sidecar import page as page_module
 from kvoffload.sidecar.history import HISTORY_KEY
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
@@ -102,30 +107,50 @@ def parse(dom: str) -> Node:
 
 
 # -- serving and loading ----------------------------------------------------------------------
-# Appended to the page under test: each badge carries its computed colours in the DOM dump.
-COLOURS = b"""<script>
-new MutationObserver(() => {
+# Put into the page under test: each badge carries its computed colours in the DOM dump, on
+# the first paint and again on each body the page's script swaps in.
+COLOURS = """<script>
+function paint() {
   for (const e of document.querySelectorAll(".action")) {
     const cs = getComputedStyle(e);
     e.dataset.fg = cs.color;
     e.dataset.bg = cs.backgroundColor;
   }
-}).observe(document.body, {childList: true, subtree: true});
+}
+paint();
+new MutationObserver(paint).observe(document.body, {childList: true, subtree: true});
 </script>
 </body>"""
 WHITE = "rgb(255, 255, 255)"
 BLUE = "rgb(9, 105, 218)"  # --wait
 RED = "rgb(207, 34, 46)"  # --bad
+GREEN = "rgb(26, 127, 55)"  # --ok
+AMBER = "rgb(154, 103, 0)"  # --warn
+# Scripts blocked the way a browser does it for a site's policy (headless Chromium's own
+# --blink-settings=scriptEnabled=false stops it dumping the DOM at all).
+NO_SCRIPTS = "script-src 'none'"
+# Past the page's 5 s refresh (the shared flags give 5 s of virtual time, the refresh's edge).
+PAST_A_REFRESH = "--virtual-time-budget=12000"
 
 
 @pytest.fixture(autouse=True)
 def badge_colours(monkeypatch: pytest.MonkeyPatch) -> None:
-    page = http._page()
-    assert page.count(b"</body>") == 1
-    monkeypatch.setattr(http, "_page", lambda: page.replace(b"</body>", COLOURS))
+    text = page_module.template()
+    assert text.count("</body>") == 1
+    monkeypatch.setattr(page_module, "template", lambda: text.replace("</body>", COLOURS))
+
+
+@web.middleware
+async def scripts_off(request: web.Request, handler) -> web.StreamResponse:
+    """?scripts=off: the response forbids every script (Content-Security-Policy)."""
+    resp = await handler(request)
+    if request.query.get("scripts") == "off":
+        resp.headers["Content-Security-Policy"] = NO_SCRIPTS
+    return resp
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    app.middlewares.append(scripts_off)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -133,12 +158,79 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def load(chromium, url: str, screenshot: Path) -> Node:
-    """The page's DOM after its script ran, and its screenshot, from one headless Chromium."""
-    dom = await chromium.dom_async(url + "/", screenshot)
-    assert 'data-loaded="true"' in dom, dom[-3000:]
-    assert screenshot.read_bytes().startswith(PNG)
-    return parse(dom)
+async def _dump(chromium, url: str, shot: Path, extra: list[str]) -> str:
+    """The DOM Chromium ends with (its shared flags, plus `extra` in place of theirs)."""
+    with tempfile.TemporaryDirectory() as profile:
+        argv = chromium.argv(url, profile, shot)
+        names = {a.split("=")[0] for a in extra}
+        argv = [argv[0], *extra, *(a for a in argv[1:] if a.split("=")[0] not in names)]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert shot.read_bytes().startswith(PNG)
+    return out.decode()
+
+
+@dataclasses.dataclass
+class Loaded:
+    first: Node  # scripts blocked: the server-rendered first paint alone
+    refreshed: Node  # scripts on, after the page's script swapped in a fresh body
+
+    def both(self) -> tuple[Node, Node]:
+        return self.first, self.refreshed
+
+
+async def load(chromium, url: str, shot: Path) -> Loaded:
+    """The page with scripts blocked, then with them on past a refresh; both screenshots."""
+    nojs = shot.with_name(shot.stem + "-nojs.png")
+    first = await _dump(chromium, url + "/?scripts=off", nojs, [])
+    refreshed = await _dump(chromium, url + "/", shot, [PAST_A_REFRESH])
+    # no script ran (neither the page's refresh nor the colours put in by this test)
+    assert 'id="page"' in first and "data-refreshed" not in first and "data-fg" not in first
+    assert re.search(r'data-refreshed="[1-9]', refreshed), refreshed[-2000:]
+    loaded = Loaded(parse(first), parse(refreshed))
+    for page in loaded.both():
+        readable(page)
+    return loaded
+
+
+def readable(page: Node) -> None:
+    """What any state shows: no absent part as text, numbers rounded, nothing from outside."""
+    text = page.find("div", id="page").text
+    assert not re.search(r"\b(null|undefined|NaN)\b", text), text
+    assert not re.search(r"\d\.\d{5,}", text), re.findall(r".{40}\d\.\d{5,}.{20}", text)
+    for n in page.iter():
+        for attr in ("src", "href"):
+            assert not n.attrs.get(attr, "").startswith(("http:", "https:", "//")), n.attrs
+
+
+def trends_drawn(card: Node, names: set[str]) -> dict[str, Node]:
+    """The card's trend charts: each with a line, value labels and times on its axes."""
+    tiles = {t.attrs["data-trend"]: t for t in card.find_all("div", cls="trend")}
+    assert names <= set(tiles), set(tiles)
+    for tile in tiles.values():
+        chart = tile.find("svg", cls="trend-chart")
+        assert chart.find("path", cls="line").attrs["d"].count("L") >= 2
+        labels = [t.text for t in chart.find("g", cls="axis").find_all("text")]
+        times = [x for x in labels if re.fullmatch(r"\d\d:\d\d:\d\d", x)]
+        assert len(times) >= 2 and len(labels) - len(times) == 3, labels
+        assert tile.find("span", cls="now").text not in ("", "—")
+    heading = card.find("div", cls="trends-block").find("h3").text
+    assert re.fullmatch(
+        r"Trends, last [\d.]+ (ms|s|min|h) \(from \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", heading
+    ), heading
+    return tiles
+
+
+def advice_over_time(card: Node) -> list[str]:
+    """The states of the advice trend's runs, oldest first, and its "since" line."""
+    trend = card.find("div", id="advice-trend")
+    runs = [r.attrs["data-state"] for r in trend.find("svg", id="advice-chart").find_all("rect")]
+    assert re.fullmatch(
+        r"\S+ since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", trend.find_all("li")[-1].text
+    ), trend.text
+    return runs
 
 
 async def wait_for(what: str, check, timeout: float = 30.0) -> None:
@@ -164,16 +256,122 @@ def groups(page: Node) -> dict[str, Node]:
     return {c.attrs["data-model"]: c for c in page.find_all("section", cls="group")}
 
 
+def page_bytes(v: float) -> str:
+    """Bytes as the page rounds them (sidecar.page_html.fmt, decimal units)."""
+    units, i = ["B", "KB", "MB", "GB", "TB"], 0
+    while abs(v) >= 1000 and i < len(units) - 1:
+        v, i = v / 1000, i + 1
+    return f"{v:.{2 if i else 0}f} {units[i]}"
+
+
 SIM_SCENARIO = "h200-0.6b-eager-prefill-cpu4"  # a real H200 set: its tier costs TTFT
 SIM_MODEL = "Qwen/Qwen3-0.6B"
+INSTANCE = "sim:8000"
 
 
 async def _simulated(speed: float = 4.0) -> tuple[web.AppRunner, str]:
     return await _serve(make_sim_app(SimServer(scenarios.get(SIM_SCENARIO)), speed=speed))
 
 
+def _with_events(scenario: str, seconds: float | None) -> tuple[Window, TargetEvents]:
+    """A simulated run's window and KV-event state, as the sidecar would hold them."""
+    sys.path.insert(0, str(Path(__file__).parent / "kvevents"))
+    from kv_helpers import run_with_events
+
+    sc = scenarios.get(scenario)
+    if seconds is not None:
+        sc = dataclasses.replace(sc, duration_s=seconds)
+    window, state, _ = run_with_events(sc)
+    return window, state
+
+
+async def _offline(chromium, shot: Path, scenario: str, seconds: float | None = None):
+    """A simulated run with KV events, as a sidecar that scraped and subscribed holds it, and
+    the page after the sidecar kept a minute of its trends; (page, status)."""
+    window, state = _with_events(scenario, seconds)
+    sidecar = Sidecar(SidecarConfig([f"http://{INSTANCE}/metrics"], interval_seconds=1))
+    sidecar.window = window
+    sidecar.events[INSTANCE] = state
+    sidecar.reanalyse()  # (groups are analysed as scrapes land; these were built here)
+    target = sidecar.targets[0]
+    target.up, target.last_success_timestamp, target.scrapes = True, time.time(), 21
+    target.last_scrape_duration_seconds = 0.0123
+    app = make_app(sidecar, manage_lifecycle=False)
+    for i in range(30):
+        app[HISTORY_KEY].sample(sidecar.groups(), time.time() - 60 + 2 * i)
+    runner, url = await _serve(app)
+    try:
+        return await load(chromium, url, shot), sidecar.status()
+    finally:
+        await runner.cleanup()
+
+
+def _exact_never_loaded(card: Node, group: dict) -> None:
+    """With KV events the exact bytes never loaded replace the counters' lower bound."""
+    ev = group["kv_events"]
+    exact = ev["never_loaded_evicted_bytes"] + (ev["never_loaded_resident_bytes"] or 0)
+    wasted = card.find("tr", data_figure="wasted_bytes").find_all("td")
+    assert wasted[0].text == "Stored, never loaded back (exact, KV events)"
+    assert exact > 0 and wasted[1].text == page_bytes(exact)
+
+
 # -- the states -------------------------------------------------------------------------------
-async def _healthy(chromium, shot: Path) -> Node:
+def test_keep(chromium, tmp_path):
+    loaded, status = asyncio.run(_offline(chromium, tmp_path / "keep.png", "laptop-eviction"))
+    (group,) = status["groups"]
+    assert group["recommendation"]["action"] == "keep"
+    assert not group["kv_events"]["provisional"]
+    for page in loaded.both():
+        card = groups(page)[group["labels"]["model_name"]]
+        badge = badge_of(card)
+        assert badge.text == "keep" and badge.attrs["data-state"] == "advice"
+        assert "--kv-offloading-size" not in card.find("div", cls="verdict").text
+        reasons = card.find("ul", cls="reasons").find_all("li")
+        assert [r.text for r in reasons] == group["recommendation"]["reasons"] + (
+            group["recommendation"]["warnings"] or []
+        )
+        _exact_never_loaded(card, group)
+        trends_drawn(card, {"offload_hit_ratio", "gpu_prefix_hit_ratio", "mean_ttft_seconds"})
+        assert set(advice_over_time(card)) == {"keep"}
+        assert not page.find_all(id="provisional")
+        assert card.find("svg", id="curve-chart").find("g", data_mark="current")
+    badge = badge_of(groups(loaded.refreshed)[group["labels"]["model_name"]])
+    assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, GREEN)
+
+
+def test_enable(chromium, tmp_path):
+    loaded, status = asyncio.run(
+        _offline(chromium, tmp_path / "enable.png", "pressure-without-offloading")
+    )
+    (group,) = status["groups"]
+    rec = group["recommendation"]
+    assert rec["action"] == "enable" and rec["kv_offloading_size_gib"]
+    for page in loaded.both():
+        card = groups(page)[group["labels"]["model_name"]]
+        assert badge_of(card).text == "enable"
+        verdict = card.find("div", cls="verdict").text
+        assert f"→ --kv-offloading-size {rec['kv_offloading_size_gib']:g}" in verdict
+        assert "offloading off" in card.find("h2").text
+        chart = card.find("svg", id="curve-chart")
+        marks = {m.attrs["data-mark"] for m in chart.find_all("g") if "data-mark" in m.attrs}
+        assert "advised" in marks and "current" not in marks  # no tier now: no current size
+        trends_drawn(card, {"gpu_prefix_hit_ratio", "gpu_kv_usage_ratio"})
+        assert set(advice_over_time(card)) == {"enable"}
+    badge = badge_of(groups(loaded.refreshed)[group["labels"]["model_name"]])
+    assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, AMBER)
+
+
+def _cgroup(d: Path) -> Path:
+    """vLLM's container as a cgroup v2 directory: 8 GiB held of a 16 GiB limit."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.current").write_text(f"{10 * 2**30}\n")
+    (d / "memory.max").write_text(f"{16 * 2**30}\n")
+    (d / "memory.stat").write_text(f"anon {2 * 2**30}\nfile {8 * 2**30}\nshmem {6 * 2**30}\n")
+    (d / "memory.events").write_text("oom 0\noom_kill 0\n")
+    return d
+
+
+async def _disable(chromium, shot: Path) -> Loaded:
     sim_runner, sim_url = await _simulated()
     cgroup = _cgroup(shot.parent / "vllm-cgroup")
     sidecar = Sidecar(
@@ -190,91 +388,42 @@ async def _healthy(chromium, shot: Path) -> Node:
         await sim_runner.cleanup()
 
 
-def page_bytes(v: float) -> str:
-    """The page's own rounding of bytes (fmt(v, "bytes") in index.html)."""
-    units, i = ["B", "KB", "MB", "GB", "TB"], 0
-    while abs(v) >= 1000 and i < len(units) - 1:
-        v, i = v / 1000, i + 1
-    return f"{v:.{2 if i else 0}f} {units[i]}"
+def test_disable(chromium, tmp_path):
+    loaded = asyncio.run(_disable(chromium, tmp_path / "disable.png"))
+    for page in loaded.both():
+        card = groups(page)[SIM_MODEL]
+        badge = badge_of(card)
+        assert badge.attrs["data-state"] == "advice" and badge.text == "disable"
+        assert card.find("p", data_ttft="now").text.startswith("TTFT effect of the CPU tier now: +")
+        tiles = trends_drawn(card, {"offload_hit_ratio", "mean_ttft_seconds", "ttft_effect"})
+        # the TTFT effect with its range: a band behind the line, the range in its figure
+        assert tiles["ttft_effect"].find("polygon", cls="band")
+        assert re.fullmatch(
+            r"\+[\d.]+ ms \([−+][\d.]+ ms … [−+][\d.]+ ms\)",
+            tiles["ttft_effect"].find("span", cls="now").text,
+        )
+        assert advice_over_time(card)[-1] == "disable"
+        # durations for people, and the targets' columns say what they hold
+        meta = page.find("span", id="meta").text
+        assert "scrape every 200 ms" in meta and not re.search(r"\d\.\d{4,}", meta), meta
+        table = page.find("table", id="targets")
+        assert [th.text for th in table.find_all("th")] == [
+            "instance", "state", "last success", "scrape took", "error",
+        ]  # fmt: skip
+        row = table.find("tbody").find("tr").find_all("td")
+        assert re.fullmatch(
+            r"(just now|[\d.]+ (ms|s) ago)\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row[2].text
+        ), row[2].text
+        assert re.fullmatch(r"[\d.]+ (ms|s)", row[3].text), row[3].text
+        # vLLM's container memory: 8 GiB unreclaimable (2 anon + 6 shared) of 16 GiB
+        host = page.find("section", id="host-memory").text
+        assert "unreclaimable 8.59 GB" in host and "limit 17.18 GB" in host
+        assert "(50 % of it held)" in host
+    badge = badge_of(groups(loaded.refreshed)[SIM_MODEL])
+    assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, RED)
 
 
-def _cgroup(d: Path) -> Path:
-    """vLLM's container as a cgroup v2 directory: 8 GiB held of a 16 GiB limit."""
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "memory.current").write_text(f"{10 * 2**30}\n")
-    (d / "memory.max").write_text(f"{16 * 2**30}\n")
-    (d / "memory.stat").write_text(f"anon {2 * 2**30}\nfile {8 * 2**30}\nshmem {6 * 2**30}\n")
-    (d / "memory.events").write_text("oom 0\noom_kill 0\n")
-    return d
-
-
-def test_healthy_shows_advice_and_trends(chromium, tmp_path):
-    page = asyncio.run(_healthy(chromium, tmp_path / "healthy.png"))
-    card = groups(page)[SIM_MODEL]
-    badge = badge_of(card)
-    assert badge.attrs["data-state"] == "advice" and badge.text == "disable"
-    assert badge.classes() == {"action", "disable"}
-    assert badge.attrs["data-fg"] == WHITE
-    # trends: a sparkline per headline figure that has values, each an inline SVG path
-    trends = {t.attrs["data-trend"]: t for t in card.find_all("div", cls="trend")}
-    assert {"offload_hit_ratio", "gpu_prefix_hit_ratio", "mean_ttft_seconds"} <= set(trends)
-    for tile in trends.values():
-        path = tile.find("svg", cls="spark").find("path")
-        assert path.attrs["d"].startswith("M") and path.attrs["d"].count("L") >= 2
-        assert tile.find("span", cls="now").text not in ("", "—")
-    assert re.fullmatch(r"Trends, last \d+ s", card.find("h3").text)
-    assert not card.find_all(id="trends-empty") and not card.find_all(id="curve-chart")
-    # durations for people, and the targets' columns say what they hold
-    meta = page.find("span", id="meta").text
-    assert "scrape every 0.2 s" in meta and not re.search(r"\d\.\d{4,}", meta), meta
-    headers = [th.text for th in page.find("table", id="targets").find_all("th")]
-    assert headers == ["instance", "state", "last success", "scrape took", "error"]
-    row = page.find("table", id="targets").find("tbody").find("tr").find_all("td")
-    assert re.fullmatch(r"just now|[\d.]+ s ago", row[2].text), row[2].text
-    assert row[3].text.endswith(" ms")
-    # vLLM's container memory: 8 GiB unreclaimable (2 anon + 6 shared) of 16 GiB
-    host = page.find("section", id="host-memory").text
-    assert (
-        "unreclaimable 8.59 GB" in host and "limit 17.18 GB" in host and "(50 % of it held)" in host
-    )
-    # offline: no asset from anywhere but the sidecar
-    for n in page.iter():
-        for attr in ("src", "href"):
-            assert not n.attrs.get(attr, "").startswith(("http:", "https:", "//")), n.attrs
-
-
-async def _no_data(chromium, shot: Path) -> Node:
-    fixtures, fx_url = await _serve(_static_fixtures())
-    # one snapshot served again and again: up, but nothing moves, never enough to judge
-    sidecar = Sidecar(SidecarConfig([f"{fx_url}/{SAMPLE.name}"], interval_seconds=0.2))
-    runner, url = await _serve(make_app(sidecar))
-    try:
-        await wait_for("a group", lambda: sidecar.ready and sidecar.groups())
-        return await load(chromium, url, shot)
-    finally:
-        await runner.cleanup()
-        await fixtures.cleanup()
-
-
-def _static_fixtures() -> web.Application:
-    app = web.Application()
-    app.router.add_static("/", FIXTURES)
-    return app
-
-
-def test_no_data_says_waiting_for_data_not_keep(chromium, tmp_path):
-    page = asyncio.run(_no_data(chromium, tmp_path / "no-data.png"))
-    card = groups(page)["Qwen/Qwen3-Reranker-0.6B"]
-    badge = badge_of(card)
-    assert badge.text == "waiting for data" and badge.attrs["data-state"] == "waiting"
-    assert badge.classes() == {"action", "waiting"}
-    assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, BLUE)
-    assert not page.find_all(cls="keep")  # no green "keep" while it cannot judge
-    assert "too little data to judge" in card.text
-    assert "--kv-offloading-size" not in card.text
-
-
-async def _target_down(chromium, shot: Path) -> Node:
+async def _target_down(chromium, shot: Path) -> Loaded:
     sim_runner, sim_url = await _simulated()
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     sidecar = Sidecar(
@@ -296,25 +445,104 @@ async def _target_down(chromium, shot: Path) -> Node:
 
 
 def test_target_down_says_target_down_with_the_last_advice(chromium, tmp_path):
-    page = asyncio.run(_target_down(chromium, tmp_path / "target-down.png"))
-    card = groups(page)[SIM_MODEL]
-    badge = badge_of(card)
-    assert badge.text == "target down" and badge.attrs["data-state"] == "down"
-    assert badge.classes() == {"action", "target-down"}
+    loaded = asyncio.run(_target_down(chromium, tmp_path / "target-down.png"))
+    for page in loaded.both():
+        card = groups(page)[SIM_MODEL]
+        badge = badge_of(card)
+        assert badge.text == "target down" and badge.attrs["data-state"] == "down"
+        assert badge.classes() == {"action", "target-down"}
+        assert card.find("span", cls="was").text == "last advice: disable"
+        assert "STALE: target down" in card.text
+        # the trends end in a gap, the last value shown as down; the advice trend ends down
+        tiles = trends_drawn(card, {"offload_hit_ratio"})
+        now = tiles["offload_hit_ratio"].find("span", cls="now").text
+        assert re.fullmatch(r"\d+\.\d %, then down", now), now
+        runs = advice_over_time(card)
+        assert runs[-1] == "down" and "disable" in runs, runs
+        rows = page.find("table", id="targets").find_all("tr")[1:]
+        assert all(r.find_all("td")[1].text == "down" for r in rows)
+        assert any("cannot connect" in r.text for r in rows)
+    badge = badge_of(groups(loaded.refreshed)[SIM_MODEL])
     assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, RED)
-    assert card.find("span", cls="was").text == "last advice: disable"
-    assert "STALE: target down" in card.text
-    # the trends end in a gap, the last value shown as down
-    tile = card.find("div", data_trend="offload_hit_ratio")
-    assert re.fullmatch(r"\d+\.\d %, then down", tile.find("span", cls="now").text)
-    rows = {
-        r.attrs["data-instance"]: r for r in page.find("table", id="targets").find_all("tr")[1:]
-    }
-    assert all(r.find_all("td")[1].text == "down" for r in rows.values())
-    assert any("cannot connect" in r.text for r in rows.values())
 
 
-async def _all_down(chromium, shot: Path) -> Node:
+def test_provisional_curve_marks_current_and_advised(chromium, tmp_path):
+    # A RAG service whose CPU tier is the size of its GPU cache: the curve says grow, and the
+    # stream is still warming up (first touches dominate), so the curve is provisional.
+    loaded, status = asyncio.run(
+        _offline(chromium, tmp_path / "provisional.png", "buffer-too-small", 300.0)
+    )
+    (group,) = status["groups"]
+    rec, ev = group["recommendation"], group["kv_events"]
+    assert rec["action"] == "grow" and rec["kv_offloading_size_gib"] and ev["provisional"]
+    advised = rec["kv_offloading_size_gib"]
+    current = group["figures"]["cpu_capacity_bytes"] / 2**30
+    for page in loaded.both():
+        card = groups(page)[group["labels"]["model_name"]]
+        assert badge_of(card).text == "grow"
+        warning = card.find("p", id="provisional").text
+        assert warning == "provisional: " + "; ".join(ev["provisional_reasons"])
+        chart = card.find("svg", id="curve-chart")
+        assert chart.find("path", cls="curve").attrs["d"].count("L") >= 4
+        marks = {m.attrs["data-mark"]: m for m in chart.find_all("g") if "data-mark" in m.attrs}
+        assert set(marks) == {"current", "advised", "achievable"}
+        assert float(marks["current"].attrs["data-gib"]) == pytest.approx(current)
+        assert float(marks["advised"].attrs["data-gib"]) == advised
+        assert marks["advised"].find("text").text.startswith(f"advised {advised:g} GiB · ")
+        assert marks["current"].find("text").text.startswith("current 2 GiB · ")
+        x = {k: float(m.find("line").attrs["x1"]) for k, m in marks.items() if k != "achievable"}
+        assert x["current"] < x["advised"]  # the advised line right of the current one
+        # the table: each size once, the advised size among them, a flat run as one row
+        rows = card.find("table", id="curve").find_all("tr")[1:]
+        sizes = [r.find_all("td")[0].text for r in rows]
+        assert len(sizes) == len(set(sizes)), sizes
+        marked = {
+            r.attrs["data-marks"]: r.find_all("td")[0].text for r in rows if r.attrs["data-marks"]
+        }
+        assert marked == {"current": "2 GiB", "advised": f"{advised:g} GiB"}
+        assert sizes[-1].endswith("and up")
+        ratios = [r.find_all("td")[1].text for r in rows]
+        marks_of = [r.attrs["data-marks"] for r in rows]
+        for i in range(1, len(rows)):
+            assert ratios[i] != ratios[i - 1] or marks_of[i] or marks_of[i - 1], (sizes, ratios)
+        _exact_never_loaded(card, group)
+        trends_drawn(card, {"offload_hit_ratio", "load_gbps"})
+
+
+async def _no_data(chromium, shot: Path) -> Loaded:
+    fixtures, fx_url = await _serve(_static_fixtures())
+    # one snapshot served again and again: up, but nothing moves, never enough to judge
+    sidecar = Sidecar(SidecarConfig([f"{fx_url}/{SAMPLE.name}"], interval_seconds=0.2))
+    runner, url = await _serve(make_app(sidecar))
+    try:
+        await wait_for("a group", lambda: sidecar.ready and sidecar.groups())
+        return await load(chromium, url, shot)
+    finally:
+        await runner.cleanup()
+        await fixtures.cleanup()
+
+
+def _static_fixtures() -> web.Application:
+    app = web.Application()
+    app.router.add_static("/", FIXTURES)
+    return app
+
+
+def test_no_data_says_waiting_for_data_not_keep(chromium, tmp_path):
+    loaded = asyncio.run(_no_data(chromium, tmp_path / "no-data.png"))
+    for page in loaded.both():
+        card = groups(page)["Qwen/Qwen3-Reranker-0.6B"]
+        badge = badge_of(card)
+        assert badge.text == "waiting for data" and badge.attrs["data-state"] == "waiting"
+        assert badge.classes() == {"action", "waiting"}
+        assert not page.find_all(cls="keep")  # no green "keep" while it cannot judge
+        assert "too little data to judge" in card.text
+        assert "--kv-offloading-size" not in card.text
+    badge = badge_of(groups(loaded.refreshed)["Qwen/Qwen3-Reranker-0.6B"])
+    assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, BLUE)
+
+
+async def _all_down(chromium, shot: Path) -> Loaded:
     sidecar = Sidecar(
         SidecarConfig(
             [f"http://127.0.0.1:{free_port()}/metrics"], interval_seconds=0.2, timeout_seconds=1
@@ -329,91 +557,10 @@ async def _all_down(chromium, shot: Path) -> Node:
 
 
 def test_no_engine_and_every_target_down(chromium, tmp_path):
-    page = asyncio.run(_all_down(chromium, tmp_path / "all-down.png"))
-    card = page.find("section", id="no-groups")
-    badge = badge_of(card)
-    assert badge.text == "target down"
+    loaded = asyncio.run(_all_down(chromium, tmp_path / "all-down.png"))
+    for page in loaded.both():
+        badge = badge_of(page.find("section", id="no-groups"))
+        assert badge.text == "target down"
+        assert not page.find_all("section", cls="group")
+    badge = badge_of(loaded.refreshed.find("section", id="no-groups"))
     assert (badge.attrs["data-fg"], badge.attrs["data-bg"]) == (WHITE, RED)
-    assert not page.find_all("section", cls="group")
-
-
-INSTANCE = "sim:8000"
-
-
-def _with_events(scenario: str, seconds: float) -> tuple[Window, TargetEvents]:
-    """A simulated run's window and KV-event state, as the sidecar would hold them."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent / "kvevents"))
-    from kv_helpers import run_with_events
-
-    sc = dataclasses.replace(scenarios.get(scenario), duration_s=seconds)
-    window, state, _ = run_with_events(sc)
-    return window, state
-
-
-async def _kv_events(chromium, shot: Path) -> tuple[Node, dict]:
-    # A RAG service whose CPU tier is the size of its GPU cache: the curve says grow.
-    window, state = _with_events("buffer-too-small", 300.0)
-    sidecar = Sidecar(SidecarConfig([f"http://{INSTANCE}/metrics"], interval_seconds=0.2))
-    sidecar.window = window
-    sidecar.events[INSTANCE] = state
-    sidecar.reanalyse()  # (groups are analyzed as scrapes land; these were built here)
-    target = sidecar.targets[0]
-    target.up, target.last_success_timestamp, target.scrapes = True, time.time(), 21
-    app = make_app(sidecar, manage_lifecycle=False)
-    # what the sidecar kept of the figures before the page opened: the page starts from it
-    for i in range(30):
-        app[HISTORY_KEY].sample(sidecar.groups(), time.time() - 60 + 2 * i)
-    runner, url = await _serve(app)
-    try:
-        page = await load(chromium, url, shot)
-        return page, sidecar.status()
-    finally:
-        await runner.cleanup()
-
-
-def test_kv_events_curve_chart_marks_current_and_advised(chromium, tmp_path):
-    page, status = asyncio.run(_kv_events(chromium, tmp_path / "kv-events.png"))
-    (group,) = status["groups"]
-    rec = group["recommendation"]
-    assert rec["action"] == "grow" and rec["kv_offloading_size_gib"]
-    advised = rec["kv_offloading_size_gib"]
-    current = group["figures"]["cpu_capacity_bytes"] / 2**30
-    card = groups(page)[group["labels"]["model_name"]]
-    assert badge_of(card).text == "grow"
-    chart = card.find("svg", id="curve-chart")
-    assert chart.find("path", cls="curve").attrs["d"].count("L") >= 4
-    marks = {m.attrs["data-mark"]: m for m in chart.find_all("g") if "data-mark" in m.attrs}
-    assert set(marks) == {"current", "advised", "achievable"}
-    assert float(marks["current"].attrs["data-gib"]) == pytest.approx(current)
-    assert float(marks["advised"].attrs["data-gib"]) == advised
-    assert marks["advised"].find("text").text.startswith(f"advised {advised:g} GiB · ")
-    assert marks["current"].find("text").text.startswith("current 2 GiB · ")
-    # the advised line right of the current one
-    x = {k: float(m.find("line").attrs["x1"]) for k, m in marks.items() if k != "achievable"}
-    assert x["current"] < x["advised"]
-    # the table: each size once, the advised size among them, a flat run as one row
-    rows = card.find("table", id="curve").find_all("tr")[1:]
-    sizes = [r.find_all("td")[0].text for r in rows]
-    assert len(sizes) == len(set(sizes)), sizes
-    marked = {
-        r.attrs["data-marks"]: r.find_all("td")[0].text for r in rows if r.attrs["data-marks"]
-    }
-    assert marked == {"current": "2 GiB", "advised": f"{advised:g} GiB"}
-    assert sizes[-1].endswith("and up")
-    ratios = [r.find_all("td")[1].text for r in rows]
-    marks_of = [r.attrs["data-marks"] for r in rows]
-    for i in range(1, len(rows)):
-        assert ratios[i] != ratios[i - 1] or marks_of[i] or marks_of[i - 1], (sizes, ratios)
-    # trends from the sidecar's history (GET api/v1/history), before any poll of the page
-    trends = card.find_all("div", cls="trend")
-    assert trends and all(t.find("path").attrs["d"].count("L") >= 20 for t in trends)
-    # no absent part written as the text "null" (DOM append does that with a null)
-    assert "null" not in card.text
-    # with KV events the exact bytes never loaded replace the counters' lower bound
-    ev = group["kv_events"]
-    exact = ev["never_loaded_evicted_bytes"] + (ev["never_loaded_resident_bytes"] or 0)
-    wasted = card.find("tr", data_figure="wasted_bytes").find_all("td")
-    assert wasted[0].text == "Stored, never loaded back (exact, KV events)"
-    assert exact > 0 and wasted[1].text == page_bytes(exact)

@@ -1,11 +1,13 @@
-"""A short history of each group's headline figures, for the status page's trends.
+"""A long, thinned history of each group's headline figures, its TTFT effect and its advice,
+for the status page's trends.
 
-The page draws its sparklines from /api/v1/history once when it opens (so a page opened now
-shows the last minutes at once) and then from each /api/v1/status it polls. The HTTP face
-samples the service's groups every interval (the scrape interval, or the fleet's read
+The status page (sidecar.page) draws its trends from it on the server, so a page opened now
+shows the past at once, with JavaScript off too; /api/v1/history serves the same as JSON. The
+HTTP face samples the service's groups every interval (the scrape interval, or the fleet's read
 interval); a group whose target is down records gaps (its figures are frozen, not new).
-Bounded: `points` samples per group, the first `max_groups` groups (a fleet's are in order
-of need), values to four significant digits.
+Bounded: at most `points` samples per group, thinned as it fills (every other sample dropped
+and the sampling stride doubled), so the span grows without bound while the memory does not;
+the first `max_groups` groups (a fleet's are in order of need), values to four digits.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -34,8 +36,13 @@ TREND_FIGURES = (
     "mean_ttft_seconds",
     "gpu_kv_usage_ratio",
 )
+# The tier's TTFT effect per request (now, or predicted where the tier is off) and its range.
+EFFECT_SERIES = ("ttft_effect_seconds", "ttft_effect_low_seconds", "ttft_effect_high_seconds")
+SERIES = TREND_FIGURES + EFFECT_SERIES
 
 Row = tuple[float | None, ...]
+# Each group's samples as JSON (History.group), by (instance, model_name).
+Trends = dict[tuple[str, str], dict[str, object]]
 
 
 def _round(value: float | None) -> float | None:
@@ -44,40 +51,97 @@ def _round(value: float | None) -> float | None:
     return float(f"{value:.4g}")
 
 
+def advice_state(group: GroupAnalysis) -> str:
+    """What the group's badge says: its action, or "down" / "waiting" when it has no advice;
+    the same words in the advice trend, so a gap or a wait never reads as a kept tier."""
+    if group.stale:
+        return "down"
+    if group.recommendation.insufficient_data:
+        return "waiting"
+    return group.recommendation.action
+
+
+def _row(group: GroupAnalysis) -> Row:
+    if group.stale:
+        return (None,) * len(SERIES)
+    figures = tuple(_round(group.figures.get(name)) for name in TREND_FIGURES)
+    ttft = group.ttft
+    effect = None if ttft is None else ttft.now if ttft.now is not None else ttft.predicted
+    if effect is None:
+        return (*figures, None, None, None)
+    return (*figures, _round(effect.seconds), _round(effect.low), _round(effect.high))
+
+
+@dataclass
+class _Series:
+    t: list[float] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    stride: int = 1  # keep one sample of every `stride` offered
+    skipped: int = 0  # offered since the last kept one
+
+    def offer(self, now: float, row: Row, advice: str, points: int) -> None:
+        """One sample, kept if it is the stride's turn; thinned past `points`."""
+        if self.t and self.skipped + 1 < self.stride:
+            self.skipped += 1
+            return
+        self.skipped = 0
+        self.t.append(round(now, 1))
+        self.rows.append(row)
+        self.advice.append(advice)
+        if len(self.t) > points:
+            # Thin: every other sample, the newest kept; from now on half as often.
+            start = (len(self.t) - 1) % 2
+            self.t, self.rows = self.t[start::2], self.rows[start::2]
+            self.advice = self.advice[start::2]
+            self.stride *= 2
+
+
 class History:
-    def __init__(self, points: int = 120, max_groups: int = 64) -> None:
+    """Each group's trend samples, at most `points` of them, over the sidecar's whole run."""
+
+    def __init__(self, points: int = 240, max_groups: int = 64) -> None:
         self.points = points
         self.max_groups = max_groups
-        self._series: dict[tuple[str, str], deque[tuple[float, Row]]] = {}
+        self._series: dict[tuple[str, str], _Series] = {}
 
     def sample(self, groups: list[GroupAnalysis], now: float) -> None:
+        """Offer each group's figures, TTFT effect and advice now; forget groups gone."""
         seen = set()
         for group in groups[: self.max_groups]:
             seen.add(group.key)
-            row: Row = tuple(
-                None if group.stale else _round(group.figures.get(name)) for name in TREND_FIGURES
-            )
-            series = self._series.get(group.key)
-            if series is None:
-                series = self._series[group.key] = deque(maxlen=self.points)
-            series.append((round(now, 1), row))
+            series = self._series.setdefault(group.key, _Series())
+            series.offer(now, _row(group), advice_state(group), self.points)
         for key in list(self._series):
             if key not in seen:  # gone from the analysis (the window forgot it)
                 del self._series[key]
 
+    def group(self, instance: str, model: str) -> dict[str, object] | None:
+        """One group's samples as JSON (as in to_json's `groups`), None when it has none."""
+        series = self._series.get((instance, model))
+        if series is None:
+            return None
+        return {
+            "labels": {"model_name": model, "instance": instance},
+            "t": list(series.t),
+            "figures": {name: [row[i] for row in series.rows] for i, name in enumerate(SERIES)},
+            "advice": list(series.advice),
+            "stride": series.stride,  # samples offered per sample kept
+        }
+
+    def snapshot(self) -> Trends:
+        """Every group's samples, copied: the page renders them in a thread while the
+        sampling goes on."""
+        out: Trends = {}
+        for instance, model in list(self._series):
+            if (group := self.group(instance, model)) is not None:
+                out[instance, model] = group
+        return out
+
     def to_json(self) -> dict[str, object]:
-        groups = []
-        for (instance, model), series in self._series.items():
-            groups.append(
-                {
-                    "labels": {"model_name": model, "instance": instance},
-                    "t": [t for t, _ in series],
-                    "figures": {
-                        name: [row[i] for _, row in series] for i, name in enumerate(TREND_FIGURES)
-                    },
-                }
-            )
-        return {"figures": list(TREND_FIGURES), "points": self.points, "groups": groups}
+        """GET /api/v1/history: every group's samples and what the series are."""
+        groups = list(self.snapshot().values())
+        return {"figures": list(SERIES), "points": self.points, "groups": groups}
 
 
 HISTORY_KEY = web.AppKey[History]("history")

@@ -4,7 +4,6 @@ same for the scraping sidecar and for the fleet read from Prometheus (`serve --p
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 import json
 
 from aiohttp import web
@@ -14,14 +13,11 @@ from prometheus_client.openmetrics.exposition import (
 )
 
 from kvoffload.sidecar.exposition import render_metrics, rendering
-from kvoffload.sidecar.history import add_history
+from kvoffload.sidecar.history import HISTORY_KEY, Trends, add_history
+from kvoffload.sidecar.page import render_body, render_page
 from kvoffload.sidecar.service import Service
 
 SIDECAR_KEY = web.AppKey[Service]("sidecar")
-
-
-def _page() -> bytes:
-    return importlib.resources.files("kvoffload.sidecar").joinpath("web/index.html").read_bytes()
 
 
 def make_app(
@@ -31,7 +27,7 @@ def make_app(
     app = web.Application()
     app[SIDECAR_KEY] = sidecar
     # The page links the metrics relative to itself (a proxy may mount it under a prefix).
-    page = _page().replace(b'href="metrics"', f'href="{metrics_path[1:]}"'.encode())
+    metrics_href = metrics_path[1:]
 
     async def metrics(request: web.Request) -> web.Response:
         accept = request.headers.get("Accept", "")
@@ -49,8 +45,15 @@ def make_app(
         text = await asyncio.to_thread(_status_json, view)
         return web.Response(text=text, content_type="application/json")
 
-    async def index(_request: web.Request) -> web.Response:
-        return web.Response(body=page, content_type="text/html", charset="utf-8")
+    async def index(request: web.Request) -> web.Response:
+        # Rendered whole on the server (sidecar.page); ?part=body is what its script swaps in.
+        body_only = request.query.get("part") == "body"
+        view, trends = sidecar.snapshot(), request.app[HISTORY_KEY].snapshot()
+        text = await asyncio.to_thread(_page_html, view, trends, metrics_href, body_only)
+        resp = web.Response(text=text, content_type="text/html", charset="utf-8")
+        resp.headers["Cache-Control"] = "no-store"
+        resp.enable_compression()  # a fleet's page is megabytes of repetitive markup
+        return resp
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -81,6 +84,14 @@ def make_app(
 def _status_json(view: Service) -> str:
     with rendering():  # as for /metrics (sidecar.exposition): many dicts, no cycles
         return _dumps(view.status())
+
+
+def _page_html(view: Service, history: Trends, metrics_href: str, body_only: bool) -> str:
+    with rendering():
+        status = view.status()
+        if body_only:
+            return render_body(status, history, metrics_href)
+        return render_page(status, history, metrics_href)
 
 
 def _dumps(obj: object) -> str:
