@@ -65,15 +65,22 @@ def _failures(figures: Mapping[str, float | None]) -> list[str]:
 
 
 def secondary_tier_verdict(
-    figures: Mapping[str, float | None], min_hit_ratio: float = MIN_HIT_RATIO
+    figures: Mapping[str, float | None],
+    min_hit_ratio: float = MIN_HIT_RATIO,
+    recompute_seconds_per_token: float | None = None,
 ) -> TierVerdict:
     """Whether the secondary tiers pay over the window of `figures` (signals.compute_figures).
 
-    Pure: the same figures give the same verdict, so it can be tested and re-run offline."""
+    `recompute_seconds_per_token` replaces the prefill throughput's cost of a token where the
+    caller has a better one (the TTFT verdict's fitted marginal cost: batching makes a
+    recomputed token cheaper than prefill time / tokens). Pure: the same inputs give the same
+    verdict, so it can be tested and re-run offline."""
     hit = figures.get("tier_hit_ratio")
     if hit is None:
         return TierVerdict(None, ["no secondary tier was looked up in the window"])
     tier_s, recompute_s = _speed(figures)
+    if recompute_seconds_per_token is not None and recompute_seconds_per_token > 0:
+        recompute_s = recompute_seconds_per_token
     reasons = _failures(figures)
     pays: bool | None = True
     primary = figures.get("primary_tier_hit_ratio")
