@@ -74,6 +74,7 @@ class Source:
     # `value` is a regular expression (PromQL `=~`, anchored), and the samples a row matches
     # on one engine are added: a family with a `tier` label has one series per tier.
     regex: bool = False
+    note: str | None = None  # where the series comes from (docs/metrics.md prints it)
 
     def matches(self, labels: dict[str, str]) -> bool:
         """Whether a sample with these labels is one this row reads."""
@@ -94,8 +95,15 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
 
 
-def _counter(key: str, name: str, label: str | None = None, value: str | None = None) -> Source:
-    return Source(key, "counter", name, label, value)
+def _counter(
+    key: str, name: str, label: str | None = None, value: str | None = None, note: str | None = None
+) -> Source:
+    return Source(key, "counter", name, label, value, note=note)
+
+
+# The CPU spec's newer series (vllm/v1/kv_offload/cpu/manager.py, its metric definitions).
+CPU_NOTE = "CPU spec (cpu/manager.py); in the real vLLM 0.26 capture"
+SKIPPED_NOTE = "CPU spec, only with store_threshold >= 2 (cpu/manager.py)"
 
 
 # TieringOffloadingSpec labels every tiering series `tier="<position>:<type>"`: "0:primary" is
@@ -106,16 +114,39 @@ SECONDARY_TIERS = "[1-9][0-9]*:.+"
 TIERING = "vllm:kv_offload_tiering_"
 
 
-def _tiering(key: str, name: str, tiers: str | None = SECONDARY_TIERS) -> Source:
+# Where the tiering names are defined, for docs/metrics.md.
+CHUNK_NOTE = (
+    "TieringOffloadingMetrics, vllm/v1/kv_offload/tiering/base.py (chunk spelling: vLLM "
+    "releases after the v0.24-v0.29 rename, and main)"
+)
+BLOCK_NOTE = (
+    "older spelling: the tiering metric constants of PR #48798's first releases "
+    "(read only where the chunk series are absent)"
+)
+
+
+def _tiering(
+    key: str, name: str, tiers: str | None = SECONDARY_TIERS, note: str = CHUNK_NOTE
+) -> Source:
     """A tiering counter, the series of every secondary tier (or the primary's) added."""
     if tiers is None:
-        return Source(key, "counter", TIERING + name, regex=True)
+        return Source(key, "counter", TIERING + name, regex=True, note=note)
     exact = tiers == PRIMARY_TIER
-    return Source(key, "counter", TIERING + name, "tier", tiers, regex=not exact)
+    return Source(key, "counter", TIERING + name, "tier", tiers, regex=not exact, note=note)
 
 
 def _tier_gauge(key: str, name: str) -> Source:
-    return Source(key, "gauge", TIERING + name, "tier", SECONDARY_TIERS, COUNT, True, regex=True)
+    return Source(
+        key,
+        "gauge",
+        TIERING + name,
+        "tier",
+        SECONDARY_TIERS,
+        COUNT,
+        True,
+        regex=True,
+        note=CHUNK_NOTE,
+    )
 
 
 def _offload(key: str, direction: str, flat: str, legacy: str, transfer: str) -> list[Source]:
@@ -199,11 +230,11 @@ CATALOG: tuple[Source, ...] = (
     # family exists only then), the chunks each prepare_store asked for (0.26+), and the time
     # one lookup call takes (0.26+ as vllm:kv_offload_lookup_*; the tiering spec observes
     # the same histograms per tier as vllm:kv_offload_tiering_lookup_*, lookup delay below).
-    _counter("stores_skipped", "vllm:kv_offload_stores_skipped_total"),
-    _counter("alloc_size_sum", "vllm:kv_offload_cpu_allocation_size_sum"),
-    _counter("alloc_size_count", "vllm:kv_offload_cpu_allocation_size_count"),
-    _counter("lookup_sync_sum", "vllm:kv_offload_lookup_sync_delay_seconds_sum"),
-    _counter("lookup_sync_count", "vllm:kv_offload_lookup_sync_delay_seconds_count"),
+    _counter("stores_skipped", "vllm:kv_offload_stores_skipped_total", note=SKIPPED_NOTE),
+    _counter("alloc_size_sum", "vllm:kv_offload_cpu_allocation_size_sum", note=CPU_NOTE),
+    _counter("alloc_size_count", "vllm:kv_offload_cpu_allocation_size_count", note=CPU_NOTE),
+    _counter("lookup_sync_sum", "vllm:kv_offload_lookup_sync_delay_seconds_sum", note=CPU_NOTE),
+    _counter("lookup_sync_count", "vllm:kv_offload_lookup_sync_delay_seconds_count", note=CPU_NOTE),
     # Secondary tiers (TieringOffloadingSpec, vllm/v1/kv_offload/tiering/, PR #48798): names
     # from TieringOffloadingMetrics. Lookups were counted as `block_{queries,hits}` in the
     # first releases with tiering metrics (tiering/ constants module of PR #48798) and as
@@ -212,12 +243,12 @@ CATALOG: tuple[Source, ...] = (
     # spelling first. Lookups of the CPU tier itself are the tier="0:primary" series.
     _tiering("tier_chunk_queries", "chunk_queries_total"),
     _tiering("tier_chunk_hits", "chunk_hits_total"),
-    _tiering("tier_block_queries", "block_queries_total"),
-    _tiering("tier_block_hits", "block_hits_total"),
+    _tiering("tier_block_queries", "block_queries_total", note=BLOCK_NOTE),
+    _tiering("tier_block_hits", "block_hits_total", note=BLOCK_NOTE),
     _tiering("primary_chunk_queries", "chunk_queries_total", PRIMARY_TIER),
     _tiering("primary_chunk_hits", "chunk_hits_total", PRIMARY_TIER),
-    _tiering("primary_block_queries", "block_queries_total", PRIMARY_TIER),
-    _tiering("primary_block_hits", "block_hits_total", PRIMARY_TIER),
+    _tiering("primary_block_queries", "block_queries_total", PRIMARY_TIER, BLOCK_NOTE),
+    _tiering("primary_block_hits", "block_hits_total", PRIMARY_TIER, BLOCK_NOTE),
     # read = promotion (secondary -> CPU), write = cascade (CPU -> secondary).
     _tiering("tier_read_bytes", "read_bytes_total"),
     _tiering("tier_read_time", "read_time_total"),
