@@ -2,7 +2,8 @@
 
 All secondary tiers together from the recording rules (the figures the sidecar computes too),
 then each tier on its own from vLLM's series by their `tier` label ("1:fs", "2:obj", ...).
-Every panel reads series only a server with a tier below the CPU exports.
+Every panel reads series only a server with a tier below the CPU exports: without one the
+row is empty, which is why it is collapsed.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload.mixin import grafana as g
-from kvoffload.mixin.dashboards.panels import ONLY_WHERE, about, unit
+from kvoffload.mixin.dashboards.panels import about, unit
 from kvoffload.mixin.dashboards.scope import Scope
 
 TIERS_ROW = "Secondary tiers (below the CPU tier)"
 BY = "instance, tier"
-_WHERE = f"{ONLY_WHERE} (a TieringOffloadingSpec with a tier below the CPU)."
+_WHERE = "Empty without a tier below the CPU (vLLM's TieringOffloadingSpec)."
 
 
 def tiers_row(s: Scope) -> list[Any]:
