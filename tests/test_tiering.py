@@ -128,3 +128,23 @@ def test_dropped_and_failed_promotions_are_reasons() -> None:
     )
     assert any("free CPU-tier slot" in r for r in v.reasons)
     assert any("promotion jobs/s failed" in r for r in v.reasons)
+
+
+def test_a_tier_whose_series_appear_later_is_no_restart() -> None:
+    """The obj tier's first promotion creates its read series after the fs tier's: the
+    window keeps counting (the earliest `_created` of a key's series stands for it)."""
+    from kvoffload.analysis.window import Window
+
+    text = fixture("tiering-chunk.prom")
+    later = text + "\n".join(
+        line.replace('tier="1:fs"', 'tier="2:obj"').replace(
+            line.rsplit(" ", 1)[1], "4e9" if "_created" in line else "0.0"
+        )
+        for line in text.splitlines()
+        if "read_bytes" in line and 'tier="1:fs"' in line
+    )
+    win = Window(None)
+    for t, body in ((1e9, text), (1e9 + 30, later)):
+        win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), t, "i"))
+    (group,) = analyze_window(win)
+    assert group["figures"]["tier_read_bytes_per_second"] == 0.0

@@ -490,7 +490,10 @@ def extract(
                         out.out_of_range += 1
                 continue
             if created:
-                out.created[skey] = value
+                # Of several tiers' series the earliest: a tier's first promotion creating its
+                # series later is no restart (a restart moves every `_created` forward).
+                seen = out.created.get(skey) if src.regex else None
+                out.created[skey] = value if seen is None else min(seen, value)
             else:
                 into = out.gauges if src.kind == "gauge" else out.counters
                 # One series per tier on an engine: added, as PromQL's `sum by` adds them.
