@@ -13,14 +13,17 @@ from typing import Any
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import about, unit
 from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.promql import helper_record
 
 TIERS_ROW = "Secondary tiers (below the CPU tier)"
 BY = "instance, tier"
+P99 = ("vllm_kv_offload_lookup_sync_delay_seconds", "histogram_quantile_rate")
 _WHERE = "Empty without a tier below the CPU (vLLM's TieringOffloadingSpec)."
 
 
 def tiers_row(s: Scope) -> list[Any]:
-    """Hit shares, traffic, bandwidth, failures and jobs in flight; then each tier's hits."""
+    """Hit shares, traffic, bandwidth, failures and jobs in flight; then each tier's hits and
+    traffic, and the lookup delay."""
     return [*_together(s), *_per_tier(s)]
 
 
@@ -81,12 +84,14 @@ def _either(s: Scope, chunk: str, block: str) -> str:
 
 
 def _per_tier(s: Scope) -> list[Any]:
-    """Each tier on its own, from vLLM's series by `tier` (0:primary is the CPU tier)."""
+    """Each tier on its own, from vLLM's series by `tier` (0:primary is the CPU tier), and
+    the lookup delay of all of them."""
     t = g.target
     hits = _either(s, "kv_offload_tiering_chunk_hits_total", "kv_offload_tiering_block_hits_total")
     queries = _either(
         s, "kv_offload_tiering_chunk_queries_total", "kv_offload_tiering_block_queries_total"
     )
+    p99 = s.helper(*P99, 'quantile="0.99"')
     read = _rate(s, "kv_offload_tiering_read_bytes_total")
     write = _rate(s, "kv_offload_tiering_write_bytes_total")
     return [
@@ -99,6 +104,7 @@ def _per_tier(s: Scope) -> list[Any]:
             [t(f"{hits}\n/\n({queries} > 0)", "{{instance}} {{tier}}")],
             min_value=0,
             max_value=1,
+            width=8,
         ),
         g.timeseries(
             "Traffic per tier",
@@ -111,5 +117,17 @@ def _per_tier(s: Scope) -> list[Any]:
                 t(write, "{{instance}} {{tier}} written"),
             ],
             min_value=0,
+            width=8,
+        ),
+        g.timeseries(
+            "Lookup delay p99",
+            "99th percentile of one offload lookup call's time: vllm:kv_offload_lookup_sync_"
+            "delay_seconds (the CPU spec), else vllm:kv_offload_tiering_lookup_sync_delay_"
+            "seconds (the tiering spec, every tier's lookups; a tier on a remote store makes "
+            f"it long). Recording rule: {helper_record(*P99, s.cfg, 'fast')}.",
+            "s",
+            [t(p99, "{{instance}} p99")],
+            min_value=0,
+            width=8,
         ),
     ]
