@@ -14,6 +14,7 @@ import pytest
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.mixin import dashboards, grafana
 from kvoffload.mixin.dashboards import DIAGNOSTICS_ROW, EXACT_ROW, NEEDS_KV_EVENTS, unit
+from kvoffload.mixin.dashboards.tiers import TIERS_ROW
 from kvoffload.mixin.generate import render_all
 from kvoffload.mixin.promql import RENDERINGS, MixinConfig, record_name
 from kvoffload.mixin.validate import validate
@@ -188,14 +189,16 @@ def test_rows_needing_kv_events_are_collapsed_and_say_so(rel: str) -> None:
         needs = [c["title"] for c in p["panels"] if _reads_kv_events(c)]
         if p["title"].endswith(NEEDS_KV_EVENTS):
             assert p["collapsed"] and p["panels"] and needs, p["title"]
-        elif p["title"] == DIAGNOSTICS_ROW:
-            # Collapsed for its detail, not for KV events: none of its panels reads them.
+        elif p["title"] in (DIAGNOSTICS_ROW, TIERS_ROW):
+            # Collapsed for its detail (or for servers without a secondary tier), not for KV
+            # events: none of its panels reads them.
             assert p["collapsed"] and p["panels"] and not needs, p["title"]
         else:
             assert not p["collapsed"] and not p["panels"], p["title"]
     if "overview" in rel:
         rows = [p for p in d["panels"] if p["type"] == "row" and p["collapsed"]]
         assert [(r["title"], len(r["panels"])) for r in rows] == [
+            (TIERS_ROW, 8),
             (EXACT_ROW, 7),
             (DIAGNOSTICS_ROW, 6),
         ]

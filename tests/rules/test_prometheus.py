@@ -5,8 +5,9 @@ One live run (module fixture, ~40 s) with three fake vLLM targets:
   deprecated offload names, as vLLM serves them), lightly augmented (see `augmented`);
 - `escaped`: the same bodies with escaped `vllm_` names and only the deprecated
   `transfer_type` series (vLLM ≤ 0.23 as Prometheus 2 stores it through OpenMetrics);
-- `sim`: the simulator's `dp2` scenario (vLLM 0.33 names: tier-attributed cached tokens,
-  kv_offload_config_info; two data-parallel engines), rendered at 30 virtual seconds per body.
+- `sim`: the simulator's `dp2` scenario with 2 GiB CPU tiers and an fs tier below each
+  (vLLM 0.33 names: tier-attributed cached tokens, kv_offload_config_info, the tiering
+  series; two data-parallel engines), rendered at 30 virtual seconds per body.
 Prometheus scrapes them and the kvoffload sidecar every 0.1 s and evaluates the generated
 rules with 30 s windows; the sidecar scrapes `h200` and `sim` with a 30 s window. A second
 Prometheus scrapes the same targets without the rules (a dashboard imported first): the
@@ -25,7 +26,7 @@ import math
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,15 @@ STEP = 0.5
 HOLD = 5.0
 MODEL = "qwen3-8b-dummy"
 SIM_SCENARIO = "dp2"
+# ... with its CPU tiers cut to 2 GiB and an fs tier below each (as in the `tiered` scenario),
+# so the secondary-tier figures are compared on the simulator too.
+SIM = replace(
+    scenarios.get(SIM_SCENARIO),
+    cpu_gib=2.0,
+    secondary_tier="fs",
+    secondary_gib=32.0,
+    secondary_read_gbps=6.0,
+)
 SIM_WARMUP = 300.0  # virtual seconds before the first body: caches warm, all series exist
 SIM_STEP = 30.0  # virtual seconds per body
 CFG = MixinConfig(rate_window="30s", slow_window="30s")
@@ -61,7 +71,12 @@ TOLERANCE = 0.02
 # Means of gauges over the window: each side averages the samples its own scraper took, at
 # its own moments, of a value the replay changes every STEP — they agree on the formula, not
 # on the sampling instants. (On the H200 target these gauges are constant and match exactly.)
-GAUGE_MEANS = {"gpu_kv_usage_ratio", "waiting_for_capacity"}
+GAUGE_MEANS = {
+    "gpu_kv_usage_ratio",
+    "waiting_for_capacity",
+    "tier_active_promotions",
+    "tier_active_cascades",
+}
 GAUGE_MEAN_TOLERANCE = 0.10
 # ... and near zero (the simulator's GPU KV usage is ~0.005, non-zero only during prefills) a
 # relative bound means little: one percentage point of a ratio, or 0.01 requests, also agrees.
@@ -74,11 +89,41 @@ vllm:kv_offload_allocation_failure_total{{engine="0",model_name="{model}"}} {n}.
 """
 
 
+# Two secondary tiers below the CPU tier, as TieringOffloadingSpec labels them (written from
+# vLLM's tiering/base.py and tiering/metrics.py: the real capture has no tier): their series
+# are added over tiers in both renderings.
+CHUNK = 2_359_296  # one Qwen3-8B block of 16 tokens, the capture's chunk
+
+
+def tiering(i: int) -> str:
+    """The two tiers' series at scrape i (counters grow with i; the gauges are constant)."""
+    half = i // 2
+    series: dict[tuple[str, str], dict[str, float]] = {
+        ("chunk_queries_total", "counter"): {"0:primary": 10 * i, "1:fs": 4 * i, "2:obj": i},
+        ("chunk_hits_total", "counter"): {"0:primary": 6 * i, "1:fs": 3 * i, "2:obj": half},
+        ("read_bytes_total", "counter"): {"1:fs": 3 * i * CHUNK, "2:obj": half * CHUNK},
+        ("read_time_total", "counter"): {"1:fs": 0.0012 * i, "2:obj": 0.004 * half},
+        ("write_bytes_total", "counter"): {"1:fs": 5 * i * CHUNK, "2:obj": 5 * i * CHUNK},
+        ("write_time_total", "counter"): {"1:fs": 0.008 * i, "2:obj": 0.008 * i},
+        ("promotion_job_failures_total", "counter"): {"2:obj": i // 4},
+        ("active_promotion_jobs", "gauge"): {"1:fs": 1.0, "2:obj": 0.0},
+        ("active_cascade_jobs", "gauge"): {"1:fs": 2.0, "2:obj": 1.0},
+    }
+    lines = []
+    for (name, kind), by_tier in series.items():
+        full = f"vllm:kv_offload_tiering_{name}"
+        lines.append(f"# TYPE {full} {kind}")
+        for tier, value in by_tier.items():
+            labels = f'engine="0",model_name="{MODEL}",tier="{tier}"'
+            lines.append(f"{full}{{{labels}}} {float(value)!r}")
+    return "\n".join(lines) + "\n"
+
+
 def augmented(body: str, i: int) -> str:
-    """The real capture had no KV pressure and no allocation failures; add some (GPU KV usage
-    0.42, 2 requests waiting for capacity, one preemption and three failures per scrape), so
-    those figures are compared on something other than zero, and the advice carries a size
-    (grow)."""
+    """The real capture had no KV pressure, no allocation failures and no secondary tier; add
+    some (GPU KV usage 0.42, 2 requests waiting for capacity, one preemption and three
+    failures per scrape, two tiers below the CPU: `tiering`), so those figures are compared
+    on something other than zero, and the advice carries a size (grow)."""
     body = re.sub(r"^(vllm:kv_cache_usage_perc\{.*\}) 0\.0$", r"\1 0.42", body, flags=re.M)
     body = re.sub(
         r'^(vllm:num_requests_waiting_by_reason\{.*reason="capacity"\}) 0\.0$',
@@ -87,18 +132,20 @@ def augmented(body: str, i: int) -> str:
         flags=re.M,
     )
     body = re.sub(r"^(vllm:num_preemptions_total\{.*\}) 0\.0$", rf"\1 {i}.0", body, flags=re.M)
-    return body + FAILURES.format(model=MODEL, n=3 * i)
+    return body + FAILURES.format(model=MODEL, n=3 * i) + tiering(i)
 
 
 def escaped_legacy(body: str) -> str:
     """The same scrape as a vLLM ≤ 0.23 stored by Prometheus 2 via OpenMetrics: no flat
-    offload families, colons escaped."""
+    offload families, colons escaped; the tiers' lookups under their first spelling
+    (`block_*`, before vLLM renamed them `chunk_*`)."""
     kept = [
         line
         for line in body.splitlines()
         if not re.match(r"^(# (HELP|TYPE) )?vllm:kv_offload_(load|store)_", line)
     ]
-    return "\n".join(kept).replace("vllm:", "vllm_") + "\n"
+    text = "\n".join(kept).replace("vllm:", "vllm_") + "\n"
+    return text.replace("vllm_kv_offload_tiering_chunk_", "vllm_kv_offload_tiering_block_")
 
 
 def event_batches(n: int) -> list[list[Batch]]:
@@ -116,7 +163,7 @@ def event_batches(n: int) -> list[list[Batch]]:
 
 
 def sim_bodies(n: int) -> list[str]:
-    sim = SimServer(scenarios.get(SIM_SCENARIO), seed=0)
+    sim = SimServer(SIM, seed=0)
     out = []
     for k in range(n):
         sim.advance_to(SIM_WARMUP + SIM_STEP * k)

@@ -25,7 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kvoffload.ingest.catalog import CORE_COUNTERS, GAUGES, OFFLOAD_COUNTERS, SUMMED_GAUGES
+from kvoffload.ingest.catalog import (
+    CORE_COUNTERS,
+    GAUGES,
+    OFFLOAD_COUNTERS,
+    REGEX_KEYS,
+    SUMMED_GAUGES,
+)
 
 if TYPE_CHECKING:
     from kvoffload.analysis.scope import Scope
@@ -121,7 +127,9 @@ def _core_selector(keys: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
             raise ValueError(f"keys {keys}: the same unlabelled series twice")
         return _bare(name), ()
     values = [v for _n, _l, v in sources if v is not None]
-    matcher = f'{label}="{values[0]}"' if len(values) == 1 else f'{label}=~"{"|".join(values)}"'
+    regex = any(k in REGEX_KEYS for k in keys)  # a tier pattern: its series summed
+    op = "=~" if regex or len(values) > 1 else "="
+    matcher = f'{label}{op}"{"|".join(values)}"'
     return _bare(name), (matcher,)
 
 
@@ -277,7 +285,8 @@ class GaugeMean(Expr):
 
     def promql(self, cfg: Scope, w: str) -> str:
         name, label, value = GAUGES[self.key]
-        matchers = (f'{label}="{value}"',) if label else ()
+        op = "=~" if self.key in REGEX_KEYS else "="
+        matchers = (f'{label}{op}"{value}"',) if label else ()
         agg = "sum" if self.key in SUMMED_GAUGES else "avg"
         selector = vllm(cfg, _bare(name), *matchers)
         return f"{agg} by ({by_labels(cfg)}) (avg_over_time({selector}[{w}]))"

@@ -203,6 +203,27 @@ MEAN_E2E = FirstOf(
 )
 LOAD_JOBS = OrZero(Rate("load_jobs"), like=STORED)  # created on the first load
 
+# -- secondary tiers (TieringOffloadingSpec) ---------------------------------------------------
+# Lookups of the secondary tiers, summed over them: the chunk spelling, else the block one
+# (ingest.catalog names the releases). Every other tiering series is created on first use, so
+# "none yet" is 0 wherever a secondary tier has been looked up.
+TIER_QUERIES = FirstOf(Rate("tier_chunk_queries"), Rate("tier_block_queries"))
+TIER_HIT_RATIO = FirstOf(
+    Ratio(Rate("tier_chunk_hits"), Rate("tier_chunk_queries")),
+    Ratio(Rate("tier_block_hits"), Rate("tier_block_queries")),
+)
+PRIMARY_HIT_RATIO = FirstOf(
+    Ratio(Rate("primary_chunk_hits"), Rate("primary_chunk_queries")),
+    Ratio(Rate("primary_block_hits"), Rate("primary_block_queries")),
+)
+TIER_READ = OrZero(Rate("tier_read_bytes"), like=TIER_QUERIES)
+TIER_WRITE = OrZero(Rate("tier_write_bytes"), like=TIER_QUERIES)
+
+
+def _tier_lazy(key: str) -> PerSecond:
+    """A tiering counter per second, 0 where the secondary tiers were looked up."""
+    return PerSecond(OrZero(Rate(key), like=TIER_QUERIES))
+
 
 def loaded_tokens(c: Context) -> float:
     """Tokens served by the offload tier over the window (0 when none)."""
@@ -537,6 +558,113 @@ FIGURES: tuple[Figure, ...] = (
         "Rate of CPU-tier store attempts that found no free slot over the window.",
         # The family is lazy (first failure): 0, not absent, wherever stores exist.
         WhenOffloading(PerSecond(OrZero(Rate("allocation_failures"), like=STORED))),
+    ),
+    Figure(
+        "tier_hit_ratio",
+        "kvoffload_secondary_tier_hit_ratio",
+        "ratio",
+        "Share of the chunk lookups sent to the secondary tiers (below the CPU tier) that "
+        "found the chunk there over the window, all secondary tiers together.",
+        TIER_HIT_RATIO,
+    ),
+    Figure(
+        "primary_tier_hit_ratio",
+        "kvoffload_primary_tier_hit_ratio",
+        "ratio",
+        "Share of the tiering spec's chunk lookups of the CPU (primary) tier that found the "
+        "chunk there over the window.",
+        PRIMARY_HIT_RATIO,
+    ),
+    Figure(
+        "tier_read_bytes_per_second",
+        "kvoffload_secondary_tier_read_bytes_per_second",
+        "B/s",
+        "Wall-clock rate of bytes promoted from the secondary tiers into the CPU tier.",
+        PerSecond(TIER_READ),
+    ),
+    Figure(
+        "tier_write_bytes_per_second",
+        "kvoffload_secondary_tier_write_bytes_per_second",
+        "B/s",
+        "Wall-clock rate of bytes cascaded from the CPU tier into the secondary tiers.",
+        PerSecond(TIER_WRITE),
+    ),
+    Figure(
+        "tier_read_gbps",
+        "kvoffload_secondary_tier_read_bandwidth_bytes_per_second",
+        "GB/s",
+        "Secondary-tier read bandwidth while promoting (bytes read / read time).",
+        Ratio(Rate("tier_read_bytes"), Rate("tier_read_time")),
+        export_scale=1e9,
+    ),
+    Figure(
+        "tier_write_gbps",
+        "kvoffload_secondary_tier_write_bandwidth_bytes_per_second",
+        "GB/s",
+        "Secondary-tier write bandwidth while cascading (bytes written / write time).",
+        Ratio(Rate("tier_write_bytes"), Rate("tier_write_time")),
+        export_scale=1e9,
+    ),
+    Figure(
+        "tier_promotion_failures_per_second",
+        "kvoffload_secondary_tier_promotion_failures_per_second",
+        "1/s",
+        "Rate of failed promotion jobs (secondary tier to CPU) over the window.",
+        _tier_lazy("tier_promotion_failures"),
+    ),
+    Figure(
+        "tier_cascade_failures_per_second",
+        "kvoffload_secondary_tier_cascade_failures_per_second",
+        "1/s",
+        "Rate of failed cascade jobs (CPU to secondary tier) over the window.",
+        _tier_lazy("tier_cascade_failures"),
+    ),
+    Figure(
+        "promotion_allocation_failures_per_second",
+        "kvoffload_promotion_allocation_failures_per_second",
+        "1/s",
+        "Rate of promotions dropped because the CPU tier had no free slot for them.",
+        _tier_lazy("promotion_allocation_failures"),
+    ),
+    Figure(
+        "tier_active_promotions",
+        "kvoffload_secondary_tier_active_promotions",
+        "jobs",
+        "Mean number of promotion jobs in flight over the window, all secondary tiers.",
+        GaugeMean("tier_active_promotions"),
+    ),
+    Figure(
+        "tier_active_cascades",
+        "kvoffload_secondary_tier_active_cascades",
+        "jobs",
+        "Mean number of cascade jobs in flight over the window, all secondary tiers.",
+        GaugeMean("tier_active_cascades"),
+    ),
+    Figure(
+        "stores_skipped_per_second",
+        "kvoffload_stores_skipped_per_second",
+        "1/s",
+        "Rate of CPU-tier stores skipped because the block was not yet seen store_threshold "
+        "times (0 where the threshold is off: vLLM then has no such series).",
+        WhenOffloading(PerSecond(OrZero(Rate("stores_skipped"), like=STORED))),
+    ),
+    Figure(
+        "mean_allocation_chunks",
+        "kvoffload_mean_allocation_chunks",
+        "chunks",
+        "Mean number of CPU chunks each store asked the CPU tier for over the window.",
+        WhenOffloading(Ratio(Rate("alloc_size_sum"), Rate("alloc_size_count"))),
+    ),
+    Figure(
+        "mean_lookup_seconds",
+        "kvoffload_mean_lookup_seconds",
+        "s",
+        "Mean time one offload lookup call takes over the window (every tier's lookups "
+        "under the tiering spec).",
+        FirstOf(
+            Ratio(Rate("lookup_sync_sum"), Rate("lookup_sync_count")),
+            Ratio(Rate("tier_lookup_sync_sum"), Rate("tier_lookup_sync_count")),
+        ),
     ),
     Figure(
         "prompt_tokens_per_second",

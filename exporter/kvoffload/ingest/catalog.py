@@ -14,6 +14,7 @@ so the two are never added together. A sample outside its row's range is there b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kvoffload.ingest.parse import Exposition
@@ -70,6 +71,19 @@ class Source:
     summed: bool = False
     direction: str | None = None
     naming: str | None = None  # "flat" | "legacy"
+    # `value` is a regular expression (PromQL `=~`, anchored), and the samples a row matches
+    # on one engine are added: a family with a `tier` label has one series per tier.
+    regex: bool = False
+    note: str | None = None  # where the series comes from (docs/metrics.md prints it)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Whether a sample with these labels is one this row reads."""
+        if self.label is None:
+            return True
+        got = labels.get(self.label)
+        if self.regex:
+            return got is not None and re.fullmatch(self.value or "", got) is not None
+        return got == self.value
 
     @property
     def selector(self) -> Selector:
@@ -81,8 +95,58 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
 
 
-def _counter(key: str, name: str, label: str | None = None, value: str | None = None) -> Source:
-    return Source(key, "counter", name, label, value)
+def _counter(
+    key: str, name: str, label: str | None = None, value: str | None = None, note: str | None = None
+) -> Source:
+    return Source(key, "counter", name, label, value, note=note)
+
+
+# The CPU spec's newer series (vllm/v1/kv_offload/cpu/manager.py, its metric definitions).
+CPU_NOTE = "CPU spec (cpu/manager.py); in the real vLLM 0.26 capture"
+SKIPPED_NOTE = "CPU spec, only with store_threshold >= 2 (cpu/manager.py)"
+
+
+# TieringOffloadingSpec labels every tiering series `tier="<position>:<type>"`: "0:primary" is
+# the CPU tier, "1:fs", "2:obj", ... the secondary tiers below it, in lookup order
+# (vllm/v1/kv_offload/tiering/metrics.py, TieringMetricsTracker.tier_label).
+PRIMARY_TIER = "0:primary"
+SECONDARY_TIERS = "[1-9][0-9]*:.+"
+TIERING = "vllm:kv_offload_tiering_"
+
+
+# Where the tiering names are defined, for docs/metrics.md.
+CHUNK_NOTE = (
+    "TieringOffloadingMetrics, vllm/v1/kv_offload/tiering/base.py (chunk spelling: vLLM "
+    "releases after the v0.24-v0.29 rename, and main)"
+)
+BLOCK_NOTE = (
+    "older spelling: the tiering metric constants of PR #48798's first releases "
+    "(read only where the chunk series are absent)"
+)
+
+
+def _tiering(
+    key: str, name: str, tiers: str | None = SECONDARY_TIERS, note: str = CHUNK_NOTE
+) -> Source:
+    """A tiering counter, the series of every secondary tier (or the primary's) added."""
+    if tiers is None:
+        return Source(key, "counter", TIERING + name, regex=True, note=note)
+    exact = tiers == PRIMARY_TIER
+    return Source(key, "counter", TIERING + name, "tier", tiers, regex=not exact, note=note)
+
+
+def _tier_gauge(key: str, name: str) -> Source:
+    return Source(
+        key,
+        "gauge",
+        TIERING + name,
+        "tier",
+        SECONDARY_TIERS,
+        COUNT,
+        True,
+        regex=True,
+        note=CHUNK_NOTE,
+    )
 
 
 def _offload(key: str, direction: str, flat: str, legacy: str, transfer: str) -> list[Source]:
@@ -162,6 +226,43 @@ CATALOG: tuple[Source, ...] = (
         "vllm:kv_offload_total_time_total",
         "GPU_to_CPU",
     ),
+    # The newer CPU-spec series: stores skipped for want of reuse (store_threshold >= 2; the
+    # family exists only then), the chunks each prepare_store asked for (0.26+), and the time
+    # one lookup call takes (0.26+ as vllm:kv_offload_lookup_*; the tiering spec observes
+    # the same histograms per tier as vllm:kv_offload_tiering_lookup_*, lookup delay below).
+    _counter("stores_skipped", "vllm:kv_offload_stores_skipped_total", note=SKIPPED_NOTE),
+    _counter("alloc_size_sum", "vllm:kv_offload_cpu_allocation_size_sum", note=CPU_NOTE),
+    _counter("alloc_size_count", "vllm:kv_offload_cpu_allocation_size_count", note=CPU_NOTE),
+    _counter("lookup_sync_sum", "vllm:kv_offload_lookup_sync_delay_seconds_sum", note=CPU_NOTE),
+    _counter("lookup_sync_count", "vllm:kv_offload_lookup_sync_delay_seconds_count", note=CPU_NOTE),
+    # Secondary tiers (TieringOffloadingSpec, vllm/v1/kv_offload/tiering/, PR #48798): names
+    # from TieringOffloadingMetrics. Lookups were counted as `block_{queries,hits}` in the
+    # first releases with tiering metrics (tiering/ constants module of PR #48798) and as
+    # `chunk_{queries,hits}` since (tiering/base.py; the rename is in the v0.24 -> v0.29
+    # change notes; llm-d-router #2397 reads the chunk names): both are read, the chunk
+    # spelling first. Lookups of the CPU tier itself are the tier="0:primary" series.
+    _tiering("tier_chunk_queries", "chunk_queries_total"),
+    _tiering("tier_chunk_hits", "chunk_hits_total"),
+    _tiering("tier_block_queries", "block_queries_total", note=BLOCK_NOTE),
+    _tiering("tier_block_hits", "block_hits_total", note=BLOCK_NOTE),
+    _tiering("primary_chunk_queries", "chunk_queries_total", PRIMARY_TIER),
+    _tiering("primary_chunk_hits", "chunk_hits_total", PRIMARY_TIER),
+    _tiering("primary_block_queries", "block_queries_total", PRIMARY_TIER, BLOCK_NOTE),
+    _tiering("primary_block_hits", "block_hits_total", PRIMARY_TIER, BLOCK_NOTE),
+    # read = promotion (secondary -> CPU), write = cascade (CPU -> secondary).
+    _tiering("tier_read_bytes", "read_bytes_total"),
+    _tiering("tier_read_time", "read_time_total"),
+    _tiering("tier_write_bytes", "write_bytes_total"),
+    _tiering("tier_write_time", "write_time_total"),
+    _tiering("tier_promotion_failures", "promotion_job_failures_total"),
+    _tiering("tier_cascade_failures", "cascade_job_failures_total"),
+    # No tier label: the CPU tier had no free slot for a promotion (the reload is dropped).
+    _tiering("promotion_allocation_failures", "promotion_allocation_failures_total", None),
+    # Every tier's lookups, the primary's too (the tiering spelling of the lookup histogram).
+    _tiering("tier_lookup_sync_sum", "lookup_sync_delay_seconds_sum", None),
+    _tiering("tier_lookup_sync_count", "lookup_sync_delay_seconds_count", None),
+    _tier_gauge("tier_active_promotions", "active_promotion_jobs"),
+    _tier_gauge("tier_active_cascades", "active_cascade_jobs"),
     # Gauges: request counts are summed over engines, ratios averaged.
     Source("gpu_kv_usage", "gauge", "vllm:kv_cache_usage_perc", range=FRACTION),
     Source(
@@ -187,6 +288,8 @@ CATALOG: tuple[Source, ...] = (
 
 # Views of the rows, by kind, for the readers and the PromQL renderings.
 CORE_COUNTERS: dict[str, Selector] = {s.key: s.selector for s in CATALOG if s.kind == "counter"}
+# Keys whose label value is a regular expression (rendered `=~`), their series added.
+REGEX_KEYS = frozenset(s.key for s in CATALOG if s.regex)
 
 
 def _offload_views() -> dict[str, tuple[str, Selector, Selector]]:
@@ -260,7 +363,7 @@ def value_range(name: str, labels: dict[str, str]) -> Range:
     for how, src in _INDEX.get(name, ()):
         if src is None or how.startswith("created_"):
             continue
-        if src.label is not None and labels.get(src.label) != src.value:
+        if not src.matches(labels):
             continue
         low, high = max(low, src.range.low), min(high, src.range.high)
     return Range(low, high)
@@ -367,7 +470,7 @@ def extract(
                         (instance, labels.get("model_name", ""), labels.get("engine", "0"))
                     ] = labels
                 continue
-            if src.label is not None and labels.get(src.label) != src.value:
+            if not src.matches(labels):
                 continue
             # Offload transfers (the rows with a direction): the flat series when its family
             # is there, else the legacy one, never both.
@@ -387,11 +490,14 @@ def extract(
                         out.out_of_range += 1
                 continue
             if created:
-                out.created[skey] = value
-            elif src.kind == "gauge":
-                out.gauges[skey] = value
+                # Of several tiers' series the earliest: a tier's first promotion creating its
+                # series later is no restart (a restart moves every `_created` forward).
+                seen = out.created.get(skey) if src.regex else None
+                out.created[skey] = value if seen is None else min(seen, value)
             else:
-                out.counters[skey] = value
+                into = out.gauges if src.kind == "gauge" else out.counters
+                # One series per tier on an engine: added, as PromQL's `sum by` adds them.
+                into[skey] = value + into.get(skey, 0.0) if src.regex else value
             if model:
                 out.models.setdefault(instance, set()).add(model)
     for instance in instances or {default_instance}:

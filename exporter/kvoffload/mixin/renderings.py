@@ -126,6 +126,135 @@ def _ttft_quantile(q: str) -> Callable[[MixinConfig, str], str]:
     return build
 
 
+LOOKUP_HISTOGRAMS = (
+    "kv_offload_lookup_sync_delay_seconds",
+    "kv_offload_tiering_lookup_sync_delay_seconds",
+)
+
+
+def _lookup_p99(cfg: MixinConfig, w: str) -> str:
+    """p99 of one lookup call's time: the CPU spec's histogram, else the tiering spec's (its
+    tiers' buckets added); absent where no lookup finished in the window."""
+    parts = []
+    for name in LOOKUP_HISTOGRAMS:
+        buckets = sum_fn(cfg, "rate", f"{name}_bucket", w, extra_by=("le",))
+        busy = paren(f"{sum_rate(cfg, f'{name}_count', w)} > 0")
+        parts.append(f"histogram_quantile(0.99, {buckets})\nand on ({by_labels(cfg)})\n{busy}")
+    return "\nor\n".join(paren(p) for p in parts)
+
+
+# The newer series and the secondary tiers (analysis.signals; dashboards.tiers shows them).
+TIER_RENDERINGS: tuple[Rendering, ...] = (
+    Rendering(
+        ("tier_hit_ratio",),
+        "vllm_kv_offload_tiering_chunk_hit",
+        "ratio_rate",
+        ("fast",),
+        _figure("tier_hit_ratio"),
+    ),
+    Rendering(
+        ("primary_tier_hit_ratio",),
+        "vllm_kv_offload_tiering_primary_chunk_hit",
+        "ratio_rate",
+        ("fast",),
+        _figure("primary_tier_hit_ratio"),
+    ),
+    Rendering(
+        ("tier_read_bytes_per_second",),
+        "vllm_kv_offload_tiering_read_bytes",
+        "rate",
+        ("fast",),
+        _figure("tier_read_bytes_per_second"),
+    ),
+    Rendering(
+        ("tier_write_bytes_per_second",),
+        "vllm_kv_offload_tiering_write_bytes",
+        "rate",
+        ("fast",),
+        _figure("tier_write_bytes_per_second"),
+    ),
+    Rendering(
+        ("tier_read_gbps",),
+        "vllm_kv_offload_tiering_read_bytes_per_second",
+        "ratio_rate",
+        ("fast",),
+        _figure("tier_read_gbps"),
+    ),
+    Rendering(
+        ("tier_write_gbps",),
+        "vllm_kv_offload_tiering_write_bytes_per_second",
+        "ratio_rate",
+        ("fast",),
+        _figure("tier_write_gbps"),
+    ),
+    Rendering(
+        ("tier_promotion_failures_per_second",),
+        "vllm_kv_offload_tiering_promotion_job_failures",
+        "rate",
+        ("fast",),
+        _figure("tier_promotion_failures_per_second"),
+    ),
+    Rendering(
+        ("tier_cascade_failures_per_second",),
+        "vllm_kv_offload_tiering_cascade_job_failures",
+        "rate",
+        ("fast",),
+        _figure("tier_cascade_failures_per_second"),
+    ),
+    Rendering(
+        ("promotion_allocation_failures_per_second",),
+        "vllm_kv_offload_tiering_promotion_allocation_failures",
+        "rate",
+        ("fast",),
+        _figure("promotion_allocation_failures_per_second"),
+    ),
+    Rendering(
+        ("tier_active_promotions",),
+        "vllm_kv_offload_tiering_active_promotion_jobs",
+        "avg_over_time",
+        ("fast",),
+        _figure("tier_active_promotions"),
+    ),
+    Rendering(
+        ("tier_active_cascades",),
+        "vllm_kv_offload_tiering_active_cascade_jobs",
+        "avg_over_time",
+        ("fast",),
+        _figure("tier_active_cascades"),
+    ),
+    Rendering(
+        ("stores_skipped_per_second",),
+        "vllm_kv_offload_stores_skipped",
+        "rate",
+        ("fast",),
+        _figure("stores_skipped_per_second"),
+    ),
+    Rendering(
+        ("mean_allocation_chunks",),
+        "vllm_kv_offload_cpu_allocation_size",
+        "mean_rate",
+        ("fast",),
+        _figure("mean_allocation_chunks"),
+    ),
+    Rendering(
+        ("mean_lookup_seconds",),
+        "vllm_kv_offload_lookup_sync_delay_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("mean_lookup_seconds"),
+    ),
+    Rendering(
+        (),
+        "vllm_kv_offload_lookup_sync_delay_seconds",
+        "histogram_quantile_rate",
+        ("fast",),
+        _lookup_p99,
+        labels=(("quantile", "0.99"),),
+        help="p99 of one offload lookup call's time (CPU spec, else tiering spec).",
+    ),
+)
+
+
 RENDERINGS: tuple[Rendering, ...] = (
     Rendering(
         (),
@@ -363,6 +492,7 @@ RENDERINGS: tuple[Rendering, ...] = (
         ("fast",),
         _figure("allocation_failures_per_second"),
     ),
+    *TIER_RENDERINGS,
     Rendering(
         ("prompt_tokens_per_second",),
         "vllm_prompt_tokens",

@@ -118,7 +118,8 @@ def _source_row(src: Source) -> str:
     if src.kind == "label":
         series = f"`{src.name}{{{src.label}}}` (label)"
     elif src.label is not None:
-        series = f'`{src.name}{{{src.label}="{src.value}"}}`'
+        op = "=~" if src.regex else "="
+        series = f'`{src.name}{{{src.label}{op}"{src.value}"}}`'
     else:
         series = f"`{src.name}`"
     notes = {
@@ -126,6 +127,8 @@ def _source_row(src: Source) -> str:
         "offload": f"{src.direction}; {src.naming}"
         + (" (read when the flat family is absent)" if src.naming == "legacy" else ""),
     }.get(src.kind, "")
+    if src.note:
+        notes = f"{notes}; {src.note}" if notes else src.note
     return f"| `{src.key}` | {src.kind} | {series} | {src.range} | {notes} |"
 
 

@@ -51,6 +51,12 @@ class Scenario:
     eviction_policy: str = "lru"  # "lru" | "arc"
     store_threshold: int = 0
     blocks_per_chunk: int = 1
+    # A secondary tier below the CPU tier (TieringOffloadingSpec): its type ("fs", "obj"; the
+    # `tier` label is "1:<type>"), size and read/write bandwidth; None = the CPU spec alone.
+    secondary_tier: str | None = None
+    secondary_gib: float = 0.0
+    secondary_read_gbps: float = 2.0
+    secondary_write_gbps: float = 1.5
     # traffic
     workload: Workload = field(default_factory=Workload)
     # Other models served by the same process (same registry, own `model_name`). Their

@@ -269,3 +269,46 @@ class CpuTier:
             c.readers -= 1
             if c.readers == 0 and not c.writing:
                 self.num_pinned -= 1
+
+
+class SecondaryTier:
+    """A tier below the CPU tier (TieringOffloadingSpec's `fs` or `obj`), LRU over chunk keys.
+
+    As in vLLM's tiering manager, every chunk whose CPU-tier store completes is cascaded
+    (written) into it, and a lookup the CPU tier misses continues here: the chunks found are
+    promoted (read) into the CPU tier before the CPU-to-GPU load. The simulator moves them
+    through the CPU tier's load path without taking CPU slots (a simplification: the
+    promotion's staging is not modelled, so promotion allocation failures never happen)."""
+
+    def __init__(self, tier_type: str, num_chunks: int) -> None:
+        self.tier_type = tier_type
+        self.num_chunks = num_chunks
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def lookup(self, keys: Sequence[int]) -> int:
+        """Number of leading keys present; the hits become the most recent."""
+        n = 0
+        for k in keys:
+            if k not in self._order:
+                break
+            self._order.move_to_end(k)
+            n += 1
+        return n
+
+    def write(self, keys: Sequence[int]) -> int:
+        """Cascade chunks in (those already present only touched); returns how many were new."""
+        new = 0
+        for k in keys:
+            if k in self._order:
+                self._order.move_to_end(k)
+                continue
+            if self.num_chunks <= 0:
+                break
+            while len(self._order) >= self.num_chunks:
+                self._order.popitem(last=False)
+            self._order[k] = None
+            new += 1
+        return new

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import vllm_families as mf
 from .config import Scenario, Sizing
-from .cpu_tier import CpuTier
+from .cpu_tier import CpuTier, SecondaryTier
 from .gpu_cache import GpuPrefixCache
 from .workload import RequestSpec
 
@@ -44,6 +44,12 @@ class Host(Protocol):
     def request_finished(self, record: dict[str, Any]) -> None: ...
 
 
+_CHUNK_QUERIES = "vllm:kv_offload_tiering_chunk_queries"
+_CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
+_ACTIVE_PROMOTIONS = "vllm:kv_offload_tiering_active_promotion_jobs"
+_ACTIVE_CASCADES = "vllm:kv_offload_tiering_active_cascade_jobs"
+
+
 @dataclass
 class Request:
     rid: int
@@ -55,6 +61,7 @@ class Request:
     gpu_hit_blocks: int = 0
     ext_blocks: int = 0  # GPU blocks loaded from the CPU tier
     load_keys: list[int] = field(default_factory=list)
+    promoted: int = 0  # chunks found in the secondary tier, read into the CPU tier first
     store_keys: list[int] = field(default_factory=list)
     load_s: float = 0.0  # wall time of the load copy (one rank)
     t_sched: float = 0.0
@@ -119,6 +126,12 @@ class Engine:
                 scenario.eviction_policy,
                 scenario.store_threshold,
             )
+        self.secondary: SecondaryTier | None = None
+        self.tier_label = ""
+        if scenario.offloading and scenario.secondary_tier:
+            chunks = int(scenario.secondary_gib * 2**30) // sizing.aligned_chunk_bytes
+            self.secondary = SecondaryTier(scenario.secondary_tier, chunks)
+            self.tier_label = f"1:{scenario.secondary_tier}"
         self.waiting: deque[Request] = deque()
         self.loading: dict[int, Request] = {}
         self.ready: deque[Request] = deque()
@@ -258,6 +271,11 @@ class Engine:
             m.set("vllm:kv_offload_cpu_cache_usage_perc", lab, usage, w)
             m.set("vllm:kv_offload_cpu_cache_write_usage_perc", lab, write, w)
             m.set("vllm:kv_offload_cpu_cache_read_usage_perc", lab, read, w)
+        if self.secondary is not None:
+            tier = (*lab, self.tier_label)
+            promoting = sum(1 for q in self.loading.values() if q.promoted)
+            m.set(_ACTIVE_PROMOTIONS, tier, float(promoting), w)
+            m.set(_ACTIVE_CASCADES, tier, 0.0, w)  # cascades finish with their store
 
     def _transfer_metrics(self, load: bool, n_blocks: int, rank_s: float, t: float) -> None:
         """Counters for one finished copy job: every TP rank moved bytes/TP in `rank_s`."""
@@ -280,6 +298,44 @@ class Engine:
         else:
             self.truth.stored_bytes += total_bytes
             self.truth.store_time_s += total_time
+
+    def _promotion_s(self, chunks: int) -> float:
+        """Seconds to read `chunks` from the secondary tier into the CPU tier."""
+        if not chunks:
+            return 0.0
+        return chunks * self.sz.chunk_bytes / (self.s.secondary_read_gbps * 1e9)
+
+    def _tier_lookups(self, keys: list[int], w: float) -> tuple[list[int], int]:
+        """TieringOffloadingSpec's lookup, chunk by chunk: the CPU tier first, the secondary
+        tier where it misses, until a chunk is in neither. Returns (the chunks found in the
+        CPU tier, how many were found below it and are promoted), counting both tiers'
+        queries and hits."""
+        assert self.cpu is not None and self.secondary is not None
+        in_cpu: list[int] = []
+        promoted = primary_q = tier_q = 0
+        for k in keys:
+            primary_q += 1
+            if self.cpu.lookup([k]):
+                in_cpu.append(k)
+                continue
+            tier_q += 1
+            if not self.secondary.lookup([k]):
+                break
+            promoted += 1
+        m, lab = self.m, self.labels
+        m.inc(_CHUNK_QUERIES, (*lab, "0:primary"), primary_q, w)
+        m.inc(_CHUNK_HITS, (*lab, "0:primary"), len(in_cpu), w)
+        m.inc(_CHUNK_QUERIES, (*lab, self.tier_label), tier_q, w)
+        m.inc(_CHUNK_HITS, (*lab, self.tier_label), promoted, w)
+        return in_cpu, promoted
+
+    def _tier_transfer(self, direction: str, chunks: int, gbps: float, t: float) -> None:
+        """A finished promotion ("read") or cascade ("write") job of `chunks` chunks."""
+        w = self._wall(t)
+        tier = (*self.labels, self.tier_label)
+        size = chunks * self.sz.chunk_bytes
+        self.m.inc(f"vllm:kv_offload_tiering_{direction}_bytes", tier, size, w)
+        self.m.inc(f"vllm:kv_offload_tiering_{direction}_time", tier, size / (gbps * 1e9), w)
 
     def _on_residency(self, lifetime: float, idle: float, gaps: list[float]) -> None:
         w = self._wall(self._now)
@@ -321,10 +377,16 @@ class Engine:
             first = gpu_hit // bpc
             # whole chunks inside the first prompt-1 tokens (one token must be computed)
             last = (r.prompt - 1) // (bs * bpc)
-            hits = self.cpu.lookup(keys[first:last]) if last > first else 0
+            if self.secondary is not None:
+                load_keys, r.promoted = self._tier_lookups(keys[first:last], w)
+                hits = len(load_keys) + r.promoted
+            else:
+                hits = self.cpu.lookup(keys[first:last]) if last > first else 0
+                load_keys = keys[first : first + hits]
             if hits:
                 ext_blocks = (first + hits) * bpc - gpu_hit
-                load_keys = keys[first : first + hits]
+            else:
+                load_keys = []
             delay = (15e-6 + 0.25e-6 * len(keys)) * self.rng.uniform(0.8, 1.2)
             m.observe("vllm:kv_offload_lookup_sync_delay_seconds", lab, delay, w)
         r.blocks = self.gpu.allocate(hashes, gpu_hit, total_blocks, t)
@@ -341,7 +403,10 @@ class Engine:
             m.inc("vllm:external_prefix_cache_queries", lab, r.prompt - hit_tok, w)
             m.inc("vllm:external_prefix_cache_hits", lab, ext_tok, w)
         m.inc(mf.CACHED_BY_SOURCE.name, (*lab, "device"), hit_tok, w)
-        m.inc(mf.CACHED_BY_SOURCE.name, (*lab, "host"), ext_tok, w)
+        promoted_tok = min(r.promoted * bpc * bs, ext_tok)
+        m.inc(mf.CACHED_BY_SOURCE.name, (*lab, "host"), ext_tok - promoted_tok, w)
+        if promoted_tok:
+            m.inc(mf.CACHED_BY_SOURCE.name, (*lab, "disk"), promoted_tok, w)
         tr = self.truth
         tr.gpu_hit_tokens += hit_tok
         tr.gpu_missed_tokens += r.prompt - hit_tok
@@ -350,7 +415,8 @@ class Engine:
             assert self.cpu is not None
             r.load_keys = load_keys
             self.cpu.begin_load(load_keys)
-            start = max(t, self.load_free_at)
+            # Promoted chunks are read into the CPU tier before the CPU-to-GPU load starts.
+            start = max(t + self._promotion_s(r.promoted), self.load_free_at)
             rank_s = self._rank_copy_s(ext_blocks, self.s.hardware.load_gbps)
             end = start + rank_s
             self.load_free_at = end
@@ -374,6 +440,8 @@ class Engine:
         g = r.gpu_hit_blocks
         self._cache(t, r, g, g + r.ext_blocks)  # the load's own GPU BlockStored
         self._transfer_metrics(True, r.ext_blocks, rank_s, t)
+        if r.promoted:
+            self._tier_transfer("read", r.promoted, self.s.secondary_read_gbps, t)
         del self.loading[r.rid]
         self.ready.append(r)
         if step and not self.in_step:
@@ -527,6 +595,11 @@ class Engine:
         assert self.cpu is not None
         self.cpu.complete_store(keys)
         self._transfer_metrics(False, len(keys) * self.bpc, rank_s, t)
+        if self.secondary is not None and keys:
+            # Every completed CPU-tier store cascades to the tier below (its bytes counted for
+            # all the job's chunks, as TieringMetricsTracker counts them).
+            self.secondary.write(keys)
+            self._tier_transfer("write", len(keys), self.s.secondary_write_gbps, t)
         if self.kv is not None:
             self.kv.cpu_stored(self.index, t, keys)
         if not self.in_step:

@@ -123,6 +123,30 @@ _TOO_SMALL = replace(
     cpu_gib=2.0,
 )
 
+# The same too-small CPU tier with a file-system tier below it (TieringOffloadingSpec, `fs`):
+# the chunks the CPU tier evicted are still found there and promoted back.
+_TIERED = replace(
+    _TOO_SMALL,
+    name="tiered",
+    description=(
+        "The RAG traffic with the 2 GiB CPU tier of buffer-too-small and a 32 GiB file-system "
+        'tier below it (TieringOffloadingSpec `fs`, tier="1:fs"; 6 GB/s read, an NVMe array; '
+        "1.5 GB/s write): every chunk stored into the CPU tier is cascaded to it, and "
+        "lookups the CPU tier misses are promoted back from it before the CPU-to-GPU load."
+    ),
+    advice="keep",
+    advice_why=(
+        "The offload path (CPU tier, then the fs tier below it) serves ~94% of the GPU-missed "
+        "tokens: the fs tier finds ~99% of the chunks the CPU tier missed, and a token read "
+        "from it at 6 GB/s and loaded to the GPU takes ~30 µs against ~100 µs to recompute "
+        "it (analysis.tiering: the secondary tier pays). A larger CPU tier would save the "
+        "promotion, not add hits."
+    ),
+    secondary_tier="fs",
+    secondary_gib=32.0,
+    secondary_read_gbps=6.0,
+)
+
 _OVERSIZED = Scenario(
     name="buffer-oversized",
     description=(
@@ -521,6 +545,7 @@ _LIBRARY: dict[str, Scenario] = {
         _RECOMPUTE_WINS,
         _PRESSURE,
         _DP2,
+        _TIERED,
         _RESTART,
         _LEGACY,
         _TWO_MODELS,

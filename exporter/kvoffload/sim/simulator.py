@@ -219,6 +219,7 @@ class SimServer:
                 stores_skipped=any(m.offloading and m.store_threshold >= 2 for m in self.models),
                 kv_cache_metrics=primary.kv_cache_metrics,
                 max_model_len=max(m.max_model_len for m in self.models),
+                tiering=any(m.offloading and m.secondary_tier for m in self.models),
             )
         )
         self.engines: list[list[Engine]] = []

@@ -296,6 +296,60 @@ CONFIG_INFO = Family(
 
 STORES_SKIPPED = Family("vllm:kv_offload_stores_skipped", "counter", H_STORES_SKIPPED)
 
+# TieringOffloadingSpec's own series (vllm/v1/kv_offload/tiering/base.py TieringOffloadingMetrics,
+# PR #48798), labelled by tier ("0:primary" the CPU tier, "1:fs" the first below it). HELP
+# strings are vLLM's where its source gives them (the byte, time, failure and lookup counters);
+# the gauges' are written from what tiering/metrics.py sets them to.
+TIER = (*BASE, "tier")
+_T = "vllm:kv_offload_tiering_"
+TIERING = [
+    Family(
+        _T + "read_bytes",
+        "counter",
+        "Total bytes read from secondary tiers into the primary tier.",
+        TIER,
+    ),
+    Family(
+        _T + "read_time",
+        "counter",
+        "Total time spent reading from secondary tiers into the primary tier, in seconds.",
+        TIER,
+    ),
+    Family(
+        _T + "write_bytes",
+        "counter",
+        "Total bytes written from the primary tier to secondary tiers.",
+        TIER,
+    ),
+    Family(
+        _T + "write_time",
+        "counter",
+        "Total time spent writing from the primary tier to secondary tiers, in seconds.",
+        TIER,
+    ),
+    Family(
+        _T + "promotion_job_failures",
+        "counter",
+        "Number of failed secondary-tier promotion jobs.",
+        TIER,
+    ),
+    Family(
+        _T + "cascade_job_failures",
+        "counter",
+        "Number of failed secondary-tier cascade jobs.",
+        TIER,
+    ),
+    Family(_T + "chunk_queries", "counter", "Number of chunk lookup queries sent to tiers.", TIER),
+    Family(_T + "chunk_hits", "counter", "Number of chunk lookup hits in tiers.", TIER),
+    Family(
+        _T + "promotion_allocation_failures",
+        "counter",
+        "Number of promotions that found no free primary-tier slot.",
+    ),
+    Family(_T + "active_promotion_jobs", "gauge", "Number of promotion jobs in flight.", TIER),
+    Family(_T + "active_cascade_jobs", "gauge", "Number of cascade jobs in flight.", TIER),
+]
+
 QUEUE = [
     Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
@@ -550,6 +604,7 @@ def families_for(
     stores_skipped: bool,
     kv_cache_metrics: bool,
     max_model_len: int,
+    tiering: bool = False,
 ) -> list[Family]:
     """The families one vLLM process registers, in vLLM's registration order."""
     token_buckets = tuple(float(b) for b in buckets_1_2_5(max_model_len))
@@ -562,6 +617,8 @@ def families_for(
                 fams.append(STORES_SKIPPED)
             fams += FLAT_OFFLOAD
             fams.append(CONFIG_INFO)
+            if tiering:
+                fams += TIERING
     fams += QUEUE
     if offloading and version == "0.33":
         fams.append(KV_FETCH)

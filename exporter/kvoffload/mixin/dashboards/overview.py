@@ -16,6 +16,7 @@ from kvoffload.mixin.dashboards.kv_events import exact_row
 from kvoffload.mixin.dashboards.layout import dashboard
 from kvoffload.mixin.dashboards.panels import DIAGNOSTICS_ROW, EXACT_ROW, about, unit
 from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.tiers import TIERS_ROW, tiers_row
 from kvoffload.mixin.promql import MixinConfig, record_name
 
 OVERVIEW = "overview"
@@ -33,6 +34,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
         g.Section("Transfers", transfers_row(s)),
         g.Section("Capacity", capacity_rows(s)),
         g.Section("Host memory", host_memory_row(cfg)),
+        g.Section(TIERS_ROW, tiers_row(s), collapsed=True),
         g.Section(EXACT_ROW, exact_row(s), collapsed=True),
         g.Section(DIAGNOSTICS_ROW, diagnostics_row(s), collapsed=True),
     ]

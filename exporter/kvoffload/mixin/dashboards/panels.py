@@ -55,6 +55,8 @@ GRAFANA_UNITS = {
     "tokens": "short",
     "requests": "short",
     "1/s": "ops",
+    "jobs": "short",
+    "chunks": "short",
 }
 
 

@@ -1,0 +1,121 @@
+"""Whether a secondary tier below the CPU tier pays, from a window's figures alone.
+
+A chunk found in a secondary tier is promoted into the CPU tier and then loaded to the GPU
+(vLLM's TieringOffloadingSpec has no direct path), so a secondary tier pays only where (1) the
+CPU tier misses chunks the secondary tier then finds, and (2) reading a token from it and
+loading it to the GPU is faster than recomputing it. This module says so with its numbers;
+the advisor (analysis.advisor) decides what to do with the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Below this share of its lookups found, a secondary tier serves too little to be worth its
+# cascades (every chunk stored into the CPU tier is also written below it).
+MIN_HIT_RATIO = 0.05
+# A CPU tier that finds this share of its lookups leaves the secondary tier nothing to serve.
+PRIMARY_ALL_HITS = 0.99
+
+
+@dataclass(frozen=True)
+class TierVerdict:
+    """pays: True / False, or None where the window cannot tell (no secondary-tier lookups,
+    no bandwidth or recompute figure); reasons: one sentence each, with the numbers."""
+
+    pays: bool | None
+    reasons: list[str] = field(default_factory=list)
+    # Seconds per token by the secondary tier (read + CPU-to-GPU load) and by recompute.
+    tier_seconds_per_token: float | None = None
+    recompute_seconds_per_token: float | None = None
+
+
+def _per_token(gbps: float | None, bytes_per_token: float | None) -> float | None:
+    """Seconds to move one token's KV at `gbps` GB/s (None when either is unknown or 0)."""
+    if not gbps or not bytes_per_token or gbps <= 0 or bytes_per_token <= 0:
+        return None
+    return bytes_per_token / (gbps * 1e9)
+
+
+def _speed(figures: Mapping[str, float | None]) -> tuple[float | None, float | None]:
+    """(seconds per token through the secondary tier, seconds per token recomputed)."""
+    per_token = figures.get("kv_bytes_per_token")
+    read = _per_token(figures.get("tier_read_gbps"), per_token)
+    load = _per_token(figures.get("load_gbps"), per_token)
+    recompute_tps = figures.get("recompute_tokens_per_second")
+    recompute = 1.0 / recompute_tps if recompute_tps and recompute_tps > 0 else None
+    tier = read + load if read is not None and load is not None else None
+    return tier, recompute
+
+
+def _failures(figures: Mapping[str, float | None]) -> list[str]:
+    """A sentence per kind of failed or dropped promotion seen in the window."""
+    out = []
+    dropped = figures.get("promotion_allocation_failures_per_second") or 0.0
+    if dropped > 0:
+        out.append(
+            f"{dropped:.3g} promotions/s were dropped for want of a free CPU-tier slot: "
+            "the CPU tier is too small to stage what the secondary tier finds"
+        )
+    failed = figures.get("tier_promotion_failures_per_second") or 0.0
+    if failed > 0:
+        out.append(f"{failed:.3g} promotion jobs/s failed (read errors below the CPU tier)")
+    return out
+
+
+def secondary_tier_verdict(
+    figures: Mapping[str, float | None],
+    min_hit_ratio: float = MIN_HIT_RATIO,
+    recompute_seconds_per_token: float | None = None,
+) -> TierVerdict:
+    """Whether the secondary tiers pay over the window of `figures` (signals.compute_figures).
+
+    `recompute_seconds_per_token` replaces the prefill throughput's cost of a token where the
+    caller has a better one (the TTFT verdict's fitted marginal cost: batching makes a
+    recomputed token cheaper than prefill time / tokens). Pure: the same inputs give the same
+    verdict, so it can be tested and re-run offline."""
+    hit = figures.get("tier_hit_ratio")
+    if hit is None:
+        return TierVerdict(None, ["no secondary tier was looked up in the window"])
+    tier_s, recompute_s = _speed(figures)
+    if recompute_seconds_per_token is not None and recompute_seconds_per_token > 0:
+        recompute_s = recompute_seconds_per_token
+    reasons = _failures(figures)
+    pays: bool | None = True
+    primary = figures.get("primary_tier_hit_ratio")
+    if primary is not None and primary >= PRIMARY_ALL_HITS:
+        pays = False
+        reasons.insert(
+            0,
+            f"the CPU tier finds {primary:.1%} of its lookups: it misses too little for a "
+            "tier below it to serve",
+        )
+    if hit < min_hit_ratio:
+        pays = False
+        reasons.insert(
+            0,
+            f"the secondary tiers find {hit:.1%} of the chunks looked up there (under "
+            f"{min_hit_ratio:.0%}): their cascades cost more than their hits return",
+        )
+    if tier_s is None or recompute_s is None:
+        reasons.append(
+            "no read bandwidth, load bandwidth or recompute rate in the window: "
+            "cannot compare a promoted token with a recomputed one"
+        )
+        return TierVerdict(None if pays else pays, reasons, tier_s, recompute_s)
+    if tier_s >= recompute_s:
+        pays = False
+        reasons.insert(
+            0,
+            f"a token through the secondary tier takes {tier_s * 1e6:.3g} µs (read, then "
+            f"load to the GPU), recomputing it {recompute_s * 1e6:.3g} µs: recompute wins",
+        )
+    elif pays:
+        reasons.insert(
+            0,
+            f"the secondary tiers find {hit:.1%} of the chunks the CPU tier missed, and a "
+            f"token through them takes {tier_s * 1e6:.3g} µs against {recompute_s * 1e6:.3g} "
+            "µs to recompute it",
+        )
+    return TierVerdict(pays, reasons, tier_s, recompute_s)
