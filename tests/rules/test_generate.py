@@ -190,8 +190,13 @@ def test_dashboards_use_object_datasources_and_fixed_uids() -> None:
 
 
 def test_dashboards_read_the_recording_rules() -> None:
-    overview = json.loads(render_all()["dashboards/provisioning/kvoffload-overview.json"])
-    exprs = "\n".join(t["expr"] for p in overview["panels"] for t in p.get("targets", []))
+    files = render_all()
+    overview = json.loads(files["dashboards/provisioning/kvoffload-overview.json"])
+    fleet = json.loads(files["dashboards/provisioning/kvoffload-fleet.json"])
+    # The overview's stats pool the formula over the selection; the fleet table reads the rule.
+    exprs = "\n".join(
+        t["expr"] for d in (overview, fleet) for p in d["panels"] for t in p.get("targets", [])
+    )
     cfg = MixinConfig()
     for key in (
         "offload_hit_ratio",
