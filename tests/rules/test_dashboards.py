@@ -155,7 +155,7 @@ def test_target_labels_flow_into_variables_and_filters() -> None:
     cfg = MixinConfig(target_labels=("instance", "pod"))
     files = render_all(cfg)
     validate(files, None)
-    rules = files["alerts/kvoffload-rules.yaml"]
+    rules = files["alerts/rules/kvoffload-rules.yaml"]
     assert "by (instance, pod, model_name)" in rules and "job, instance" not in rules
     for rel, text in files.items():
         if not rel.endswith(".json"):

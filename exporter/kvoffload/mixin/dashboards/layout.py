@@ -57,7 +57,7 @@ def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Secti
                 panel.body.description += f" {NEEDS_RULES} ({', '.join(names)})."
                 listed.append(f"- **{panel.body.title}** ({section.title}): {', '.join(names)}")
     intro = (
-        "Panels read kvoffload's recording rules (`alerts/kvoffload-rules.yaml`, "
+        "Panels read kvoffload's recording rules (`alerts/rules/kvoffload-rules.yaml`, "
         f"[the rules]({doc('rules.md')})) and, where a rule is missing, the same PromQL over "
         "vLLM's own series, so a Prometheus without the rules still fills them; the variables "
         "list vLLM's own series. Panels reading the sidecar (`kvoffload_*`) need "
