@@ -167,10 +167,19 @@ def timeseries(
     min_value: float | None = None,
     max_value: float | None = None,
     lines: Sequence[tuple[float, str]] = (),
+    colours: dict[str, str] | None = None,
     width: int = 12,
     height: int = 8,
 ) -> Panel:
-    """A time series; `lines` are (value, color) reference lines drawn dashed."""
+    """A time series; `lines` are (value, color) reference lines drawn dashed, `colours` fix
+    the colour of the series of that display name (one colour per advice, say)."""
+    overrides = [
+        {
+            "matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}],
+        }
+        for name, colour in (colours or {}).items()
+    ]
     body = G.TimeSeries(
         title=title,
         description=description,
@@ -189,6 +198,7 @@ def timeseries(
         tooltipMode="multi",
         thresholds=_steps(lines) if lines else [G.Threshold("green", 0, 0.0)],
         thresholdsStyleMode="dashed" if lines else "off",
+        overrides=overrides,
     )
     return Panel(body, width, height)
 

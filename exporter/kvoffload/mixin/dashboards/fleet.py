@@ -8,6 +8,7 @@ from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.layout import dashboard
 from kvoffload.mixin.dashboards.panels import (
     ACTION_CODES,
+    ACTION_COLOURS,
     ACTION_MAPPINGS,
     BASIS_CODES,
     BASIS_MAPPINGS,
@@ -109,11 +110,13 @@ def _at_a_glance(s: Scope) -> list[Any]:
     )
     advice = g.timeseries(
         "Recommendations across the fleet",
-        "How many engines get each advice from their sidecar (kvoffload_recommendation).",
+        "How many engines get each advice from their sidecar (kvoffload_recommendation), "
+        "in the table's colours; the annotations mark each change of advice.",
         "short",
         [t(f"count by (action) ({s.sidecar('kvoffload_recommendation')} == 1)", "{{action}}")],
         stack=True,
         min_value=0,
+        colours=ACTION_COLOURS,
         width=24,
     )
     return [overview_table, advice]
