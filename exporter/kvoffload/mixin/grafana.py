@@ -228,7 +228,8 @@ def stat(
         format=unit,
         textMode=text_mode,
         decimals=decimals,
-        graphMode="none" if text_mode == "name" else "area",
+        # A sparkline of names or of mapped codes means nothing.
+        graphMode="none" if text_mode == "name" or mappings else "area",
         reduceCalc="lastNotNull",
         colorMode="value",
         thresholds=steps,

@@ -75,6 +75,7 @@ def _advice(s: Scope) -> list[Any]:
                     "{{instance}} {{model_name}}",
                 )
             ],
+            text_mode="value_and_name",
             mappings=ACTION_MAPPINGS,
         ),
         g.stat(
