@@ -581,6 +581,7 @@ def test_the_fleet_table_says_who_should_change(live: Live, prom: str) -> None:
     effect = _sidecar_value(live, "kvoffload_offload_ttft_effect_seconds", bound="estimate")
     assert row("TTFT effect of the tier now") == [float(s["value"][1]) for s in effect]
     change = _sidecar_value(live, "kvoffload_recommended_ttft_change_seconds", bound="estimate")
+    assert effect and change, "the replay's sidecar predicts no TTFT change: nothing compared"
     assert row("TTFT change if applied") == [float(s["value"][1]) for s in change]
     assert row("Basis") == [BASIS_CODES[s["metric"]["basis"]] for s in change]
     # Every column has the row of the H200 engine, the sidecar's and the rules' alike.
