@@ -116,7 +116,7 @@ def test_generated_runbook_urls_are_absolute() -> None:
         for h in (ROOT / "docs" / "runbooks.md").read_text().splitlines()
         if h.startswith("## ")
     }
-    for name in ("kvoffload-alerts.yaml", "kubernetes/kvoffload-prometheusrule.yaml"):
+    for name in ("rules/kvoffload-alerts.yaml", "kubernetes/kvoffload-prometheusrule.yaml"):
         doc = yaml.safe_load((ROOT / "alerts" / name).read_text())
         groups = doc["groups"] if "groups" in doc else doc["spec"]["groups"]
         urls = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r]

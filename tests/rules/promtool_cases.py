@@ -146,7 +146,7 @@ def serving(
     vllm_counter(s, v, "num_preemptions_total", 0)
 
 
-def sidecar_gauge(s: Series, name: str, value: float) -> None:
+def sidecar_gauge(s: Series, name: str, value: float, **labels: str) -> None:
     s.add(
         name,
         f"{_n(value)}+0x{MINUTES}",
@@ -154,6 +154,7 @@ def sidecar_gauge(s: Series, name: str, value: float) -> None:
         instance=SIDECAR,
         target=INSTANCE,
         model_name=MODEL,
+        **labels,
     )
 
 
@@ -182,8 +183,12 @@ _IF = re.compile(
 
 _WITH_QUERY = re.compile(
     r'\{\{ with printf "((?:[^"\\]|\\.)*)" \$labels\.(\w+) \$labels\.(\w+) \| query \}\}'
-    r"(.*?)\{\{ \. \| first \| value \| humanize1024 \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}",
+    r"(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}",
     re.S,
+)
+# What the alert texts read of a queried sample (`.` is the query's result).
+_DOT = re.compile(
+    r'\{\{ \. \| first \| (?:value \| (humanize1024|printf "%\+\.3f")|label "(\w+)") \}\}'
 )
 
 
@@ -199,16 +204,16 @@ def humanize1024(v: float) -> str:
     return f"{v:.4g}{prefix}"
 
 
-def _queried(series: list[dict[str, str]], selector: str) -> float | None:
+def _queried(series: list[dict[str, str]], selector: str) -> tuple[float, dict[str, str]] | None:
     """The value at every step of the one input series `selector` names exactly (the cases
-    give the sidecar's size as a constant series), None when none does."""
+    give the sidecar's series as constants) and its labels, None when none does."""
     name, _, rest = selector.partition("{")
     wanted = dict(re.findall(r'(\w+)="([^"]*)"', rest))
     for item in series:
         s_name, _, s_rest = item["series"].partition("{")
         have = dict(re.findall(r'(\w+)="([^"]*)"', s_rest))
         if s_name == name and wanted.items() <= have.items():
-            return float(item["values"].split("+")[0])
+            return float(item["values"].split("+")[0]), have
     return None
 
 
@@ -223,8 +228,15 @@ def render(
                                                       labels.get(m.group(3), ""))  # fmt: skip
         found = _queried(list(series), selector)
         if found is None:
-            return m.group(6)
-        return m.group(4) + humanize1024(found) + m.group(5)
+            return m.group(5)
+        v, have = found
+
+        def dot(d: re.Match[str]) -> str:
+            if d.group(2):
+                return have.get(d.group(2), "")
+            return humanize1024(v) if d.group(1) == "humanize1024" else f"{v:+.3f}"
+
+        return _DOT.sub(dot, m.group(4))
 
     template = _WITH_QUERY.sub(with_query, template)
     out, pos, taking, taken = [], 0, [True], [False]
@@ -310,11 +322,24 @@ TWO_ENGINES = Variant(engines=("0", "1"))
 OFF = Variant(offload=None)
 
 
+# The TTFT change the cases' sidecar predicts for its advice (seconds; negative = faster).
+PREDICTED_TTFT_CHANGE = -0.042
+
+
 def with_advised_size(items: list[dict[str, str]], size: float) -> list[dict[str, str]]:
-    """The workload with the sidecar next to the engine advising `size` bytes: the alert's
-    text then names it (its template queries kvoffload_recommended_size_bytes)."""
+    """The workload with the sidecar next to the engine advising `size` bytes and predicting
+    a TTFT change: the alert's text then names both (its template queries
+    kvoffload_recommended_size_bytes and kvoffload_recommended_ttft_change_seconds)."""
     s = Series(list(items))
     sidecar_gauge(s, "kvoffload_recommended_size_bytes", size)
+    for bound, value in (("estimate", 0.0), ("low", -0.02), ("high", 0.02)):
+        sidecar_gauge(
+            s,
+            "kvoffload_recommended_ttft_change_seconds",
+            PREDICTED_TTFT_CHANGE + value,
+            basis="predicted",
+            bound=bound,
+        )
     return s.items
 
 

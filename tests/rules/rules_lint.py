@@ -23,6 +23,8 @@ RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 SEVERITIES = {"critical", "warning", "info"}
 COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 RATE_FUNCTIONS = {"rate", "irate", "increase"}
+# What a pooled panel's description says (kvoffload.mixin.dashboards.panels.POOLED).
+POOLED = "sums of rates over sums of rates"
 # A range no dashboard writes by hand: it marks where $__rate_interval stood.
 RATE_INTERVAL_MARK = "211d"
 DATASOURCE_UIDS = {"$datasource", "${datasource}"}
@@ -182,7 +184,17 @@ def _rule_window(parents: list[Any]) -> timedelta | None:
     return None
 
 
-def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False) -> list[str]:
+def _duration(text: str) -> timedelta:
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[text[-1]]
+    return timedelta(**{unit: int(text[:-1])})
+
+
+def promql_problems(
+    expr: str,
+    dashboard: bool = True,
+    series_only: bool = False,
+    stated: frozenset[timedelta] = frozenset(),
+) -> list[str]:
     """Problems of one query. dashboard: Grafana variables substituted and the dashboard-linter
     rules applied (rules may read raw counters); series_only: a label_values() selector, only
     validity counts."""
@@ -211,7 +223,11 @@ def promql_problems(expr: str, dashboard: bool = True, series_only: bool = False
         if isinstance(node, promql_parser.Call) and node.func.name in RATE_FUNCTIONS and dashboard:
             want = timedelta(days=211) if window is None else window
             for arg in node.args:
+                # A pooled stat reads the rule's window, which its description states.
+                stated_ok = window is None and getattr(arg, "range", None) in stated
                 if isinstance(arg, promql_parser.MatrixSelector) and arg.range != want:
+                    if stated_ok:
+                        continue
                     problems.append(
                         f"{node.func.name}() range is not "
                         f"{'$__rate_interval' if window is None else 'the rule window'}"
@@ -303,5 +319,16 @@ def lint_panel(panel: dict[str, Any]) -> list[str]:
     for t in targets:
         if not _uses_datasource_var(t.get("datasource", panel.get("datasource"))):
             problems.append(f"target {t.get('refId')} does not use the $datasource variable")
-        problems += promql_problems(t.get("expr", ""))
+        problems += promql_problems(t.get("expr", ""), stated=_stated_windows(panel))
     return problems
+
+
+def _stated_windows(panel: dict[str, Any]) -> frozenset[timedelta]:
+    """The windows a pooled panel (sums over sums of the rule's formula across the selection,
+    no rule to read) says it covers ("over 5m"): its rate() ranges may be those."""
+    description = panel.get("description", "")
+    if POOLED not in description:
+        return frozenset()
+    return frozenset(
+        _duration(d) for d in re.findall(r"(?:over|Pooled over) (\d+[smhd])\b", description)
+    )

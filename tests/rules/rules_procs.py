@@ -93,6 +93,7 @@ async def prometheus(
     need(PROMETHEUS)
     workdir.mkdir(parents=True, exist_ok=True)
     for name, text in rule_files.items():
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name).write_text(text)
     config = {**config, "rule_files": [str(workdir / n) for n in rule_files]}
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))

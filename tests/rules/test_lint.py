@@ -32,17 +32,19 @@ def _anchors() -> set[str]:
 
 
 def test_alerts_follow_the_mixin_guidelines() -> None:
-    groups = _groups("kvoffload-alerts.yaml")
+    groups = _groups("rules/kvoffload-alerts.yaml")
     assert sum(len(g["rules"]) for g in groups) >= 8
     assert lint_alerts(groups, _anchors()) == []
 
 
 def test_recording_rules_are_named_and_valid() -> None:
-    assert lint_recording_rules(_groups("kvoffload-rules.yaml")) == []
+    assert lint_recording_rules(_groups("rules/kvoffload-rules.yaml")) == []
 
 
 def test_every_runbook_section_belongs_to_an_alert() -> None:
-    alerts = {r["alert"].lower() for g in _groups("kvoffload-alerts.yaml") for r in g["rules"]}
+    alerts = {
+        r["alert"].lower() for g in _groups("rules/kvoffload-alerts.yaml") for r in g["rules"]
+    }
     sections = {a for a in _anchors() if a.startswith("kvoffload")}
     assert sections == alerts
 
@@ -120,7 +122,7 @@ def test_dashboard_lint_catches_dashboard_faults() -> None:
 
 
 def test_alert_lint_catches_mixin_faults() -> None:
-    groups = _groups("kvoffload-alerts.yaml")
+    groups = _groups("rules/kvoffload-alerts.yaml")
     rule = groups[0]["rules"][0]
     rule["alert"] = "kv_offload_bad"
     rule["annotations"]["summary"] = "{{ $labels.instance }} is bad"

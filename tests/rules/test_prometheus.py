@@ -38,6 +38,7 @@ from kvoffload.analysis.signals import FIGURES
 from kvoffload.kvevents.decode import Batch, decode_batch
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.mixin import dashboards, rules
+from kvoffload.mixin.dashboards.panels import ACTION_CODES, ACTION_MAPPINGS, BASIS_CODES
 from kvoffload.mixin.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, rendering_for
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
@@ -68,6 +69,8 @@ SIM_WARMUP = 300.0  # virtual seconds before the first body: caches warm, all se
 SIM_STEP = 30.0  # virtual seconds per body
 CFG = MixinConfig(rate_window="30s", slow_window="30s")
 TOLERANCE = 0.02
+# The overview's stats that pool a ratio over the selection (Scope.pooled).
+POOLED_KEYS = ("offload_hit_ratio", "reuse_ratio", "speedup")
 # Means of gauges over the window: each side averages the samples its own scraper took, at
 # its own moments, of a value the replay changes every STEP — they agree on the formula, not
 # on the sampling instants. (On the H200 target these gauges are constant and match exactly.)
@@ -188,6 +191,19 @@ class Live:
     bare_rules: int = -1
     # Panels reading series only some vLLM versions export, queried on the simulator (0.33).
     only_where: list[tuple[str, str, str, int]] = field(default_factory=list)
+    # (prometheus "rules" or "bare", dashboard, panel, refId) → the query's samples.
+    results: dict[tuple[str, str, str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    # Figure key → the overview's pooled stat at one instance and at all of them.
+    pooled: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = field(
+        default_factory=dict
+    )
+    # (prometheus, dashboard, annotation) → its query's samples at `at` (valid PromQL).
+    annotations: dict[tuple[str, str, str], list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _every(expr: str, live: Live) -> str:
+    """`expr` with every variable on All: every instance and every model."""
+    return _substitute(expr, live, ".+").replace(f'model_name=~"{MODEL}"', 'model_name=~".+"')
 
 
 def _substitute(expr: str, live: Live, instance: str | None = None) -> str:
@@ -207,6 +223,13 @@ async def _collect(api: PromAPI, live: Live) -> None:
     for name in names:
         live.records[name] = await api.query(name, live.at)
     live.sidecar = await api.query('{__name__=~"kvoffload_.+", job="kvoffload"}', live.at)
+    scope = dashboards.Scope(CFG, per_engine=True)
+    for key in POOLED_KEYS:
+        pooled = scope.pooled(key)
+        live.pooled[key] = (
+            await api.query(_substitute(pooled, live), live.at),
+            await api.query(_every(pooled, live), live.at),
+        )
     await _collect_dashboards(api, live, live.panels, live.variables)
     live.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in await api.rules()]
 
@@ -218,14 +241,20 @@ async def _collect_dashboards(
     variables_out: list[tuple[str, str, int]],
 ) -> None:
     """Every panel query's series count and every variable's value count, at `live.at`."""
+    tag = "rules" if panels_out is live.panels else "bare"
     for build in (dashboards.overview, dashboards.fleet):
         d = build(CFG)
+        for a in d["annotations"]["list"]:
+            if "expr" in a:
+                got = await api.query(_substitute(a["expr"], live, ".+"), live.at)
+                live.annotations[(tag, d["title"], a["name"])] = got
         # A collapsed row holds its panels: they are queried like the others.
         panels = [c for p in d["panels"] for c in (p, *p.get("panels", []))]
         for panel in panels:
             for target in panel.get("targets", []):
                 expr = _substitute(target["expr"], live)
                 result = await api.query(expr, live.at)
+                live.results[(tag, d["title"], panel["title"], target["refId"])] = result
                 panels_out.append((d["title"], panel["title"], expr, len(result)))
                 if dashboards.ONLY_WHERE in panel["description"] and panels_out is live.panels:
                     expr = _substitute(target["expr"], live, live.sim)
@@ -562,3 +591,79 @@ def test_with_the_rules_a_fallback_adds_no_series(live: Live) -> None:
         if "\nor\n" in e and counts[(d, p, e)] and n != counts[(d, p, e)]
     ]
     assert not doubled, doubled
+
+
+def _sidecar_value(live: Live, name: str, **labels: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in live.sidecar
+        if s["metric"]["__name__"] == name
+        and s["metric"]["target"] == live.flat
+        and all(s["metric"].get(k) == v for k, v in labels.items())
+    ]
+
+
+@pytest.mark.parametrize("prom", ["rules", "bare"])
+def test_the_fleet_table_says_who_should_change(live: Live, prom: str) -> None:
+    """ "Engines at a glance", with and without the rules: the H200 engine's row holds the
+    sidecar's action (as its code, mapped to a coloured name), the advised size, the TTFT
+    effect now and, where the sidecar predicts one, the TTFT change and its basis."""
+    d = dashboards.fleet(CFG)
+    (table,) = [p for p in d["panels"] if p["title"] == "Engines at a glance"]
+    headers = {
+        o["matcher"]["options"].removeprefix("Value #"): next(
+            q["value"] for q in o["properties"] if q["id"] == "displayName"
+        )
+        for o in table["fieldConfig"]["overrides"]
+    }
+    ref = {header: r for r, header in headers.items()}
+
+    def row(header: str) -> list[float]:
+        got = live.results[(prom, d["title"], table["title"], ref[header])]
+        return [float(s["value"][1]) for s in _by_instance(got, live.flat)]
+
+    assert row("Action") == [ACTION_CODES["grow"]]
+    (size,) = _sidecar_value(live, "kvoffload_recommended_size_bytes")
+    assert row("Advised --kv-offloading-size") == [float(size["value"][1])]
+    effect = _sidecar_value(live, "kvoffload_offload_ttft_effect_seconds", bound="estimate")
+    assert row("TTFT effect of the tier now") == [float(s["value"][1]) for s in effect]
+    change = _sidecar_value(live, "kvoffload_recommended_ttft_change_seconds", bound="estimate")
+    assert effect and change, "the replay's sidecar predicts no TTFT change: nothing compared"
+    assert row("TTFT change if applied") == [float(s["value"][1]) for s in change]
+    assert row("Basis") == [BASIS_CODES[s["metric"]["basis"]] for s in change]
+    # Every column has the row of the H200 engine, the sidecar's and the rules' alike.
+    assert all(len(row(h)) == 1 for h in ref if h not in ("TTFT change if applied", "Basis"))
+    mapped = {m["options"][str(ACTION_CODES["grow"])]["text"] for m in ACTION_MAPPINGS}
+    assert mapped == {"grow"}
+
+
+def test_the_recommendation_stat_shows_the_action_as_its_code(live: Live) -> None:
+    got = live.results[("rules", "kvoffload / Overview", "Recommendation", "A")]
+    assert [float(s["value"][1]) for s in _by_instance(got, live.flat)] == [ACTION_CODES["grow"]]
+
+
+@pytest.mark.parametrize("key", POOLED_KEYS)
+def test_pooled_stats_are_sums_over_sums(live: Live, key: str) -> None:
+    """The overview's stats pool the selected engines' rates (the H200 replay, its escaped
+    twin, the simulator and the replica): on one engine the pooled figure is its rule's; on
+    all, a sum over sums, which differs from the mean of their figures."""
+    r = rendering_for(key)
+    by_instance = {
+        (x["metric"]["instance"], x["metric"]["model_name"]): float(x["value"][1])
+        for x in live.records[r.record(CFG, r.windows[0] if r.windows else None)]
+    }
+    one, every = live.pooled[key]
+    assert len(one) == 1 and _close(float(one[0]["value"][1]), by_instance[(live.flat, MODEL)])
+    (pooled,) = [float(x["value"][1]) for x in every]
+    assert min(by_instance.values()) - 1e-9 <= pooled <= max(by_instance.values()) + 1e-9
+    if len(set(by_instance.values())) > 1:
+        assert not _close(pooled, sum(by_instance.values()) / len(by_instance), 1e-6)
+
+
+def test_the_advice_annotation_queries_run(live: Live) -> None:
+    """The "Advice changes" annotation is valid PromQL on both Prometheus (its marks are
+    tested on a change of advice in test_dashboards' promtool case)."""
+    assert {(p, n) for p, _d, n in live.annotations} == {
+        ("rules", "Advice changes"),
+        ("bare", "Advice changes"),
+    }

@@ -24,7 +24,7 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     )
 
 
-@pytest.mark.parametrize("name", ["kvoffload-rules.yaml", "kvoffload-alerts.yaml"])
+@pytest.mark.parametrize("name", ["rules/kvoffload-rules.yaml", "rules/kvoffload-alerts.yaml"])
 def test_promtool_check_rules(name: str) -> None:
     result = promtool("check", "rules", str(ALERTS / name))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -38,7 +38,7 @@ def test_prometheusrule_holds_both_files_and_checks(tmp_path: Path) -> None:
     assert obj["metadata"]["name"] and obj["metadata"]["labels"]
     files = [
         yaml.safe_load((ALERTS / n).read_text())["groups"]
-        for n in ("kvoffload-rules.yaml", "kvoffload-alerts.yaml")
+        for n in ("rules/kvoffload-rules.yaml", "rules/kvoffload-alerts.yaml")
     ]
     assert obj["spec"]["groups"] == files[0] + files[1]
     spec = tmp_path / "spec.yaml"

@@ -59,7 +59,7 @@ def test_selectors_are_normalised_and_generate_succeeds(tmp_path: Path) -> None:
     assert MixinConfig(vllm_selector='job="a",').vllm_selector == 'job="a"'
     assert MixinConfig(vllm_selector="").vllm_selector == ""
     generate(tmp_path, selector='{job="llm",}')
-    rules = (tmp_path / "alerts/kvoffload-rules.yaml").read_text()
+    rules = (tmp_path / "alerts/rules/kvoffload-rules.yaml").read_text()
     assert 'job="llm"}' in rules and ",," not in rules and "{{" not in rules
 
 
@@ -79,8 +79,8 @@ def test_every_written_expression_is_parsed() -> None:
     files = render_all()
     found = list(expressions(files))
     where = "\n".join(w for w, _e in found)
-    rules = yaml.safe_load(files["alerts/kvoffload-rules.yaml"])["groups"][0]["rules"]
-    assert all(f"alerts/kvoffload-rules.yaml: {r['record']}" in where for r in rules)
+    rules = yaml.safe_load(files["alerts/rules/kvoffload-rules.yaml"])["groups"][0]["rules"]
+    assert all(f"alerts/rules/kvoffload-rules.yaml: {r['record']}" in where for r in rules)
     assert "variable 'instance'" in where and "variable 'engine'" in where
     overview = json.loads(files["dashboards/provisioning/kvoffload-overview.json"])
     collapsed = [c for p in overview["panels"] if p.get("collapsed") for c in p["panels"]]
@@ -99,7 +99,8 @@ def test_a_bad_rule_expression_stops_generate_before_writing(
     patched = (*promql.RENDERINGS[:idx], broken, *promql.RENDERINGS[idx + 1 :])
     monkeypatch.setattr(rules, "RENDERINGS", patched)
     with pytest.raises(
-        InputError, match=r"promql-parser: alerts/kvoffload-rules.yaml: model_name:vllm_kv_off"
+        InputError,
+        match=r"promql-parser: alerts/rules/kvoffload-rules.yaml: model_name:vllm_kv_off",
     ):
         generate(tmp_path, promtool=None)
     assert not any(tmp_path.iterdir())
@@ -133,7 +134,9 @@ def test_promtool_checks_the_rule_files(tmp_path: Path) -> None:
     )
     fake.chmod(0o755)
     out = tmp_path / "refused"
-    with pytest.raises(InputError, match=r"promtool check rules: alerts/kvoffload-\S+: 3:1: bad"):
+    with pytest.raises(
+        InputError, match=r"promtool check rules: alerts/rules/kvoffload-\S+: 3:1: bad"
+    ):
         generate(out, promtool=str(fake))
     assert not out.exists()
 

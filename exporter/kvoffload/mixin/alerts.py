@@ -144,6 +144,23 @@ def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
     )
 
 
+def _sidecar_ttft(cfg: MixinConfig) -> str:
+    """Alert text with the mean TTFT change the sidecar predicts if its advice is applied
+    (kvoffload_recommended_ttft_change_seconds, estimate, and what it rests on), joined on
+    instance and model in the template: the on-call weighs the change before making it."""
+    matchers = [cfg.sidecar_selector] if cfg.sidecar_selector else []
+    matchers += [f'{cfg.sidecar_target_label}="%s"', 'model_name="%s"', 'bound="estimate"']
+    selector = "kvoffload_recommended_ttft_change_seconds{" + ", ".join(matchers) + "}"
+    query = selector.replace('"', '\\"')
+    return (
+        f'{{{{ with printf "{query}" $labels.instance $labels.model_name | query }}}}'
+        '; the sidecar predicts {{ . | first | value | printf "%+.3f" }} s of mean TTFT per '
+        'request once applied (basis {{ . | first | label "basis" }}; negative = faster)'
+        "{{ else }}; the sidecar's status page (/) gives the TTFT change it predicts, once "
+        "it has one{{ end }}"
+    )
+
+
 # -- the advisor's rules, as alerts ------------------------------------------------------------
 @alert(
     "KVOffloadRecommendEnable", "30m", "info", "KV offloading would likely help this vLLM engine."
@@ -167,7 +184,7 @@ def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
         f"prefixes evicted from the GPU within {_duration(cfg.reuse_horizon_seconds)}) while "
         "only {{ $value | humanizePercentage }} of the prompt tokens it looks up hit the "
         "GPU prefix cache: reusable prefixes are evicted before they come back. "
-        f"{_sidecar_size(cfg, 'Set')}."
+        f"{_sidecar_size(cfg, 'Set')}{_sidecar_ttft(cfg)}."
     )
 
 
@@ -194,7 +211,7 @@ def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
         f"{_pct(cfg.low_reuse_ratio)}) while storing more than "
         f"{_si(cfg.min_store_bytes_per_second, 'B/s')}: the tier costs PCIe traffic and pinned "
         "memory for nothing. Set store_threshold: 2 in kv_connector_extra_config, or disable "
-        "offloading."
+        f"offloading{_sidecar_ttft(cfg)}."
     )
 
 
@@ -237,7 +254,8 @@ def _buffer_too_small(cfg: MixinConfig) -> tuple[str, str]:
         'than the GPU cache to add hits{{ else }}{{ printf "%.2f" $value }} store attempts per '
         "second find no free CPU-tier slot, and those blocks are silently not offloaded"
         "{{ end }}. "
-        f"{_sidecar_size(cfg, 'Grow')}, within the container's memory limit."
+        f"{_sidecar_size(cfg, 'Grow')}, within the container's memory limit"
+        f"{_sidecar_ttft(cfg)}."
     )
 
 
@@ -263,7 +281,7 @@ def _buffer_oversized(cfg: MixinConfig) -> tuple[str, str]:
         f"store rate of the last {cfg.slow_window} (threshold "
         f"{_duration(cfg.oversized_fill_seconds)}) and has never been full: most of the "
         "pinned memory sits idle. "
-        f"{_sidecar_size(cfg, 'Shrink')}."
+        f"{_sidecar_size(cfg, 'Shrink')}{_sidecar_ttft(cfg)}."
     )
 
 

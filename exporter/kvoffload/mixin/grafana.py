@@ -130,6 +130,33 @@ def _steps(lines: Sequence[tuple[float, str]]) -> list[G.Threshold]:
     return steps
 
 
+def value_mappings(codes: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
+    """Grafana value mappings: code → (text, colour), e.g. an action's number → its name."""
+    options = {
+        str(code): {"text": text, "color": color, "index": i}
+        for i, (code, (text, color)) in enumerate(sorted(codes.items()))
+    }
+    return [{"type": "value", "options": options}]
+
+
+def annotation(name: str, expr: str, title: str, text: str, tags: str, step: str) -> dict[str, Any]:
+    """A Prometheus annotation: a mark on every time panel where `expr` has a sample."""
+    return {
+        "datasource": dict(DATASOURCE_REF),
+        "enable": True,
+        "hide": False,
+        "iconColor": "orange",
+        "name": name,
+        "expr": expr,
+        "step": step,
+        "titleFormat": title,
+        "textFormat": text,
+        "tagKeys": tags,
+        "useValueForTime": False,
+        "target": {"expr": expr, "refId": "Anno", "interval": step},
+    }
+
+
 def timeseries(
     title: str,
     description: str,
@@ -140,10 +167,19 @@ def timeseries(
     min_value: float | None = None,
     max_value: float | None = None,
     lines: Sequence[tuple[float, str]] = (),
+    colours: dict[str, str] | None = None,
     width: int = 12,
     height: int = 8,
 ) -> Panel:
-    """A time series; `lines` are (value, color) reference lines drawn dashed."""
+    """A time series; `lines` are (value, color) reference lines drawn dashed, `colours` fix
+    the colour of the series of that display name (one colour per advice, say)."""
+    overrides = [
+        {
+            "matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}],
+        }
+        for name, colour in (colours or {}).items()
+    ]
     body = G.TimeSeries(
         title=title,
         description=description,
@@ -162,6 +198,7 @@ def timeseries(
         tooltipMode="multi",
         thresholds=_steps(lines) if lines else [G.Threshold("green", 0, 0.0)],
         thresholdsStyleMode="dashed" if lines else "off",
+        overrides=overrides,
     )
     return Panel(body, width, height)
 
@@ -175,10 +212,12 @@ def stat(
     text_mode: str = "value",
     decimals: int | None = None,
     thresholds: Sequence[tuple[float, str]] = (),
+    mappings: Sequence[dict[str, Any]] = (),
     width: int = 4,
     height: int = 5,
 ) -> Panel:
-    """A single-value panel; text_mode "name" shows the series' legend (a label value)."""
+    """A single-value panel; text_mode "name" shows the series' legend (a label value), and
+    `mappings` turn a value into a text with its own colour (value_mappings)."""
     steps = [G.Threshold("blue", 0, 0.0)]
     steps += [G.Threshold(c, i + 1, float(v)) for i, (v, c) in enumerate(thresholds)]
     body = G.Stat(
@@ -189,10 +228,12 @@ def stat(
         format=unit,
         textMode=text_mode,
         decimals=decimals,
-        graphMode="none" if text_mode == "name" else "area",
+        # A sparkline of names or of mapped codes means nothing.
+        graphMode="none" if text_mode == "name" or mappings else "area",
         reduceCalc="lastNotNull",
         colorMode="value",
         thresholds=steps,
+        mappings=list(mappings),
         noValue="–",
     )
     return Panel(body, width, height)
@@ -233,17 +274,26 @@ def table(
     targets: Sequence[G.Target],
     columns: Sequence[tuple[str, str, str]],
     *,
+    mappings: dict[str, list[dict[str, Any]]] | None = None,
     width: int = 24,
     height: int = 9,
 ) -> Panel:
-    """Instant queries merged into one row per series; columns = (refId field, header, unit)."""
-    overrides = [
-        {
-            "matcher": {"id": "byName", "options": f"Value #{ref}"},
-            "properties": [{"id": "unit", "value": unit}, {"id": "displayName", "value": header}],
-        }
-        for ref, header, unit in columns
-    ]
+    """Instant queries merged into one row per series; columns = (refId field, header, unit).
+    A column in `mappings` (by refId) shows its mapped texts on their colours."""
+    overrides = []
+    for ref, header, unit in columns:
+        properties: list[dict[str, Any]] = [
+            {"id": "unit", "value": unit},
+            {"id": "displayName", "value": header},
+        ]
+        if mappings and ref in mappings:
+            properties += [
+                {"id": "mappings", "value": mappings[ref]},
+                {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+            ]
+        overrides.append(
+            {"matcher": {"id": "byName", "options": f"Value #{ref}"}, "properties": properties}
+        )
     body = G.Table(
         title=title,
         description=description,
@@ -322,6 +372,7 @@ def dashboard(
     refresh: str,
     time_from: str,
     links: Sequence[dict[str, Any]] = (),
+    annotations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The dashboard as Grafana JSON: one row per section, panels packed on the 24-column grid.
     A collapsed row holds its panels (laid out under it, where Grafana puts them when it is
@@ -356,7 +407,9 @@ def dashboard(
     ).auto_panel_ids()
     raw = json.loads(json.dumps(d.to_json_data(), cls=DashboardEncoder))
     raw["links"] = list(links)
-    return _normalise(raw)
+    out = _normalise(raw)
+    out["annotations"]["list"] += list(annotations)
+    return out
 
 
 # -- normalisation -----------------------------------------------------------------------------

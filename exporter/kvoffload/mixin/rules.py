@@ -12,10 +12,10 @@ from kvoffload.links import doc
 from kvoffload.mixin.alerts import ALERTS
 from kvoffload.mixin.promql import RENDERINGS, MixinConfig
 
-RULES_FILE = "kvoffload-rules.yaml"
-ALERTS_FILE = "kvoffload-alerts.yaml"
-# The Kubernetes files sit in a folder of their own, so `promtool check rules alerts/*.yaml`
-# reads rule files only.
+RULES_FILE = "rules/kvoffload-rules.yaml"
+ALERTS_FILE = "rules/kvoffload-alerts.yaml"
+# Rule files sit in a folder of their own (the Kubernetes files and the promtool tests in
+# others), so `promtool check rules alerts/rules/*.yaml` reads rule files only.
 PROMETHEUSRULE_FILE = "kubernetes/kvoffload-prometheusrule.yaml"
 
 HEADER = (

@@ -23,7 +23,8 @@ def transfers_row(s: Scope) -> list[Any]:
         g.timeseries(
             "Copy bandwidth per worker",
             "Bytes per second of copy time (vLLM adds the times of all ranks: this is "
-            f"per worker). Dashed: the {gbps(cfg)} nominal link peak and the "
+            f"per worker). Dashed blue: the {gbps(cfg)} nominal link peak, a reference and "
+            "not a limit (a PCIe Gen5 x16 link does more); dashed orange: the "
             f"{cfg.transfer_slow_bytes_per_second / 1e9:g} GB/s floor of "
             "KVOffloadTransferSlow.",
             unit("load_gbps"),
@@ -34,7 +35,7 @@ def transfers_row(s: Scope) -> list[Any]:
             min_value=0,
             lines=[
                 (cfg.transfer_slow_bytes_per_second, "orange"),
-                (cfg.link_peak_bytes_per_second, "red"),
+                (cfg.link_peak_bytes_per_second, "blue"),
             ],
         ),
         g.timeseries(

@@ -6,7 +6,16 @@ from typing import Any
 
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.layout import dashboard
-from kvoffload.mixin.dashboards.panels import about, gbps, unit
+from kvoffload.mixin.dashboards.panels import (
+    ACTION_CODES,
+    ACTION_COLOURS,
+    ACTION_MAPPINGS,
+    BASIS_CODES,
+    BASIS_MAPPINGS,
+    about,
+    gbps,
+    unit,
+)
 from kvoffload.mixin.dashboards.scope import Scope
 from kvoffload.mixin.promql import MixinConfig, helper_record
 
@@ -32,12 +41,46 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
     )
 
 
+def _advice_columns(s: Scope, by: str) -> list[tuple[str, str, str, str]]:
+    """The sidecar's columns of the table: (query, header, unit, mapping key or "")."""
+    estimate = 'bound="estimate"'
+    change = "kvoffload_recommended_ttft_change_seconds"
+    return [
+        (
+            s.coded("kvoffload_recommendation", "action", ACTION_CODES, by, flag=True),
+            "Action",
+            "none",
+            "action",
+        ),
+        (
+            f"max by ({by}) ({s.sidecar_by_instance('kvoffload_recommended_size_bytes')})",
+            "Advised --kv-offloading-size",
+            "bytes",
+            "",
+        ),
+        (
+            f"max by ({by}) ({s.sidecar_by_instance(change, estimate)})",
+            "TTFT change if applied",
+            "s",
+            "",
+        ),
+        (s.coded(change, "basis", BASIS_CODES, by, flag=False), "Basis", "none", "basis"),
+        (
+            f"max by ({by}) "
+            f"({s.sidecar_by_instance('kvoffload_offload_ttft_effect_seconds', estimate)})",
+            "TTFT effect of the tier now",
+            "s",
+            "",
+        ),
+    ]
+
+
 def _at_a_glance(s: Scope) -> list[Any]:
-    """One table row per engine with its current figures, and the advice counted across them."""
+    """One table row per engine: its advice, size and TTFT effect, then its figures."""
     cfg, t = s.cfg, g.target
     fast, slow = cfg.rate_window, cfg.slow_window
     by = "instance, model_name"
-    columns = [
+    figures = [
         ("offload_hit_ratio", "Offload hit ratio"),
         ("gpu_prefix_hit_ratio", "GPU prefix hit ratio"),
         ("reuse_ratio", f"Reuse ratio ({slow})"),
@@ -46,23 +89,34 @@ def _at_a_glance(s: Scope) -> list[Any]:
         ("cpu_fill_seconds", "CPU tier fill time"),
         ("store_rate_bytes_per_second", "Store rate"),
     ]
-    targets = [
-        t(f"max by ({by}) ({s.rule(key)})", instant=True, table=True) for key, _header in columns
+    columns = [
+        *_advice_columns(s, by),
+        *((f"max by ({by}) ({s.rule(key)})", header, unit(key), "") for key, header in figures),
     ]
+    refs = [chr(ord("A") + i) for i in range(len(columns))]
+    maps = {"action": ACTION_MAPPINGS, "basis": BASIS_MAPPINGS}
     overview_table = g.table(
         "Engines at a glance",
-        "One row per instance and model: the current figures (recording rules, "
-        f"{fast}/{slow} windows). Blank: undefined (no traffic, or offloading off).",
-        targets,
-        [(chr(ord("A") + i), header, unit(key)) for i, (key, header) in enumerate(columns)],
+        "One row per instance and model: the sidecar's advice (kvoffload_recommendation, "
+        "coloured: green/blue nothing to change, yellow/orange a change would help, red the "
+        "tier hurts), the size it advises, the TTFT change it predicts if applied and what "
+        "that rests on (basis: measured on this server, predicted from the KV-event curve, "
+        "or the fleet's A/B), the tier's TTFT effect now (negative = faster), then the "
+        f"figures (recording rules, {fast}/{slow} windows). Blank: undefined (no traffic, "
+        "offloading off, or no sidecar for that instance).",
+        [t(q, instant=True, table=True) for q, *_rest in columns],
+        [(ref, header, u) for ref, (_q, header, u, _m) in zip(refs, columns, strict=True)],
+        mappings={ref: maps[m] for ref, (*_x, m) in zip(refs, columns, strict=True) if m},
     )
     advice = g.timeseries(
         "Recommendations across the fleet",
-        "How many engines get each advice from their sidecar (kvoffload_recommendation).",
+        "How many engines get each advice from their sidecar (kvoffload_recommendation), "
+        "in the table's colours; the annotations mark each change of advice.",
         "short",
         [t(f"count by (action) ({s.sidecar('kvoffload_recommendation')} == 1)", "{{action}}")],
         stack=True,
         min_value=0,
+        colours=ACTION_COLOURS,
         width=24,
     )
     return [overview_table, advice]
@@ -159,11 +213,20 @@ def _by_instance_traffic(s: Scope) -> list[Any]:
         ),
         g.timeseries(
             "Load bandwidth by instance",
-            about(cfg, "load_gbps", f"Dashed: the {gbps(cfg)} nominal link peak."),
+            about(
+                cfg,
+                "load_gbps",
+                f"Dashed blue: the {gbps(cfg)} nominal link peak, a reference and not a limit "
+                "(a PCIe Gen5 x16 link does more); the floor of KVOffloadTransferSlow is "
+                f"{cfg.transfer_slow_bytes_per_second / 1e9:g} GB/s (orange).",
+            ),
             unit("load_gbps"),
             [t(s.rule("load_gbps"), "{{instance}} {{model_name}}")],
             min_value=0,
-            lines=[(cfg.link_peak_bytes_per_second, "red")],
+            lines=[
+                (cfg.transfer_slow_bytes_per_second, "orange"),
+                (cfg.link_peak_bytes_per_second, "blue"),
+            ],
         ),
         g.timeseries(
             "GPU KV cache usage by instance",

@@ -57,7 +57,7 @@ def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Secti
                 panel.body.description += f" {NEEDS_RULES} ({', '.join(names)})."
                 listed.append(f"- **{panel.body.title}** ({section.title}): {', '.join(names)}")
     intro = (
-        "Panels read kvoffload's recording rules (`alerts/kvoffload-rules.yaml`, "
+        "Panels read kvoffload's recording rules (`alerts/rules/kvoffload-rules.yaml`, "
         f"[the rules]({doc('rules.md')})) and, where a rule is missing, the same PromQL over "
         "vLLM's own series, so a Prometheus without the rules still fills them; the variables "
         "list vLLM's own series. Panels reading the sidecar (`kvoffload_*`) need "
@@ -103,6 +103,30 @@ def links(cfg: MixinConfig) -> list[dict[str, Any]]:
     ]
 
 
+# Step of the advice-change annotation, and how far back it compares: equal, so each change
+# of advice is marked once, at the first step that sees it.
+ADVICE_STEP = "1m"
+
+
+def advice_changes(cfg: MixinConfig) -> dict[str, Any]:
+    """An annotation where a sidecar's published advice changed: the action that is 1 now and
+    was not one step before (kvoffload_recommendation), so every panel shows when it moved;
+    a sidecar's first advice after its warm-up is marked too."""
+    parts = [cfg.sidecar_selector] if cfg.sidecar_selector else []
+    parts += [f'{cfg.sidecar_target_label}=~"$instance"', 'model_name=~"$model_name"']
+    rec = f"kvoffload_recommendation{{{', '.join(parts)}}}"
+    expr = f"{rec} == 1\nunless\n{rec} offset {ADVICE_STEP} == 1"
+    return g.annotation(
+        "Advice changes",
+        expr,
+        "Advice: {{action}}",
+        f"{{{{{cfg.sidecar_target_label}}}}} {{{{model_name}}}}: the sidecar now advises "
+        "{{action}}",
+        "action",
+        ADVICE_STEP,
+    )
+
+
 def dashboard(
     cfg: MixinConfig,
     name: str,
@@ -123,4 +147,5 @@ def dashboard(
         refresh=cfg.dashboard_refresh,
         time_from=cfg.dashboard_time_from,
         links=links(cfg),
+        annotations=[advice_changes(cfg)],
     )

@@ -14,7 +14,15 @@ from kvoffload.mixin.dashboards.capacity import capacity_rows, host_memory_row, 
 from kvoffload.mixin.dashboards.diagnostics import diagnostics_row
 from kvoffload.mixin.dashboards.kv_events import exact_row
 from kvoffload.mixin.dashboards.layout import dashboard
-from kvoffload.mixin.dashboards.panels import DIAGNOSTICS_ROW, EXACT_ROW, about, unit
+from kvoffload.mixin.dashboards.panels import (
+    ACTION_CODES,
+    ACTION_MAPPINGS,
+    DIAGNOSTICS_ROW,
+    EXACT_ROW,
+    about,
+    pooled_about,
+    unit,
+)
 from kvoffload.mixin.dashboards.scope import Scope
 from kvoffload.mixin.dashboards.tiers import TIERS_ROW, tiers_row
 from kvoffload.mixin.promql import MixinConfig, record_name
@@ -53,16 +61,24 @@ def _advice(s: Scope) -> list[Any]:
     """The sidecar's advice, the tier's size and the three figures it rests on."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
-    rec_action = f"max by (action) ({s.sidecar('kvoffload_recommendation')}) == 1"
+    by = "instance, model_name"
     return [
         g.stat(
             "Recommendation",
-            "The sidecar's current advice for the selected engines (kvoffload_recommendation"
-            "): enable, leave_off, keep, grow, shrink, store_threshold or disable. Its "
-            "reasons are on the sidecar's status page and in /api/v1/status.",
+            "The sidecar's current advice per engine (kvoffload_recommendation): enable, "
+            "leave_off, keep, grow, shrink, store_threshold or disable, coloured green/blue "
+            "for nothing to change, yellow/orange where a change would help, red where the "
+            "tier hurts. Its reasons are on the sidecar's status page and in /api/v1/status; "
+            'the dashboard marks each change of advice (annotation "Advice changes").',
             "none",
-            [t(rec_action, "{{action}}")],
-            text_mode="name",
+            [
+                t(
+                    s.coded("kvoffload_recommendation", "action", ACTION_CODES, by, flag=True),
+                    "{{instance}} {{model_name}}",
+                )
+            ],
+            text_mode="value_and_name",
+            mappings=ACTION_MAPPINGS,
         ),
         g.stat(
             "Recommended --kv-offloading-size",
@@ -80,33 +96,33 @@ def _advice(s: Scope) -> list[Any]:
         ),
         g.stat(
             "Offload hit ratio",
-            about(cfg, "offload_hit_ratio"),
+            pooled_about(cfg, "offload_hit_ratio"),
             unit("offload_hit_ratio"),
-            [t(f"avg({s.rule('offload_hit_ratio')})")],
+            [t(s.pooled("offload_hit_ratio"))],
             decimals=1,
         ),
         g.stat(
             "Reload speedup",
-            about(
+            pooled_about(
                 cfg,
                 "speedup",
                 f"Red under {cfg.min_speedup:g}×; whether the tier pays is the TTFT verdict's "
                 "question, not this ratio's.",
             ),
             unit("speedup"),
-            [t(f"avg({s.rule('speedup')})")],
+            [t(s.pooled("speedup"))],
             decimals=1,
             thresholds=[(0.0, "red"), (cfg.min_speedup, "green")],
         ),
         g.stat(
             f"Reuse ratio ({slow})",
-            about(
+            pooled_about(
                 cfg,
                 "reuse_ratio",
                 "Near 0 for longer than the tier's fill time: offloading is pure cost.",
             ),
             unit("reuse_ratio"),
-            [t(f"avg({s.rule('reuse_ratio')})")],
+            [t(s.pooled("reuse_ratio"))],
             decimals=2,
             thresholds=[(0.0, "red"), (cfg.low_reuse_ratio, "green")],
         ),

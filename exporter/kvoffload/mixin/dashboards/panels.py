@@ -6,6 +6,7 @@ unit, and the help /metrics and docs/metrics.md also print), so dashboards say w
 
 from __future__ import annotations
 
+from kvoffload.analysis.advisor import ACTIONS
 from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.promql import MixinConfig, record_name, rendering_for
@@ -42,6 +43,32 @@ OFFLOAD_CONFIG_LABELS = (
     "cpu_kv_cache_size_tokens",
 )
 
+# What the description of a stat pooling a figure over the selection says (the linter's
+# mark, in tests/rules/rules_lint.py, for its stated rate() window).
+POOLED = (
+    "Across the selected engines and models: sums of rates over sums of rates from vLLM's "
+    "series (the rule's formula pooled over its window), never an average of their ratios."
+)
+
+# Each advice as a number (PromQL cannot turn the `action` label into a value) and its colour:
+# green/blue = nothing to change, yellow/orange = a change would help, red = the tier hurts.
+ACTION_COLOURS = {
+    "enable": "orange",
+    "leave_off": "blue",
+    "keep": "green",
+    "grow": "orange",
+    "shrink": "yellow",
+    "store_threshold": "yellow",
+    "disable": "red",
+}
+ACTION_CODES = {action: i + 1 for i, action in enumerate(ACTIONS)}
+ACTION_MAPPINGS = g.value_mappings({ACTION_CODES[a]: (a, ACTION_COLOURS[a]) for a in ACTIONS})
+# What the predicted TTFT change rests on (kvoffload_recommended_ttft_change_seconds' basis).
+BASIS_CODES = {"measured": 1, "predicted": 2, "fleet": 3}
+BASIS_MAPPINGS = g.value_mappings(
+    {1: ("measured", "green"), 2: ("predicted", "yellow"), 3: ("fleet", "blue")}
+)
+
 # Grafana's unit for each unit of the catalog (signals.Figure.unit). The rules and the sidecar's
 # /metrics carry base units (bytes/s where the JSON says GB/s).
 GRAFANA_UNITS = {
@@ -75,6 +102,14 @@ def about(cfg: MixinConfig, key: str, extra: str = "", which: str | None = None)
         text = text.replace("over the window", f"over {r.window(cfg, which)}")
     text = f"{text} Recording rule: {record_name(key, cfg, which)}."
     return f"{text} {extra}" if extra else text
+
+
+def pooled_about(cfg: MixinConfig, key: str, extra: str = "") -> str:
+    """The description of a stat pooling figure `key` over the selection: the catalog's
+    words, then how it pools and over which window (the rule's)."""
+    r = rendering_for(key)
+    window = r.window(cfg, r.windows[0]) if r.windows else cfg.rate_window
+    return about(cfg, key, f"{extra} {POOLED} Pooled over {window}.".strip())
 
 
 def sidecar_help(name: str) -> str:

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import re
 
-from kvoffload.analysis.formula import GATE_RECORD, counter_series
+from kvoffload.analysis.formula import (
+    GATE_RECORD,
+    Expr,
+    Ratio,
+    TimesWorldSize,
+    WhenOffloading,
+    counter_series,
+    div,
+    paren,
+    target_by,
+)
+from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.mixin.promql import (
     RENDERINGS,
     MixinConfig,
@@ -34,15 +45,37 @@ def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "")
     (unscoped: vLLM's config info has no model_name)."""
     if not cfg.dashboard_raw_fallback:
         return None
-    expr = r.build(cfg, r.window(cfg, which) if which else "")
-    if scope:
-        expr = re.sub(r'\{__name__=~"vllm\[:_\][^"]*"', lambda m: f"{m.group(0)}, {scope}", expr)
-    expr = expr.replace(GATE_RECORD, f"(\n{offload_configured(cfg)}\n)")
+    expr = _scoped(r.build(cfg, r.window(cfg, which) if which else ""), cfg, scope)
     if RULE_NAME.search(expr):
         return None
     for label, value in r.labels:
         expr = f'label_replace({expr}, "{label}", "{value}", "", "")'
     return expr
+
+
+def _scoped(expr: str, cfg: MixinConfig, scope: str) -> str:
+    """`expr` with `scope` added to its vLLM selectors and the offload gate inlined."""
+    if scope:
+        expr = re.sub(r'\{__name__=~"vllm\[:_\][^"]*"', lambda m: f"{m.group(0)}, {scope}", expr)
+    return expr.replace(GATE_RECORD, f"(\n{offload_configured(cfg)}\n)")
+
+
+def pooled_expr(e: Expr, cfg: MixinConfig, w: str, scope: str, gate: bool = False) -> str:
+    """Figure `e` over every selected target and model at once: each ratio a sum over sum
+    (0.24 of 10 tokens and 0.96 of 1000 pool to 0.95, not the 0.60 an average of ratios
+    says), each other node summed where it is a sum of targets' figures (rates)."""
+    if isinstance(e, WhenOffloading):
+        return pooled_expr(e.inner, cfg, w, scope, gate or e.gate)
+    if isinstance(e, Ratio):
+        return div(pooled_expr(e.num, cfg, w, scope, gate), pooled_expr(e.den, cfg, w, scope, gate))
+    if isinstance(e, TimesWorldSize) and cfg.world_size != 1:
+        return f"{paren(pooled_expr(e.inner, cfg, w, scope, gate))}\n* {cfg.world_size}"
+    if isinstance(e, TimesWorldSize):
+        return pooled_expr(e.inner, cfg, w, scope, gate)
+    leaf = e.promql(cfg, w)
+    if gate:
+        leaf = f"{paren(leaf)}\nand on ({target_by(cfg)})\n{GATE_RECORD}"
+    return f"sum {paren(_scoped(leaf, cfg, scope))}"
 
 
 def fallback_rules(cfg: MixinConfig) -> set[str]:
@@ -98,6 +131,15 @@ class Scope:
         rule = f"{r.record(self.cfg, which)}{{{', '.join([scope, *matchers])}}}"
         raw = raw_expr(r, self.cfg, which, scope)
         return rule if raw is None else f"(\n{rule}\nor\n{raw}\n)"
+
+    def pooled(self, key: str) -> str:
+        """Catalog figure `key` across every selected engine and model, sums of rates over
+        sums of rates: a stat showing one number for many models must not average ratios."""
+        r = rendering_for(key)
+        which = r.windows[0] if r.windows else "fast"
+        return pooled_expr(
+            FIGURES_BY_KEY[key].formula, self.cfg, r.window(self.cfg, which), self.scope
+        )
 
     def fleet_mean(self, metric: str, op: str, which: str) -> str:
         """A per-model fleet rule (no target labels; one rendering per static label set, e.g.
@@ -158,6 +200,25 @@ class Scope:
         parts = [self.cfg.sidecar_selector] if self.cfg.sidecar_selector else []
         parts += [f'{self.cfg.sidecar_target_label}=~"$instance"', 'model_name=~"$model_name"']
         return f"{name}{{{', '.join([*parts, *matchers])}}}"
+
+    def sidecar_by_instance(self, name: str, *matchers: str) -> str:
+        """A sidecar series with its vLLM target copied into `instance`, to sit in one table
+        row with the rules of that instance (the sidecar's own `instance` is its address)."""
+        return (
+            f'label_replace({self.sidecar(name, *matchers)}, "instance", "$1", '
+            f'"{self.cfg.sidecar_target_label}", "(.+)")'
+        )
+
+    def coded(self, name: str, label: str, codes: dict[str, int], by: str, flag: bool) -> str:
+        """Which value of `label` a sidecar series holds per `by`, as its code (PromQL cannot
+        turn a label into a number): one branch per value, where the series is 1 (`flag`: a
+        0/1 series per value, like kvoffload_recommendation) or, else, where it exists."""
+        branches = []
+        for value, code in codes.items():
+            sel = self.sidecar_by_instance(name, f'{label}="{value}"')
+            one = f"max by ({by}) ({sel}) == 1" if flag else f"group by ({by}) ({sel})"
+            branches.append(f"{code} * ({one})")
+        return "\nor\n".join(branches)
 
     def offload_rate(self, direction: str, by: str) -> str:
         """Per-engine transfer traffic from the raw counters, in the catalog's order of
