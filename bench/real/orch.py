@@ -184,6 +184,22 @@ CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-4"] = (
         ("cpu4", 4, True),
     ],
 )
+# Issue #28 item 1: vLLM 0.26.0's own tiering series, from a real server (a fixture capture, not a
+# TTFT run): TieringOffloadingSpec with a file-system tier under the 1 GiB CPU tier, 45 s of RAG.
+CONFIGS["qwen3-0.6b-rag-tiering-fs"] = (
+    dict(CONFIGS["qwen3-0.6b-rag-cudagraph-kv1.5g"][0], eager=True, cap_s=45, est_s=45, nreq=3000),
+    [
+        (
+            "cpu1-fs",
+            1,
+            False,
+            {
+                "spec_name": "TieringOffloadingSpec",
+                "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/kvoffload-fs-tier"}],
+            },
+        )
+    ],
+)
 CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"] = (
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs"][0],
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"][1],
