@@ -219,7 +219,7 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
     r = run(str(exe), "--help")
     assert r.returncode == 0 and "serve" in r.stdout, r.stdout + r.stderr
     r = run(str(exe), "--version")
-    assert r.stdout.strip() == f"kvoffload {__version__} (journal reader: compiled)", r.stderr
+    assert r.stdout.strip() == f"kvoffload {__version__} (recording scan: compiled)", r.stderr
     r = run(str(exe), "serve", "--help")
     assert r.returncode == 0 and links.doc("advisor.md") in r.stdout, r.stdout + r.stderr
     r = run(
@@ -267,7 +267,7 @@ def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
         )
         r = run([sys.executable, "-m", "kvoffload", "--version"])
         reader = "compiled" if name == "compiled" else "pure Python"
-        assert r.stdout.strip() == f"kvoffload {__version__} (journal reader: {reader})"
+        assert r.stdout.strip() == f"kvoffload {__version__} (recording scan: {reader})"
         r = run([sys.executable, "-m", "kvoffload", "analyze", str(journal), "--json"])
         assert r.returncode == 0, r.stderr
         reports[name] = r.stdout

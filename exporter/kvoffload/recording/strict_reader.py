@@ -14,7 +14,9 @@ for the instances that have series of it, or for all when nobody has. Only the f
 followed. It declines (`blocks.Declined`) what it cannot read exactly as the general reader
 would: no `# EOF`, NUL or CR bytes, a line it does not know, a family declared twice (a journal:
 each scrape declares its families), a series whose points go back in time, two instances
-scraped at the same instant.
+scraped at the same instant. It does not look at the lines of the families the catalog does
+not read (that is its speed): a malformed line there, which the general reader refuses, is
+passed over (tests/test_recording_read.py, the fuzzed files).
 """
 
 from __future__ import annotations
