@@ -487,7 +487,7 @@ def window_from_expositions(
 def window_from_recording(
     path: str,
     window_seconds: float | None = None,
-    report: Callable[[int], None] | None = None,
+    report: Callable[[int | None], None] | None = None,
 ) -> tuple[Window, int, bool]:
     """window_from_expositions of a recording file, read by `recording.read` (it picks the
     reader; docs/performance.md)."""

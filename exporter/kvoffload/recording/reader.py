@@ -24,20 +24,23 @@ T = TypeVar("T")
 def read(
     path: str,
     consume: Callable[[Iterable[Extract]], T],
-    report: Callable[[int], None] | None = None,
+    report: Callable[[int | None], None] | None = None,
 ) -> T:
     """`consume(the scrapes of the recording at path)`, each instance's in time order.
 
     Strict OpenMetrics (what `record` leaves) goes through the strict reader; anything else —
     a journal left by a killed `record`, a snapshot, a file with faults — through the general
     reader, which reads it or says what is wrong. `report` is told now and then how many
-    bytes the strict reader got through (the general one is followed by its descriptor)."""
+    bytes the strict reader got through, and None when the general reader takes over (a
+    reader of the file's descriptor follows that one)."""
     try:
         return consume(strict_extracts(path, report))
     except Declined as exc:
         log.debug("%s: the general reader reads it (%s)", path, exc)
     except UnicodeDecodeError:
         pass  # a name the strict reader decodes is not UTF-8: the general reader says so
+    if report is not None:
+        report(None)  # the general reader reads a descriptor: followed from outside
     return consume(
         extract(expo, expo.timestamp or 0.0, "")
         for expo in read_recording(path, wanted, WANTED_FAMILIES)
