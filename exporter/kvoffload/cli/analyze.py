@@ -127,6 +127,8 @@ def analyze(
         )
         lifetime = False
     else:
+        if jobs is not None:
+            raise InputError("--jobs goes with --prometheus (a recording is read in one process)")
         if file is not None:
             win, scrapes, lifetime = _read_file(file, window)
         else:
