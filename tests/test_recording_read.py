@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload import recording
 from kvoffload.analysis.analyze import (
     analyze_window,
     window_from_expositions,
@@ -164,6 +165,21 @@ def test_a_family_whose_block_comes_again_keeps_its_series_apart(tmp_path: Path,
     path.write_text("\n".join(lines) + "\n# EOF\n")
     assert _takes(path) == 4  # read by columns, not declined
     assert _read(path) == _general(path)
+
+
+def test_report_tells_the_strict_readers_offsets_and_when_the_general_reader_takes_over(
+    sim_recordings: dict[str, tuple[Path, Path]],
+) -> None:
+    """`report` hears the byte offsets the strict reader reaches; on a file it declines, None
+    last (the general reader is followed by its descriptor instead)."""
+    journal, strict = sim_recordings["restart"]
+    for path, declined in ((strict, False), (journal, True)):
+        told: list[int | None] = []
+        count = recording.read(str(path), lambda scrapes: sum(1 for _ in scrapes), told.append)
+        assert count == 121
+        offsets = [t for t in told if t is not None]
+        assert offsets and offsets == sorted(offsets) and offsets[-1] <= path.stat().st_size
+        assert (told[-1] is None) is declined and told.count(None) == declined
 
 
 # -- what the strict reader declines: the general reader ---------------------------------------
