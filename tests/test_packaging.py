@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from kvoffload import __version__, links
 from kvoffload.cli import cli
+from kvoffload.recording.openmetrics import finalize_journal
 from kvoffload.sim import scenarios
 from kvoffload.sim.write_recording import record_scenario
 
@@ -219,7 +220,7 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
     r = run(str(exe), "--help")
     assert r.returncode == 0 and "serve" in r.stdout, r.stdout + r.stderr
     r = run(str(exe), "--version")
-    assert r.stdout.strip() == f"kvoffload {__version__} (journal reader: compiled)", r.stderr
+    assert r.stdout.strip() == f"kvoffload {__version__} (recording scan: compiled)", r.stderr
     r = run(str(exe), "serve", "--help")
     assert r.returncode == 0 and links.doc("advisor.md") in r.stdout, r.stdout + r.stderr
     r = run(
@@ -248,13 +249,15 @@ def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
 ) -> None:
     """The compiled scan is optional: with no C compiler the build goes on without it, and the
     package it gives reads a recording to the same JSON, bit for bit, with its pure-Python
-    twin (`--version` says which reader is in use)."""
+    twin (`--version` says which scan is in use)."""
     pure = _build_wheel(tmp_path / "pure", env={**os.environ, "CC": "/bin/false"})
     with zipfile.ZipFile(pure) as z:
         assert not any(COMPILED_SCAN.fullmatch(n) for n in z.namelist())
-    journal = tmp_path / "restart.om"
+    journal = tmp_path / "restart.journal"
     scenario = scenarios.get("restart")
     record_scenario(scenario, str(journal), scenario.duration_s, 15.0, instance="restart:8000")
+    strict = tmp_path / "restart.om"  # what `record` leaves: the file the scan reads
+    finalize_journal(str(journal), str(strict))
     reports = {}
     for name, whl in (("compiled", wheel), ("pure", pure)):
         site = tmp_path / f"site-{name}"
@@ -267,8 +270,8 @@ def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
         )
         r = run([sys.executable, "-m", "kvoffload", "--version"])
         reader = "compiled" if name == "compiled" else "pure Python"
-        assert r.stdout.strip() == f"kvoffload {__version__} (journal reader: {reader})"
-        r = run([sys.executable, "-m", "kvoffload", "analyze", str(journal), "--json"])
+        assert r.stdout.strip() == f"kvoffload {__version__} (recording scan: {reader})"
+        r = run([sys.executable, "-m", "kvoffload", "analyze", str(strict), "--json"])
         assert r.returncode == 0, r.stderr
         reports[name] = r.stdout
     assert reports["compiled"] == reports["pure"]

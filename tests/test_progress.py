@@ -167,7 +167,7 @@ def test_analyze_shows_bytes_read_on_stderr_and_keeps_stdout_json(tmp_path, monk
     assert doc["scrapes"] == 300
     lines = result.stderr.split("\r")
     live = [
-        # (the fast readers tell the bytes; the scrapes are counted at the end)
+        # (the general reader's descriptor tells the bytes; the scrapes are counted at the end)
         re.match(r"reading rec\.om: ([\d.]+) MiB of ([\d.]+) MiB \((\d+) %\)", x)
         for x in lines
     ]

@@ -166,10 +166,11 @@ class FileReadProgress:
         self._thread: threading.Thread | None = None
 
     # -- the reader's side ------------------------------------------------------------------
-    def reached(self, offset: int) -> None:
-        """A reader that maps the file says how far it got (its descriptor cannot)."""
-        self.told = True
-        self.offset = offset
+    def reached(self, offset: int | None) -> None:
+        """A reader that maps the file says how far it got (its descriptor cannot); None: it
+        gave up, and the reader taking over is followed by its descriptor again."""
+        self.told = offset is not None
+        self.offset = offset or 0
 
     def count(self, items: Iterable[T]) -> Iterator[T]:
         """`items` unchanged, counted."""

@@ -109,7 +109,7 @@ def test_the_build_stage_installs_the_package_alone() -> None:
     assert installs == [["/opt/kvoffload/bin/pip", "install", "--no-cache-dir", "."]]
     assert not any("apt-get" in s[0] for s in steps)
     # The build fails rather than ship the pure-Python reader unnoticed.
-    assert "journal reader: compiled" in run.value[0]
+    assert "recording scan: compiled" in run.value[0]
     # The compiler for the compiled scan, in the build stage only (the final stage copies the
     # venv alone: test_the_final_stage_gets_the_venv_and_nothing_else).
     apt = [shlex.split(s) for s in compiler.value[0].split("&&")]

@@ -487,15 +487,13 @@ def window_from_expositions(
 def window_from_recording(
     path: str,
     window_seconds: float | None = None,
-    jobs: int | None = None,
-    report: Callable[[int], None] | None = None,
+    report: Callable[[int | None], None] | None = None,
 ) -> tuple[Window, int, bool]:
-    """window_from_expositions of a recording file, read by `recording.read` (the fastest
-    reader that takes it; docs/performance.md)."""
+    """window_from_expositions of a recording file, read by `recording.read` (it picks the
+    reader; docs/performance.md)."""
     return recording.read(
-        path, lambda scrapes: window_from_extracts(scrapes, window_seconds), window_seconds,
-        jobs, report,
-    )  # fmt: skip
+        path, lambda scrapes: window_from_extracts(scrapes, window_seconds), report
+    )
 
 
 def window_from_extracts(

@@ -15,7 +15,7 @@ from kvoffload.cli import analyze, demo, generate, healthcheck, record, serve, s
 from kvoffload.cli.flags import ENV_HELP, ExporterGroup, log_options
 from kvoffload.cli.options import EXIT_BAD_INPUT
 from kvoffload.errors import InputError
-from kvoffload.recording import journal_reader as fastjournal
+from kvoffload.recording import blocks
 
 
 @click.group(
@@ -27,8 +27,8 @@ from kvoffload.recording import journal_reader as fastjournal
 @click.version_option(
     __version__,
     prog_name="kvoffload",
-    message="%(prog)s %(version)s (journal reader: "
-    + ("compiled" if fastjournal.COMPILED else "pure Python")
+    message="%(prog)s %(version)s (recording scan: "
+    + ("compiled" if blocks.COMPILED else "pure Python")
     + ")",
 )
 def cli() -> None:

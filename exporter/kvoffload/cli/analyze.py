@@ -60,9 +60,8 @@ from kvoffload.cli.options import duration_callback, make_settings, settings_opt
     "--jobs",
     type=click.IntRange(1),
     default=None,
-    help="Worker processes: with --prometheus, and for reading a large recording written "
-    "scrape by scrape in parts (default: one per core, up to 4; the figures are those of one "
-    "process).",
+    help="With --prometheus: worker processes reading and analyzing the fleet in batches "
+    "(default: one per usable core).",
 )
 @click.option(
     "--top",
@@ -128,8 +127,10 @@ def analyze(
         )
         lifetime = False
     else:
+        if jobs is not None:
+            raise InputError("--jobs goes with --prometheus (a recording is read in one process)")
         if file is not None:
-            win, scrapes, lifetime = _read_file(file, window, jobs)
+            win, scrapes, lifetime = _read_file(file, window)
         else:
             expositions = _sample_live(source, duration, interval)
             win, scrapes, lifetime = window_from_expositions(expositions, window)
@@ -173,12 +174,12 @@ def _read_fleet(
         progress.finish()
 
 
-def _read_file(file: str, window: float | None, jobs: int | None) -> tuple[Window, int, bool]:
+def _read_file(file: str, window: float | None) -> tuple[Window, int, bool]:
     """The recording or snapshot `file` as a window, showing the read's progress."""
-    # Bytes of the file read so far: told by the fast readers, else seen from the general
+    # Bytes of the file read so far: told by the strict reader, else seen from the general
     # reader's descriptor; on a terminal after a second, elsewhere one line for a long read.
     with FileReadProgress(file, Progress(show_after=1.0, final_after=5.0)) as reading:
-        win, scrapes, lifetime = window_from_recording(file, window, jobs, report=reading.reached)
+        win, scrapes, lifetime = window_from_recording(file, window, report=reading.reached)
         reading.items = scrapes
     return win, scrapes, lifetime
 

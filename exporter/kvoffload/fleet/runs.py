@@ -11,6 +11,7 @@ groups are in, so the result is what one process would give.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -24,9 +25,8 @@ from kvoffload.analysis.analyze import (
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.errors import InputError
 from kvoffload.fleet.promapi import PromStopped
-from kvoffload.fleet.source import FleetReader, ReadStats, _Plan
+from kvoffload.fleet.source import FleetReader, Plan, ReadStats
 from kvoffload.fleet.summary import FleetSummary, need_order, summarize
-from kvoffload.recording.reader import usable_cores
 
 
 @dataclass
@@ -45,7 +45,7 @@ class _BatchResult:
 
 
 def _analyze_batches(
-    reader: FleetReader, batches: list[list[_Plan]], settings: Settings
+    reader: FleetReader, batches: list[list[Plan]], settings: Settings
 ) -> _BatchResult:
     """Read `batches` and analyze their groups (without the fleet comparison)."""
     reader.stats = ReadStats()
@@ -77,7 +77,7 @@ def _init_worker(reader: FleetReader, settings: Settings) -> None:
     _WORKER = (reader, settings)
 
 
-def _work(batch: list[_Plan]) -> _BatchResult:
+def _work(batch: list[Plan]) -> _BatchResult:
     assert _WORKER is not None
     reader, settings = _WORKER
     return _analyze_batches(reader, [batch], settings)
@@ -128,3 +128,11 @@ def analyze_from_prometheus(
     add_fleet_evidence(groups, settings)
     groups = need_order(groups)
     return FleetResult(groups, summarize(groups), sum(r.scrapes for r in results), total)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: a container's or taskset's CPU set, not the
+    machine's count, so the default number of workers fits what the process is given."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1

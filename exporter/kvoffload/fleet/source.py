@@ -129,7 +129,7 @@ class ReadStats:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     instance: str
     series: int
     points_per_series: float
@@ -164,7 +164,7 @@ class FleetReader:
         self.stats = ReadStats()
 
     # -- the plan ---------------------------------------------------------------------------
-    def plan(self) -> list[_Plan]:
+    def plan(self) -> list[Plan]:
         """Instances, their series count and points per series, from two cheap questions.
         An instance the answers make no sense for is left out with its reason
         (`stats.errors`)."""
@@ -178,7 +178,7 @@ class FleetReader:
             if refused:
                 self.stats.errors[printable(instance)] = refused
             else:
-                plans.append(_Plan(instance, n, count))
+                plans.append(Plan(instance, n, count))
         return plans
 
     def _refused(self, instance: str, count: float) -> str | None:
@@ -224,7 +224,7 @@ class FleetReader:
         for batch in self.batches():
             yield from self.read_batch(batch)
 
-    def batches(self) -> list[list[_Plan]]:
+    def batches(self) -> list[list[Plan]]:
         """The plan cut into questions' worth of whole instances (each batch can be read and
         analyzed on its own: a worker process per batch, `fleet.runs`)."""
         plans = self.plan()
@@ -251,8 +251,8 @@ class FleetReader:
         self._report()
         return batches
 
-    def _batches(self, plans: list[_Plan]) -> Iterator[list[_Plan]]:
-        batch: list[_Plan] = []
+    def _batches(self, plans: list[Plan]) -> Iterator[list[Plan]]:
+        batch: list[Plan] = []
         points = 0.0
         for plan in plans:
             cost = plan.series * plan.points_per_series
@@ -264,7 +264,7 @@ class FleetReader:
         if batch:
             yield batch
 
-    def _chunks(self, batch: list[_Plan]) -> int:
+    def _chunks(self, batch: list[Plan]) -> int:
         """How many questions the batch is asked in (slices of the range)."""
         cost = sum(p.series * p.points_per_series for p in batch)
         chunks = max(1, math.ceil(cost / self.point_budget))
@@ -273,7 +273,7 @@ class FleetReader:
             chunks = max(chunks, math.ceil(steps / MAX_STEPS))
         return chunks
 
-    def read_batch(self, batch: list[_Plan]) -> Iterator[Extract]:
+    def read_batch(self, batch: list[Plan]) -> Iterator[Extract]:
         names = [p.instance for p in batch]
         chunks = self._chunks(batch)
         emitted: dict[str, float] = {}

@@ -1,7 +1,7 @@
 """Recordings: the OpenMetrics files `record` writes, their readers and the `record` loop.
 
-`read(path, consume)` is the one way in (recording.reader picks the fastest reader that takes
-the file)."""
+`read(path, consume, report)` is the one way in (recording.reader picks the reader that takes
+the file: the strict one for what `record` leaves, else the general one)."""
 
 from kvoffload.recording.reader import read
 

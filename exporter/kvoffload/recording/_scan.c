@@ -1,26 +1,14 @@
-/* The journal reader's hot loop, compiled (optional: fastjournal has the same function in
- * Python and uses it when this module was not built; tests run both and compare them).
- *
- * scan_block(buffer, start, end, wanted, unwanted, expected) reads one family block of a
- * scrape-ordered recording in place (the buffer is the mapped file: nothing is copied) and
- * returns what fastjournal's pure-Python `_scan_block` returns:
- *
- *   (values, stamp, heads)  every line starts with one of the `wanted` or `unwanted`
- *                           prefixes; the wanted lines are `head value stamp` with exactly two
- *                           blanks and one stamp for all; values are float(value) of each,
- *                           stamp the bytes; heads the list of heads, or None when they are
- *                           exactly `expected` (the heads of the family's previous block: a
- *                           target renders its series in a fixed order, so they usually are).
- *   None                    anything else (no wanted line, a line of another family, other
- *                           blanks, two stamps, a value float() refuses, no final newline):
- *                           the caller reads the block line by line, with its usual checks.
+/* The strict reader's hot loop, compiled (optional: strict_reader reads a piece in Python when
+ * this module was not built, to the same columns; tests run both and compare them).
  *
  * scan_series(buffer, start, end, wanted, unwanted) reads a piece of a family block of a
- * strict-layout recording (each series' points together) the same way and returns, for each
- * series in the order it first appears, (head, times, values, ordered): its points' times and
- * values as bytes of native doubles (for array('d')), and whether the times are all finite
- * and strictly increasing; None for anything the bulk read does not take (as above, less the
- * one stamp). faststrict reads a None piece with its Python code, which gives the same columns.
+ * strict-layout recording (each series' points together) in place (the buffer is the mapped
+ * file: nothing is copied) and returns, for each series in the order it first appears,
+ * (head, times, values, ordered): its points' times and values as bytes of native doubles (for
+ * array('d')), and whether the times are all finite and strictly increasing. Every line must
+ * start with one of the `wanted` or `unwanted` prefixes and a wanted one be `head value stamp`
+ * with exactly two blanks; anything else (a line of another family, other blanks, a value
+ * float() refuses, no final newline) gives None, and the caller reads the piece in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -117,13 +105,6 @@ static int parse_double(const char *at, Py_ssize_t len, double *out) {
     return 0;
 }
 
-/* The same as a float object; NULL without an exception when float() refuses it. */
-static PyObject *to_float(const char *at, Py_ssize_t len) {
-    double x;
-    int bad = parse_double(at, len, &x);
-    return bad ? NULL : PyFloat_FromDouble(x);
-}
-
 /* A piece of the buffer being read: its lines and the family's prefixes. */
 typedef struct {
     Py_buffer view;
@@ -191,88 +172,6 @@ static int next_wanted(piece_t *piece, const char **line, const char **eol, cons
     }
     return 0;
 }
-
-static PyObject *scan_block(PyObject *module, PyObject *args) {
-    PyObject *buffer, *wanted_tuple, *unwanted_tuple, *expected;
-    Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "OnnO!O!O", &buffer, &start, &end, &PyTuple_Type, &wanted_tuple,
-                          &PyTuple_Type, &unwanted_tuple, &expected))
-        return NULL;
-    piece_t piece;
-    if (piece_open(&piece, buffer, start, end, wanted_tuple, unwanted_tuple) < 0)
-        return NULL;
-    PyObject *result = NULL;
-    spans_t heads = {0}, values = {0};
-    const char *stamp = NULL;
-    Py_ssize_t stamp_len = 0;
-    int bulk = piece_whole(&piece);
-    const char *p, *eol, *b1 = NULL, *b2 = NULL;
-    while (bulk && (bulk = next_wanted(&piece, &p, &eol, &b1, &b2)) > 0) {
-        if (stamp == NULL) {
-            stamp = b2 + 1;
-            stamp_len = eol - stamp;
-        } else if (eol - b2 - 1 != stamp_len || memcmp(b2 + 1, stamp, (size_t)stamp_len) != 0) {
-            bulk = -1;
-            break;
-        }
-        if (spans_push(&heads, p, b1 - p) < 0 || spans_push(&values, b1 + 1, b2 - b1 - 1) < 0)
-            goto done;
-    }
-    if (bulk < 0 || heads.n == 0) { /* (0: the piece read to its end) */
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-
-    PyObject *floats = PyList_New(heads.n);
-    if (floats == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < values.n; i++) {
-        PyObject *x = to_float(values.items[i].at, values.items[i].len);
-        if (x == NULL) {
-            Py_DECREF(floats);
-            if (!PyErr_Occurred())
-                result = Py_NewRef(Py_None);
-            goto done;
-        }
-        PyList_SET_ITEM(floats, i, x);
-    }
-    int same = PyList_Check(expected) && PyList_GET_SIZE(expected) == heads.n;
-    for (Py_ssize_t i = 0; same && i < heads.n; i++) {
-        PyObject *known = PyList_GET_ITEM(expected, i);
-        same = PyBytes_Check(known) && PyBytes_GET_SIZE(known) == heads.items[i].len &&
-               memcmp(PyBytes_AS_STRING(known), heads.items[i].at, (size_t)heads.items[i].len) == 0;
-    }
-    PyObject *head_list;
-    if (same) {
-        head_list = Py_NewRef(Py_None);
-    } else {
-        head_list = PyList_New(heads.n);
-        for (Py_ssize_t i = 0; head_list != NULL && i < heads.n; i++) {
-            PyObject *h = PyBytes_FromStringAndSize(heads.items[i].at, heads.items[i].len);
-            if (h == NULL)
-                Py_CLEAR(head_list);
-            else
-                PyList_SET_ITEM(head_list, i, h);
-        }
-    }
-    PyObject *stamp_bytes = head_list ? PyBytes_FromStringAndSize(stamp, stamp_len) : NULL;
-    if (stamp_bytes == NULL) {
-        Py_DECREF(floats);
-        Py_XDECREF(head_list);
-        goto done;
-    }
-    result = PyTuple_Pack(3, floats, stamp_bytes, head_list);
-    Py_DECREF(floats);
-    Py_DECREF(stamp_bytes);
-    Py_DECREF(head_list);
-
-done:
-    PyMem_Free(heads.items);
-    PyMem_Free(values.items);
-    piece_close(&piece);
-    return result;
-}
-
 
 typedef struct {
     double *items;
@@ -475,9 +374,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"scan_block", scan_block, METH_VARARGS,
-     "scan_block(buffer, start, end, wanted, unwanted, expected) -> (values, stamp, heads) "
-     "or None: one family block of a journal, as fastjournal._scan_block reads it."},
     {"scan_series", scan_series, METH_VARARGS,
      "scan_series(buffer, start, end, wanted, unwanted) -> [(head, times, values, ordered)] "
      "or None: a piece of a strict recording's family block, series by series."},
@@ -487,7 +383,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_scan",
-    .m_doc = "The recording readers' hot loop, compiled.",
+    .m_doc = "The strict recording reader's hot loop, compiled.",
     .m_size = -1,
     .m_methods = methods,
 };

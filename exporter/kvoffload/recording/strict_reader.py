@@ -11,9 +11,12 @@ Extracts through `ingest.shapes`. Memory is the columns: 8 bytes per kept point.
 What a scrape declares follows the general reader (parse._with_families): a family is declared
 for the instances that have series of it, or for all when nobody has. Only the families
 `catalog.extract` looks at (the offload ones) can change an Extract, so only theirs are
-followed. Like the journal reader it declines (`fastjournal.Declined`) what it cannot read
-exactly as the general reader would: no `# EOF`, NUL or CR bytes, a line it does not know, a
-series whose points go back in time, two instances scraped at the same instant.
+followed. It declines (`blocks.Declined`) what it cannot read exactly as the general reader
+would: no `# EOF`, NUL or CR bytes, a line it does not know, a family declared twice (a journal:
+each scrape declares its families), a series whose points go back in time, two instances
+scraped at the same instant. It does not look at the lines of the families the catalog does
+not read (that is its speed): a malformed line there, which the general reader refuses, is
+passed over (tests/test_recording_read.py, the fuzzed files).
 """
 
 from __future__ import annotations
@@ -27,18 +30,18 @@ from collections.abc import Callable, Iterator, Sequence
 
 from kvoffload.ingest.catalog import FLAT_FAMILY, OFFLOAD_FAMILY_PREFIXES, Extract
 from kvoffload.ingest.parse import canonical_name, family_name
-from kvoffload.recording import journal_reader as fastjournal
-from kvoffload.recording.journal_reader import (
+from kvoffload.recording import blocks
+from kvoffload.recording.blocks import (
     Declined,
-    _Family,
-    _family,
-    _Instance,
-    _mapped,
-    _member,
-    _next_comment,
-    _next_type_line,
-    _Pages,
-    _wanted_text,
+    Family,
+    Instance,
+    Pages,
+    family_spec,
+    mapped,
+    member,
+    next_comment,
+    next_type_line,
+    wanted_text,
 )
 
 _INSTANCE = re.compile(rb'[{,]instance="((?:[^"\\]|\\.)*)"')
@@ -105,33 +108,33 @@ class _Repeated:
 def strict_extracts(path: str, report: Callable[[int], None] | None = None) -> Iterator[Extract]:
     """Every scrape of a strict-layout recording as an Extract: instance by instance, each
     in time order. `report`: told the byte offset reached now and then."""
-    with _mapped(path) as mm:
+    with mapped(path) as mm:
         columns, instances, users = _read_columns(mm, report)
     yield from _scrapes(columns, instances, users)
 
 
 def _read_columns(
     mm: mmap.mmap, report: Callable[[int], None] | None
-) -> tuple[dict[tuple[_Instance, int], _Column], dict[str, _Instance], dict[str, set[str] | None]]:
+) -> tuple[dict[tuple[Instance, int], _Column], dict[str, Instance], dict[str, set[str] | None]]:
     size = len(mm)
     if size < 6 or mm[size - 6 :] != b"# EOF\n":
         raise Declined("no '# EOF' at the end")
     end_of_data = size - 6
-    families: dict[tuple[bytes, bytes], _Family] = {}
-    series: dict[bytes, tuple[_Instance, int]] = {}
-    instances: dict[str, _Instance] = {}
-    columns: dict[tuple[_Instance, int], _Column] = {}
+    families: dict[tuple[bytes, bytes], Family] = {}
+    series: dict[bytes, tuple[Instance, int]] = {}
+    instances: dict[str, Instance] = {}
+    columns: dict[tuple[Instance, int], _Column] = {}
     # family → the instances with series of it (None: not followed), for the relevant ones.
     users: dict[str, set[str] | None] = {}
     unread: dict[str, list[tuple[int, int]]] = {}  # relevant families not read: their blocks
-    pages = _Pages(mm, report)
+    pages = Pages(mm, report)
     # The compiled scan of a piece (recording/_scan.c), unless it was not built or is turned off.
-    scan = fastjournal._compiled_scan_series if fastjournal.COMPILED else None
+    scan = blocks.compiled_scan if blocks.COMPILED else None
     # (number of points, first and last time) → the times arrays read, to hold each once
     shared_times: dict[tuple[int, float, float], list[array[float]]] = {}
     pos = 0
     while True:
-        found = _next_type_line(mm, pos, end_of_data, pages)
+        found = next_type_line(mm, pos, end_of_data, pages)
         if found is None:
             break
         pos, raw, mtype = found
@@ -142,11 +145,11 @@ def _read_columns(
         users[name] = set() if followed else None
         spec = families.get((raw, mtype))
         if spec is None:
-            spec = families[(raw, mtype)] = _family(raw, mtype)
+            spec = families[(raw, mtype)] = family_spec(raw, mtype)
         if not spec.wanted and not followed:
             continue
         if not spec.wanted:
-            block_end = _next_comment(mm, pos, end_of_data, pages)
+            block_end = next_comment(mm, pos, end_of_data, pages)
             unread.setdefault(name, []).append((pos, block_end))
             pos = block_end
             continue
@@ -157,7 +160,7 @@ def _read_columns(
         for start, stop in _spans(mm, block_start, end_of_data, pages, block_end_at):
             runs = None if scan is None else scan(mm, start, stop, spec.wanted, spec.unwanted)
             if runs is None:  # (or no compiled scan) the Python reading: the same columns
-                reader.read(_wanted_text(mm[start:stop], spec))
+                reader.read(wanted_text(mm[start:stop], spec))
             else:
                 reader.read_series(runs)
         _share_times(reader.started, shared_times)
@@ -177,14 +180,14 @@ def _read_columns(
 _PIECE = 2 * 2**20
 
 
-def _pieces(mm: mmap.mmap, start: int, end: int, pages: _Pages) -> Iterator[bytes]:
+def _pieces(mm: mmap.mmap, start: int, end: int, pages: Pages) -> Iterator[bytes]:
     """mm[start:end] (`start` a line start) in pieces that end at line ends."""
     for a, b in _spans(mm, start, end, pages):
         yield mm[a:b]
 
 
 def _spans(
-    mm: mmap.mmap, start: int, end: int, pages: _Pages, stopped: list[int] | None = None
+    mm: mmap.mmap, start: int, end: int, pages: Pages, stopped: list[int] | None = None
 ) -> Iterator[tuple[int, int]]:
     """[start, end) (`start` a line start) in pieces that end at line ends, as (start, end)
     offsets; with `stopped`, only up to the next line beginning with '#' (the end of a family
@@ -226,10 +229,10 @@ class _SeriesReader:
 
     def __init__(
         self,
-        spec: _Family,
-        series: dict[bytes, tuple[_Instance, int]],
-        instances: dict[str, _Instance],
-        columns: dict[tuple[_Instance, int], _Column],
+        spec: Family,
+        series: dict[bytes, tuple[Instance, int]],
+        instances: dict[str, Instance],
+        columns: dict[tuple[Instance, int], _Column],
         family_users: set[str] | None,
     ) -> None:
         self.spec = spec
@@ -330,7 +333,7 @@ class _SeriesReader:
             raise Declined("a line of another family")
         known = self.series.get(head)
         if known is None:
-            known = self.series[head] = _member(head, self.instances)
+            known = self.series[head] = member(head, self.instances)
             column = self.columns[known] = _Column()
             self.started.append(column)
         else:
@@ -419,8 +422,8 @@ def _split_lines(text: bytes) -> tuple[list[bytes], list[bytes], list[bytes]] | 
 
 
 def _scrapes(
-    columns: dict[tuple[_Instance, int], _Column],
-    instances: dict[str, _Instance],
+    columns: dict[tuple[Instance, int], _Column],
+    instances: dict[str, Instance],
     users: dict[str, set[str] | None],
 ) -> Iterator[Extract]:
     seen_times: set[float] = set()
