@@ -29,13 +29,15 @@ CAPTURES = [
 GIB = 1 << 30
 
 
-def rows_at(group: dict, size: str) -> tuple[float, list[dict], dict[str, float]]:
+def rows_at(group: dict, size: str) -> tuple[float, list[dict], dict[str, float]] | None:
     """The tier size (GiB), the N = 1..4 rows and the LRU/ARC hit ratios at one size."""
     whatif = group["kv_events"]["whatif"]
     thr = sorted(
         (r for r in whatif["store_threshold"] if r["size"] == size),
         key=lambda r: r["store_threshold"],
     )
+    if not thr:  # no advised size (the advice keeps the current one)
+        return None
     gib = thr[0]["cpu_gib"]
     policy = {
         r["policy"]: r["cpu_hit_ratio"]
@@ -62,7 +64,10 @@ def main() -> None:
         group = analyze_xz(base + ".om.xz", base + ".kvev.xz")
         measured = group["figures"].get("offload_hit_ratio")
         for size in ("current", "advised"):
-            gib, thr, policy = rows_at(group, size)
+            at = rows_at(group, size)
+            if at is None:
+                continue
+            gib, thr, policy = at
             cells = " | ".join(cell(r) for r in thr)
             lru_arc = (
                 f"{policy.get('lru', float('nan')):.3f} / {policy.get('arc', float('nan')):.3f}"
