@@ -3,11 +3,16 @@ figures on the fixtures written from vLLM's source, and when a secondary tier pa
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import pytest
 
-from kvoffload.analysis.analyze import analyze_window, window_from_expositions
+from kvoffload.analysis.analyze import (
+    analyze_window,
+    window_from_expositions,
+    window_from_recording,
+)
 from kvoffload.analysis.tiering import secondary_tier_verdict
 from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
 from kvoffload.ingest.parse import parse_text
@@ -32,8 +37,9 @@ def test_chunk_spelling_gives_each_tiers_hits_and_bandwidth() -> None:
     assert f["primary_tier_hit_ratio"] == pytest.approx(150 / 200)
     assert f["tier_read_gbps"] == pytest.approx(6.0)
     assert f["tier_write_gbps"] == pytest.approx(1.5)
-    # every tier's lookups: 200 of the CPU tier at 20 µs, 50 of the fs tier at 400 µs
-    assert f["mean_lookup_seconds"] == pytest.approx((200 * 2e-5 + 50 * 4e-4) / 250)
+    # vLLM 0.26.0's per-request tiering histograms: 50 requests, 400 µs blocked, 30 ms waited
+    assert f["tier_lookup_blocking_seconds"] == pytest.approx(4e-4)
+    assert f["tier_lookup_wait_seconds"] == pytest.approx(0.03)
 
 
 def test_block_spelling_of_the_first_releases_gives_the_same_figures() -> None:
@@ -148,3 +154,29 @@ def test_a_tier_whose_series_appear_later_is_no_restart() -> None:
         win.update(extract(parse_text(body, wanted, WANTED_FAMILIES), t, "i"))
     (group,) = analyze_window(win)
     assert group["figures"]["tier_read_bytes_per_second"] == 0.0
+
+
+REAL_TIERING = Path(__file__).parent / "fixtures" / "vllm-0.26-h200-tiering" / "rec.om.xz"
+
+
+def test_real_vllm_026_tiering_exports_lookup_delays_and_no_per_tier_series(
+    tmp_path: Path,
+) -> None:
+    """Real vLLM 0.26.0, TieringOffloadingSpec with a file-system tier under a 1 GiB CPU tier
+    (bench/real/results/qwen3-0.6b-rag-tiering-fs: 1 s scrapes, 248 requests): its only tiering
+    series are the two lookup-delay histograms, and the deferred lookups are most of the TTFT."""
+    rec = tmp_path / "rec.om"
+    rec.write_bytes(lzma.decompress(REAL_TIERING.read_bytes()))
+    window, _n, lifetime = window_from_recording(str(rec))
+    (group,) = analyze_window(window, lifetime=lifetime)
+    f = group["figures"]
+    # Δsum / Δcount of vllm:kv_offload_tiering_lookup_async_delay_seconds over the recording
+    # (the sidecar's snapshots: 17.97 s over 250 requests at the end, 9 ms over 2 at the start)
+    assert f["tier_lookup_wait_seconds"] == pytest.approx((17.9653 - 0.0090) / 248, rel=0.05)
+    assert 0 < f["tier_lookup_blocking_seconds"] < 1e-3
+    assert f["offload_hit_ratio"] is not None and f["mean_lookup_seconds"] is not None
+    for key in ("tier_hit_ratio", "primary_tier_hit_ratio", "tier_read_gbps"):
+        assert f[key] is None, key  # after 0.26.0
+    verdict = secondary_tier_verdict(f)
+    assert verdict.pays is None and "exports no per-tier hits" in verdict.reasons[0]
+    assert f"{f['tier_lookup_wait_seconds'] * 1e3:.3g} ms" in verdict.reasons[0]

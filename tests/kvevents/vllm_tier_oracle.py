@@ -16,7 +16,8 @@ from typing import Any, NewType
 from kvoffload.kvevents.decode import CLEARED, REMOVED, STORED, decode_batch
 from kvoffload.kvevents.eventfile import read_event_file
 
-VLLM = Path("/work/helpers/vllm-0.26-src/vllm/v1/kv_offload/cpu/policies")
+# vLLM 0.26.0's policy files, vendored (their README says from where).
+VLLM = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.26-src" / "cpu-policies"
 
 
 def available() -> bool:

@@ -119,6 +119,15 @@ def tiering(i: int) -> str:
         for tier, value in by_tier.items():
             labels = f'engine="0",model_name="{MODEL}",tier="{tier}"'
             lines.append(f"{full}{{{labels}}} {float(value)!r}")
+    # vLLM 0.26.0's two per-request histograms (no tier label; only _sum and _count are read):
+    # 2 requests a scrape, blocked 0.3 ms and waiting 25 ms each
+    for name, seconds in (("sync", 3e-4), ("async", 0.025)):
+        full = f"vllm:kv_offload_tiering_lookup_{name}_delay_seconds"
+        labels = f'engine="0",model_name="{MODEL}"'
+        lines.append(f"# TYPE {full} histogram")
+        lines.append(f'{full}_bucket{{{labels},le="+Inf"}} {float(2 * i)!r}')
+        lines.append(f"{full}_sum{{{labels}}} {2 * i * seconds!r}")
+        lines.append(f"{full}_count{{{labels}}} {float(2 * i)!r}")
     return "\n".join(lines) + "\n"
 
 

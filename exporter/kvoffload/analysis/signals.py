@@ -659,12 +659,23 @@ FIGURES: tuple[Figure, ...] = (
         "mean_lookup_seconds",
         "kvoffload_mean_lookup_seconds",
         "s",
-        "Mean time one offload lookup call takes over the window (every tier's lookups "
-        "under the tiering spec).",
-        FirstOf(
-            Ratio(Rate("lookup_sync_sum"), Rate("lookup_sync_count")),
-            Ratio(Rate("tier_lookup_sync_sum"), Rate("tier_lookup_sync_count")),
-        ),
+        "Mean time one offload lookup call takes over the window.",
+        Ratio(Rate("lookup_sync_sum"), Rate("lookup_sync_count")),
+    ),
+    Figure(
+        "tier_lookup_blocking_seconds",
+        "kvoffload_tier_lookup_blocking_seconds",
+        "s",
+        "Mean time a request's scheduling was blocked querying secondary tiers (tiering spec).",
+        Ratio(Rate("tier_lookup_blocking_sum"), Rate("tier_lookup_blocking_count")),
+    ),
+    Figure(
+        "tier_lookup_wait_seconds",
+        "kvoffload_tier_lookup_wait_seconds",
+        "s",
+        "Mean wait from a request's first deferred secondary-tier lookup until it is scheduled: "
+        "time-to-first-token the secondary tiers' lookups add (tiering spec).",
+        Ratio(Rate("tier_lookup_wait_sum"), Rate("tier_lookup_wait_count")),
     ),
     Figure(
         "prompt_tokens_per_second",

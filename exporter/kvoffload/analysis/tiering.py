@@ -77,7 +77,7 @@ def secondary_tier_verdict(
     verdict, so it can be tested and re-run offline."""
     hit = figures.get("tier_hit_ratio")
     if hit is None:
-        return TierVerdict(None, ["no secondary tier was looked up in the window"])
+        return TierVerdict(None, [_without_hits(figures)])
     tier_s, recompute_s = _speed(figures)
     if recompute_seconds_per_token is not None and recompute_seconds_per_token > 0:
         recompute_s = recompute_seconds_per_token
@@ -119,3 +119,19 @@ def secondary_tier_verdict(
             "µs to recompute it",
         )
     return TierVerdict(pays, reasons, tier_s, recompute_s)
+
+
+def _without_hits(figures: Mapping[str, float | None]) -> str:
+    """Why no verdict without per-tier hits, with the lookup wait where vLLM exports it.
+
+    vLLM 0.26.0's tiering spec exports its lookup delays but no per-tier hits or bytes, so the
+    wait is all there is: it says what the tiers cost, not what they return."""
+    wait = figures.get("tier_lookup_wait_seconds")
+    if wait is None:
+        return "no secondary tier was looked up in the window"
+    return (
+        f"secondary-tier lookups make a request wait {wait * 1e3:.3g} ms on average (time to "
+        "first token they add), but this vLLM exports no per-tier hits (0.26.0 has only the "
+        "lookup delays): to tell whether the tier pays, compare a replica without it, or run a "
+        "vLLM with the per-tier series"
+    )

@@ -83,92 +83,95 @@ def _read_secret(path: str | None, flag: str) -> str | None:
         raise InputError(f"{flag} {path}: {exc.strerror}") from None
 
 
+# What to read: the server and the span of series (prometheus_options).
+_WHAT_TO_READ = [
+    click.option(
+        "--prometheus",
+        "prometheus_url",
+        default=None,
+        metavar="URL",
+        help="Read the fleet's vLLM series from this Prometheus-API server "
+        "(Prometheus, Thanos Query, Mimir's …/prometheus) instead.",
+    ),
+    click.option(
+        "--selector",
+        default=None,
+        metavar="'{job=\"vllm\"}'",
+        help="With --prometheus: label matchers of the vLLM series.",
+    ),
+    click.option(
+        "--range",
+        "range_seconds",
+        callback=_duration,
+        default=None,
+        help="With --prometheus: how far back (default 1h), or the span after --start.",
+    ),
+    click.option("--start", default=None, help="Unix seconds or RFC 3339."),
+    click.option("--end", default=None, help="Unix seconds or RFC 3339 (default: now)."),
+    click.option(
+        "--step",
+        callback=_duration,
+        default=None,
+        help="With --prometheus: one point per STEP (query_range) instead of every "
+        "stored sample; less to read over long ranges.",
+    ),
+]
+# How to ask: limits on each question, and how to connect and authenticate.
+_HOW_TO_ASK = [
+    click.option(
+        "--prometheus-timeout",
+        callback=_duration,
+        default="2m",
+        show_default=True,
+        help="Time allowed for each question, all of it (connecting, waiting, reading "
+        "the whole answer); each read waits at most as long.",
+    ),
+    click.option(
+        "--prometheus-max-answer",
+        callback=_size,
+        default="128MiB",
+        show_default=True,
+        help="Largest answer read, as sent and once inflated; past it the question "
+        "fails (asked again for fewer instances).",
+    ),
+    click.option(
+        "--prometheus-max-points",
+        type=click.IntRange(1),
+        default=1_000_000,
+        show_default=True,
+        help="Most points and series one answer may hold.",
+    ),
+    click.option(
+        "--prometheus-gzip",
+        is_flag=True,
+        help="Ask for gzipped answers: less to transfer over a slow link, but "
+        "Prometheus spends several times the CPU on them.",
+    ),
+    click.option("--bearer-token-file", default=None, type=click.Path(dir_okay=False)),
+    click.option("--basic-auth-user", default=None),
+    click.option("--basic-auth-password-file", default=None, type=click.Path(dir_okay=False)),
+    click.option(
+        "--ca-file",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="CA bundle that signed the Prometheus server's certificate.",
+    ),
+    click.option("--cert-file", default=None, type=click.Path(dir_okay=False)),
+    click.option("--key-file", default=None, type=click.Path(dir_okay=False)),
+    click.option("--insecure-skip-verify", is_flag=True, help="Do not verify TLS."),
+    click.option(
+        "--header",
+        "headers",
+        multiple=True,
+        metavar="'NAME: VALUE'",
+        help="Extra request header, e.g. 'X-Scope-OrgID: tenant1'; repeatable.",
+    ),
+]
+
+
 def prometheus_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """How to reach Prometheus and what to read from it."""
-    for option in reversed(
-        [
-            click.option(
-                "--prometheus",
-                "prometheus_url",
-                default=None,
-                metavar="URL",
-                help="Read the fleet's vLLM series from this Prometheus-API server "
-                "(Prometheus, Thanos Query, Mimir's …/prometheus) instead.",
-            ),
-            click.option(
-                "--selector",
-                default=None,
-                metavar="'{job=\"vllm\"}'",
-                help="With --prometheus: label matchers of the vLLM series.",
-            ),
-            click.option(
-                "--range",
-                "range_seconds",
-                callback=_duration,
-                default=None,
-                help="With --prometheus: how far back (default 1h), or the span after --start.",
-            ),
-            click.option("--start", default=None, help="Unix seconds or RFC 3339."),
-            click.option("--end", default=None, help="Unix seconds or RFC 3339 (default: now)."),
-            click.option(
-                "--step",
-                callback=_duration,
-                default=None,
-                help="With --prometheus: one point per STEP (query_range) instead of every "
-                "stored sample; less to read over long ranges.",
-            ),
-            click.option(
-                "--prometheus-timeout",
-                callback=_duration,
-                default="2m",
-                show_default=True,
-                help="Time allowed for each question, all of it (connecting, waiting, reading "
-                "the whole answer); each read waits at most as long.",
-            ),
-            click.option(
-                "--prometheus-max-answer",
-                callback=_size,
-                default="128MiB",
-                show_default=True,
-                help="Largest answer read, as sent and once inflated; past it the question "
-                "fails (asked again for fewer instances).",
-            ),
-            click.option(
-                "--prometheus-max-points",
-                type=click.IntRange(1),
-                default=1_000_000,
-                show_default=True,
-                help="Most points and series one answer may hold.",
-            ),
-            click.option(
-                "--prometheus-gzip",
-                is_flag=True,
-                help="Ask for gzipped answers: less to transfer over a slow link, but "
-                "Prometheus spends several times the CPU on them.",
-            ),
-            click.option("--bearer-token-file", default=None, type=click.Path(dir_okay=False)),
-            click.option("--basic-auth-user", default=None),
-            click.option(
-                "--basic-auth-password-file", default=None, type=click.Path(dir_okay=False)
-            ),
-            click.option(
-                "--ca-file",
-                default=None,
-                type=click.Path(dir_okay=False),
-                help="CA bundle that signed the Prometheus server's certificate.",
-            ),
-            click.option("--cert-file", default=None, type=click.Path(dir_okay=False)),
-            click.option("--key-file", default=None, type=click.Path(dir_okay=False)),
-            click.option("--insecure-skip-verify", is_flag=True, help="Do not verify TLS."),
-            click.option(
-                "--header",
-                "headers",
-                multiple=True,
-                metavar="'NAME: VALUE'",
-                help="Extra request header, e.g. 'X-Scope-OrgID: tenant1'; repeatable.",
-            ),
-        ]
-    ):
+    for option in reversed([*_WHAT_TO_READ, *_HOW_TO_ASK]):
         fn = option(fn)
     return fn
 

@@ -108,19 +108,24 @@ SKIPPED_NOTE = "CPU spec, only with store_threshold >= 2 (cpu/manager.py)"
 
 # TieringOffloadingSpec labels every tiering series `tier="<position>:<type>"`: "0:primary" is
 # the CPU tier, "1:fs", "2:obj", ... the secondary tiers below it, in lookup order
-# (vllm/v1/kv_offload/tiering/metrics.py, TieringMetricsTracker.tier_label).
+# (after vLLM 0.26.0, which has no per-tier series; PR #48798).
 PRIMARY_TIER = "0:primary"
 SECONDARY_TIERS = "[1-9][0-9]*:.+"
 TIERING = "vllm:kv_offload_tiering_"
 
 
-# Where the tiering names are defined, for docs/metrics.md.
+# Where the tiering names are defined, for docs/metrics.md. vLLM 0.26.0's TieringOffloadingSpec
+# exports only the two lookup-delay histograms (TIERING_NOTE; the real capture in
+# bench/real/results/qwen3-0.6b-rag-tiering-fs): the per-tier families came after it.
+TIERING_NOTE = (
+    "TieringOffloadingSpec, vllm/v1/kv_offload/tiering/spec.py; in the real vLLM 0.26 capture"
+)
 CHUNK_NOTE = (
-    "TieringOffloadingMetrics, vllm/v1/kv_offload/tiering/base.py (chunk spelling: vLLM "
-    "releases after the v0.24-v0.29 rename, and main)"
+    "TieringOffloadingMetrics, vllm/v1/kv_offload/tiering/base.py, after vLLM 0.26.0 (PR #48798; "
+    "not in the real 0.26.0 capture; chunk spelling as llm-d-router #2397 reads it)"
 )
 BLOCK_NOTE = (
-    "older spelling: the tiering metric constants of PR #48798's first releases "
+    "older spelling of PR #48798's first form, after vLLM 0.26.0 "
     "(read only where the chunk series are absent)"
 )
 
@@ -228,8 +233,8 @@ CATALOG: tuple[Source, ...] = (
     ),
     # The newer CPU-spec series: stores skipped for want of reuse (store_threshold >= 2; the
     # family exists only then), the chunks each prepare_store asked for (0.26+), and the time
-    # one lookup call takes (0.26+ as vllm:kv_offload_lookup_*; the tiering spec observes
-    # the same histograms per tier as vllm:kv_offload_tiering_lookup_*, lookup delay below).
+    # one lookup call takes (0.26+ as vllm:kv_offload_lookup_*, under the tiering spec too; its
+    # vllm:kv_offload_tiering_lookup_* histograms measure per request, below).
     _counter("stores_skipped", "vllm:kv_offload_stores_skipped_total", note=SKIPPED_NOTE),
     _counter("alloc_size_sum", "vllm:kv_offload_cpu_allocation_size_sum", note=CPU_NOTE),
     _counter("alloc_size_count", "vllm:kv_offload_cpu_allocation_size_count", note=CPU_NOTE),
@@ -258,9 +263,14 @@ CATALOG: tuple[Source, ...] = (
     _tiering("tier_cascade_failures", "cascade_job_failures_total"),
     # No tier label: the CPU tier had no free slot for a promotion (the reload is dropped).
     _tiering("promotion_allocation_failures", "promotion_allocation_failures_total", None),
-    # Every tier's lookups, the primary's too (the tiering spelling of the lookup histogram).
-    _tiering("tier_lookup_sync_sum", "lookup_sync_delay_seconds_sum", None),
-    _tiering("tier_lookup_sync_count", "lookup_sync_delay_seconds_count", None),
+    # The tiering spec's two per-request histograms (vLLM 0.26.0: TieringOffloadingMetrics in
+    # tiering/base.py, defined in tiering/spec.py; the only tiering series of the real 0.26.0
+    # capture): the blocking time a request spent querying secondary tiers, and the wall-clock
+    # wait from its first deferred secondary-tier lookup until it is scheduled.
+    _tiering("tier_lookup_blocking_sum", "lookup_sync_delay_seconds_sum", None, TIERING_NOTE),
+    _tiering("tier_lookup_blocking_count", "lookup_sync_delay_seconds_count", None, TIERING_NOTE),
+    _tiering("tier_lookup_wait_sum", "lookup_async_delay_seconds_sum", None, TIERING_NOTE),
+    _tiering("tier_lookup_wait_count", "lookup_async_delay_seconds_count", None, TIERING_NOTE),
     _tier_gauge("tier_active_promotions", "active_promotion_jobs"),
     _tier_gauge("tier_active_cascades", "active_cascade_jobs"),
     # Gauges: request counts are summed over engines, ratios averaged.

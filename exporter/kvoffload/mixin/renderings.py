@@ -126,15 +126,14 @@ def _ttft_quantile(q: str) -> Callable[[MixinConfig, str], str]:
     return build
 
 
-LOOKUP_HISTOGRAMS = (
-    "kv_offload_lookup_sync_delay_seconds",
-    "kv_offload_tiering_lookup_sync_delay_seconds",
-)
+# One lookup call's time: the CPU spec's histogram (the tiering spec exports it too; its own
+# tiering_lookup_* histograms time a whole request's lookups, another quantity).
+LOOKUP_HISTOGRAMS = ("kv_offload_lookup_sync_delay_seconds",)
 
 
 def _lookup_p99(cfg: MixinConfig, w: str) -> str:
-    """p99 of one lookup call's time: the CPU spec's histogram, else the tiering spec's (its
-    tiers' buckets added); absent where no lookup finished in the window."""
+    """p99 of one lookup call's time from the CPU spec's histogram; absent where no lookup
+    finished in the window."""
     parts = []
     for name in LOOKUP_HISTOGRAMS:
         buckets = sum_fn(cfg, "rate", f"{name}_bucket", w, extra_by=("le",))
@@ -244,13 +243,27 @@ TIER_RENDERINGS: tuple[Rendering, ...] = (
         _figure("mean_lookup_seconds"),
     ),
     Rendering(
+        ("tier_lookup_blocking_seconds",),
+        "vllm_kv_offload_tiering_lookup_sync_delay_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("tier_lookup_blocking_seconds"),
+    ),
+    Rendering(
+        ("tier_lookup_wait_seconds",),
+        "vllm_kv_offload_tiering_lookup_async_delay_seconds",
+        "mean_rate",
+        ("fast",),
+        _figure("tier_lookup_wait_seconds"),
+    ),
+    Rendering(
         (),
         "vllm_kv_offload_lookup_sync_delay_seconds",
         "histogram_quantile_rate",
         ("fast",),
         _lookup_p99,
         labels=(("quantile", "0.99"),),
-        help="p99 of one offload lookup call's time (CPU spec, else tiering spec).",
+        help="p99 of one offload lookup call's time (the CPU spec's histogram).",
     ),
 )
 

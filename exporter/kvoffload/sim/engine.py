@@ -46,6 +46,7 @@ class Host(Protocol):
 
 _CHUNK_QUERIES = "vllm:kv_offload_tiering_chunk_queries"
 _CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
+_T_LOOKUP = "vllm:kv_offload_tiering_lookup_"
 _ACTIVE_PROMOTIONS = "vllm:kv_offload_tiering_active_promotion_jobs"
 _ACTIVE_CASCADES = "vllm:kv_offload_tiering_active_cascade_jobs"
 
@@ -327,6 +328,10 @@ class Engine:
         m.inc(_CHUNK_HITS, (*lab, "0:primary"), len(in_cpu), w)
         m.inc(_CHUNK_QUERIES, (*lab, self.tier_label), tier_q, w)
         m.inc(_CHUNK_HITS, (*lab, self.tier_label), promoted, w)
+        if tier_q:  # the request asked a secondary tier: blocked a little, waited its reads
+            blocking = 20e-6 * tier_q * self.rng.uniform(0.8, 1.2)
+            m.observe(_T_LOOKUP + "sync_delay_seconds", lab, blocking, w)
+            m.observe(_T_LOOKUP + "async_delay_seconds", lab, self._promotion_s(promoted), w)
         return in_cpu, promoted
 
     def _tier_transfer(self, direction: str, chunks: int, gbps: float, t: float) -> None:

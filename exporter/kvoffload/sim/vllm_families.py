@@ -348,6 +348,23 @@ TIERING = [
     ),
     Family(_T + "active_promotion_jobs", "gauge", "Number of promotion jobs in flight.", TIER),
     Family(_T + "active_cascade_jobs", "gauge", "Number of cascade jobs in flight.", TIER),
+    # vLLM 0.26.0's two (tiering/spec.py, its help text word for word): per request, no tier.
+    Family(
+        _T + "lookup_sync_delay_seconds",
+        "histogram",
+        "Histogram of total blocking time spent querying secondary tiers for a request, "
+        "accumulated from first lookup until the request is allocated or finishes, in seconds.",
+        BASE,
+        LOOKUP_SYNC_BUCKETS,
+    ),
+    Family(
+        _T + "lookup_async_delay_seconds",
+        "histogram",
+        "Histogram of wall-clock time from a request's first deferred secondary-tier lookup "
+        "until the request is allocated or finishes, in seconds.",
+        BASE,
+        LOOKUP_ASYNC_BUCKETS,
+    ),
 ]
 
 QUEUE = [

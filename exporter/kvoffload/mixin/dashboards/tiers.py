@@ -13,11 +13,9 @@ from typing import Any
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import about, unit
 from kvoffload.mixin.dashboards.scope import Scope
-from kvoffload.mixin.promql import helper_record
 
 TIERS_ROW = "Secondary tiers (below the CPU tier)"
 BY = "instance, tier"
-P99 = ("vllm_kv_offload_lookup_sync_delay_seconds", "histogram_quantile_rate")
 _WHERE = "Empty without a tier below the CPU (vLLM's TieringOffloadingSpec)."
 
 
@@ -85,13 +83,12 @@ def _either(s: Scope, chunk: str, block: str) -> str:
 
 def _per_tier(s: Scope) -> list[Any]:
     """Each tier on its own, from vLLM's series by `tier` (0:primary is the CPU tier), and
-    the lookup delay of all of them."""
+    what the secondary tiers' lookups make a request wait (vLLM 0.26.0's only tiering series)."""
     t = g.target
     hits = _either(s, "kv_offload_tiering_chunk_hits_total", "kv_offload_tiering_block_hits_total")
     queries = _either(
         s, "kv_offload_tiering_chunk_queries_total", "kv_offload_tiering_block_queries_total"
     )
-    p99 = s.helper(*P99, 'quantile="0.99"')
     read = _rate(s, "kv_offload_tiering_read_bytes_total")
     write = _rate(s, "kv_offload_tiering_write_bytes_total")
     return [
@@ -119,15 +116,9 @@ def _per_tier(s: Scope) -> list[Any]:
             min_value=0,
             width=8,
         ),
-        g.timeseries(
-            "Lookup delay p99",
-            "99th percentile of one offload lookup call's time: vllm:kv_offload_lookup_sync_"
-            "delay_seconds (the CPU spec), else vllm:kv_offload_tiering_lookup_sync_delay_"
-            "seconds (the tiering spec, every tier's lookups; a tier on a remote store makes "
-            f"it long). Recording rule: {helper_record(*P99, s.cfg, 'fast')}.",
-            "s",
-            [t(p99, "{{instance}} p99")],
-            min_value=0,
-            width=8,
+        _panel(
+            s,
+            "Secondary-tier lookups a request waits for",
+            {"tier_lookup_wait_seconds": "waited", "tier_lookup_blocking_seconds": "blocked"},
         ),
     ]
