@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp
     from kvoffload.fleet.summary import FleetSummary
     from kvoffload.kvevents.state import TargetEvents
 
-from kvoffload.cli.options import duration_callback, make_settings, settings_options
+from kvoffload.cli.options import make_settings, settings_options
+from kvoffload.flagvalues import duration_callback
 
 
 @click.command(epilog=docs_epilog("advisor.md", "metrics.md"))

@@ -14,7 +14,8 @@ from kvoffload.cli.flags import (
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
     pass
 
-from kvoffload.cli.options import duration_callback, scenario_named, size_callback
+from kvoffload.cli.options import scenario_named
+from kvoffload.flagvalues import duration_callback, size_callback
 
 
 @click.command()

@@ -10,11 +10,10 @@ import click
 from kvoffload.cli.flags import (
     DEFAULT_PORT,
 )
+from kvoffload.flagvalues import duration_callback
 
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
     pass
-
-from kvoffload.cli.options import duration_callback
 
 
 def _serve_env(flag: str) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,42 +12,15 @@ import yaml
 from kvoffload.analysis.advisor import read_cgroup_memory_limit
 from kvoffload.analysis.analyze import Settings
 from kvoffload.errors import InputError
+from kvoffload.flagvalues import duration_callback, size_callback
 from kvoffload.overrides import parse_number, split_pair
 from kvoffload.thresholds import Thresholds
-from kvoffload.units import parse_duration, parse_size
 
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
     pass
 
 
 EXIT_BAD_INPUT = 2
-
-
-def duration_callback(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except InputError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def duration_or_zero_callback(
-    ctx: click.Context, param: click.Parameter, value: Any
-) -> float | None:
-    """A duration where 0 means "none" (the help says so): 0, 0s, 0m all read as 0."""
-    if isinstance(value, str) and re.fullmatch(r"0+(\.0*)?(ms|s|m|h)?", value.strip()):
-        return 0.0
-    return duration_callback(ctx, param, value)
-
-
-def size_callback(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except InputError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def _threshold_number(path: str, key: str, value: object) -> float:

@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp
     from kvoffload.kvevents.eventfile import EventFileWriter
     from kvoffload.recording.openmetrics import Recording
 
-from kvoffload.cli.options import duration_callback, scrape_timeout_option
+from kvoffload.cli.options import scrape_timeout_option
+from kvoffload.flagvalues import duration_callback
 
 
 @click.command()

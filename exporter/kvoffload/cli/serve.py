@@ -24,14 +24,8 @@ if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp
     from kvoffload.fleet.promapi import PrometheusAPI
     from kvoffload.sidecar.service import KVEventsSource, Service
 
-from kvoffload.cli.options import (
-    duration_callback,
-    duration_or_zero_callback,
-    make_settings,
-    scrape_timeout_option,
-    settings_options,
-    size_callback,
-)
+from kvoffload.cli.options import make_settings, scrape_timeout_option, settings_options
+from kvoffload.flagvalues import duration_callback, duration_or_zero_callback, size_callback
 
 # serve's options that only scraping targets uses: refused with --prometheus.
 _SCRAPE_ONLY = (

@@ -18,7 +18,8 @@ from kvoffload.links import docs_epilog
 if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp and requests)
     pass
 
-from kvoffload.cli.options import duration_callback, scenario_named
+from kvoffload.cli.options import scenario_named
+from kvoffload.flagvalues import duration_callback
 
 
 @click.command(epilog=docs_epilog("scenarios.md"))

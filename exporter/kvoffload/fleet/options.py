@@ -11,30 +11,19 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvoffload.errors import InputError
+from kvoffload.flagvalues import duration_callback, size_callback
 from kvoffload.progress import Progress
-from kvoffload.units import parse_duration, parse_size
 
 if TYPE_CHECKING:  # (requests is imported when a Prometheus is read, not by every command)
     from kvoffload.fleet.promapi import PrometheusAPI
     from kvoffload.fleet.source import ReadStats
 
 
-def _duration(_ctx: click.Context, _param: click.Parameter, value: Any) -> float | None:
-    if value is None:
+def _size(ctx: click.Context, param: click.Parameter, value: Any) -> int | None:
+    """A size flag of at least 1 KiB (an answer limit below it could hold no answer)."""
+    size = size_callback(ctx, param, value)
+    if size is None:
         return None
-    try:
-        return parse_duration(value)
-    except InputError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _size(_ctx: click.Context, _param: click.Parameter, value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        size = parse_size(value)
-    except InputError as exc:
-        raise click.BadParameter(str(exc)) from None
     if size < 1024:
         raise click.BadParameter(f"{value!r}: at least 1KiB")
     return int(size)
@@ -102,7 +91,7 @@ _WHAT_TO_READ = [
     click.option(
         "--range",
         "range_seconds",
-        callback=_duration,
+        callback=duration_callback,
         default=None,
         help="With --prometheus: how far back (default 1h), or the span after --start.",
     ),
@@ -110,7 +99,7 @@ _WHAT_TO_READ = [
     click.option("--end", default=None, help="Unix seconds or RFC 3339 (default: now)."),
     click.option(
         "--step",
-        callback=_duration,
+        callback=duration_callback,
         default=None,
         help="With --prometheus: one point per STEP (query_range) instead of every "
         "stored sample; less to read over long ranges.",
@@ -120,7 +109,7 @@ _WHAT_TO_READ = [
 _HOW_TO_ASK = [
     click.option(
         "--prometheus-timeout",
-        callback=_duration,
+        callback=duration_callback,
         default="2m",
         show_default=True,
         help="Time allowed for each question, all of it (connecting, waiting, reading "
