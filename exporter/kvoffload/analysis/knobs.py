@@ -173,8 +173,9 @@ def _change(effect_with: EffectWith, row: Row, base: Row) -> Effect | None:
 
 
 def _best_threshold(at: SizeRows, effect_with: EffectWith) -> tuple[int, Row, Effect] | None:
-    """The threshold storing the fewest bytes among those cutting them by MIN_STORE_SAVING
-    with no TTFT lost by the model (point estimate at most zero)."""
+    """Among the thresholds cutting the stored bytes by MIN_STORE_SAVING with no TTFT lost by
+    the model (point estimate at most zero), the one the model gives the best TTFT (on a
+    tie, the one storing fewer bytes)."""
     base = at.thresholds.get(1)
     if base is None or base.stored_bytes <= 0:
         return None
@@ -186,7 +187,8 @@ def _best_threshold(at: SizeRows, effect_with: EffectWith) -> tuple[int, Row, Ef
         change = _change(effect_with, row, base)
         if change is None or change.seconds > 0:
             continue
-        if best is None or row.stored_bytes < best[1].stored_bytes:
+        rank = (change.seconds, row.stored_bytes)
+        if best is None or rank < (best[2].seconds, best[1].stored_bytes):
             best = (n, row, change)
     return best
 

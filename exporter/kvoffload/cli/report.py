@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.fleet.summary import FleetSummary
@@ -102,6 +104,10 @@ def render_report(
         size = rec.kv_offloading_size_gib
         size_text = f" (--kv-offloading-size {size:g})" if size is not None else ""
         lines.append(f"  recommendation: {rec.action.upper()}{size_text}")
+        if rec.kv_connector_extra_config:
+            # What to merge into --kv-transfer-config, as the operator types it.
+            extra = json.dumps(rec.kv_connector_extra_config)
+            lines.append(f"    kv_connector_extra_config: {extra}")
         lines.extend(f"    - {reason}" for reason in rec.reasons)
         lines.extend(f"    ! {warning}" for warning in rec.warnings)
     return "\n".join(lines) + "\n"
