@@ -4,18 +4,23 @@ and on none of the existing ones where they would lose hits or TTFT."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kvoffload.analysis.analyze import Settings, analyze_groups
 from kvoffload.analysis.knobs import ARC_MARGIN
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.window import Window
+from kvoffload.cli.report import render_report
 from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
 from kvoffload.ingest.parse import parse_text
 from kvoffload.kvevents.eventfile import EventFileWriter, RawMessage
 from kvoffload.kvevents.replay import load_event_file
+from kvoffload.sidecar.metrics import WHATIF_METRICS, SidecarCollector
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.kv_events import encode_batch
 
@@ -47,9 +52,14 @@ def analyzed(name: str, tmp: Path) -> GroupAnalysis:
     return group
 
 
+@pytest.fixture(scope="module")
+def one_off(tmp_path_factory: pytest.TempPathFactory) -> GroupAnalysis:
+    return analyzed("one-off-questions", tmp_path_factory.mktemp("one-off"))
+
+
 @pytest.mark.slow
-def test_one_off_questions_get_a_store_threshold_with_its_numbers(tmp_path: Path) -> None:
-    g = analyzed("one-off-questions", tmp_path)
+def test_one_off_questions_get_a_store_threshold_with_its_numbers(one_off: GroupAnalysis) -> None:
+    g = one_off
     rec = g.recommendation
     assert rec.action == scenarios.get("one-off-questions").advice == "store_threshold"
     assert rec.kv_connector_extra_config is not None
@@ -101,3 +111,48 @@ def test_no_threshold_where_it_loses_hits(tmp_path: Path, name: str) -> None:
     assert threshold[2] < threshold[1]  # the threshold would lose hits
     hit = {r["policy"]: r["cpu_hit_ratio"] for r in rows["eviction"] if r["size"] == at}
     assert ("eviction_policy" in config) == (hit["arc"] >= hit["lru"] + ARC_MARGIN)
+
+
+@dataclass
+class _Status:
+    """What the sidecar's collector reads of a service, holding one analyzed group (the live
+    sidecar's what-ifs need a file of its events: the group comes from one)."""
+
+    group: GroupAnalysis
+    targets: list[object] = field(default_factory=list)
+    events: dict[str, object] = field(default_factory=dict)
+
+    def groups(self) -> list[GroupAnalysis]:
+        return [self.group]
+
+
+@pytest.mark.slow
+def test_the_whatifs_and_the_knob_reach_metrics_json_and_report(one_off: GroupAnalysis) -> None:
+    g = one_off
+    registry = CollectorRegistry()
+    registry.register(SidecarCollector(_Status(g)))  # type: ignore[arg-type]
+    body = generate_latest(registry).decode()
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", body, re.M))
+    for name in WHATIF_METRICS:
+        assert helps[name] == WHATIF_METRICS[name][2]
+    n = g.recommendation.kv_connector_extra_config["store_threshold"]  # type: ignore[index]
+    key = 'model_name="Qwen/Qwen3-8B",target="sim:8000"'
+    assert f"kvoffload_recommended_store_threshold{{{key}}} {float(n)}" in body
+    row = next(
+        r
+        for r in g.kv_events["whatif"]["store_threshold"]  # type: ignore[index]
+        if r["size"] == "current" and r["store_threshold"] == n
+    )
+    stored = [
+        float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith("kvoffload_whatif_stored_bytes{")
+        and f'store_threshold="{n}"' in line
+        and 'tier="current"' in line
+    ]
+    assert stored == [row["stored_bytes"]], body
+    config = g.to_json()["recommendation"]["kv_connector_extra_config"]  # type: ignore[index]
+    assert config == g.recommendation.kv_connector_extra_config and config["store_threshold"] == n
+    text = render_report([g], "one-off-questions")
+    assert f'kv_connector_extra_config: {{"store_threshold": {n}' in text
+    assert "what-if store_threshold at the " in text and "N=2: hit " in text
