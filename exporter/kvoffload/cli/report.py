@@ -99,9 +99,10 @@ def render_report(
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
         lines.extend(_ttft_lines(g))
         whatif = (g.kv_events or {}).get("whatif")
-        if isinstance(whatif, dict):
-            lines.extend(summary_lines(whatif))
         size = rec.kv_offloading_size_gib
+        if isinstance(whatif, dict):
+            # The what-ifs at the size the advice leaves the tier (the knobs are judged there).
+            lines.extend(summary_lines(whatif, "advised" if size is not None else "current"))
         size_text = f" (--kv-offloading-size {size:g})" if size is not None else ""
         lines.append(f"  recommendation: {rec.action.upper()}{size_text}")
         if rec.kv_connector_extra_config:
