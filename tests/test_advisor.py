@@ -6,6 +6,7 @@ from kvoffload.analysis.advisor import (
     GIB,
     Counters,
     Evidence,
+    Measured,
     TtftEvidence,
     decide,
     round_size_gib,
@@ -289,3 +290,20 @@ def test_the_grow_rule_is_the_alerts_condition():
         advise({**steady, "cpu_capacity_tokens": 10_000.0}, True, 3600, prompt_tokens=1e6).action
         == "grow"
     )
+
+
+def test_the_advice_is_decided_once_from_the_whole_evidence():
+    """decide reads one Evidence value and changes none of it: the same evidence gives the same
+    advice, and a measured A/B joins the evidence instead of patching an earlier advice."""
+    counters = Counters(BASE, True, 3600, prompt_tokens=1e6)
+    costs = TtftEvidence(0.084, _effect(0.024, 0.020, 0.028), None, 0.72)
+    alone = decide(Evidence(counters, ttft=costs))
+    assert alone.action == "disable"
+    pays = Measured(_effect(-0.03, -0.05, -0.02), 0.084, "fleet", "3 replicas without a tier")
+    evidence = Evidence(counters, ttft=costs, measured=(pays,))
+    first, second = decide(evidence), decide(evidence)
+    assert first == second
+    assert first.action == "keep" and first.decided_by == "fleet"
+    assert [step["stage"] for step in first.trace] == ["counters", "estimate", "fleet"]
+    assert first.reasons[0].startswith("the fleet shows the tier pays: 3 replicas")
+    assert decide(Evidence(counters, ttft=costs)) == alone
