@@ -390,10 +390,19 @@ def _add_event_evidence(
         )
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
+    # The hit ratios as of this analysis: a later decision from the same evidence (a measured
+    # A/B joining it) reads the same numbers, not the live events as they have moved on.
+    hits: dict[float, float] = {}
+
+    def hit_at(size: float) -> float:
+        if size not in hits:
+            hits[size] = curve.at(size, events)
+        return hits[size]
+
     evidence = CurveEvidence(
         curve.right_size_bytes,
         curve.achievable_hit_ratio,
-        lambda size: curve.at(size, events),
+        hit_at,
         ev.current_cpu_bytes_per_engine,
         gpu / engines if gpu else None,
     )
