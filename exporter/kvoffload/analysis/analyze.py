@@ -302,14 +302,8 @@ def _ttft_evidence(
         return None
     k = ttft_constants(settings.thresholds)
     now = ttft.effect_now(obs, k) if entry.offloading else None
-
-    def effect_at(size_bytes: float) -> ttft.Effect | None:
-        hit = curve.hit_at(size_bytes) if curve is not None else 1.0
-        return ttft.predict(obs, hit * obs.missed_tokens, k)
-
-    def effect_with(hit_ratio: float, stored_share: float) -> ttft.Effect | None:
-        return ttft.predict(obs, hit_ratio * obs.missed_tokens, k, stored_share)
-
+    effect_at = _EffectAt(obs, k, curve)
+    effect_with = _EffectWith(obs, k)
     if now is not None:
         figures["offload_ttft_effect_seconds"] = now.seconds
     capacity = figures.get("cpu_capacity_bytes")
@@ -335,6 +329,47 @@ def _ttft_evidence(
         current_bytes=capacity / engines if capacity else None,
         effect_with=effect_with,
     )
+
+
+class _HitAt:
+    """The curve's hit ratio at a size per engine, as of this analysis: a later decision from
+    the same evidence (an A/B joining it) reads the same numbers, not the live events as they
+    have moved on. A class, not a closure, so the evidence pickles (fleet worker processes)."""
+
+    def __init__(self, curve: Curve, events: TargetEvents) -> None:
+        self.curve, self.events = curve, events
+        self.hits: dict[float, float] = {}
+
+    def __call__(self, size: float) -> float:
+        if size not in self.hits:
+            self.hits[size] = self.curve.at(size, self.events)
+        return self.hits[size]
+
+
+@dataclass(frozen=True)
+class _EffectAt:
+    """The TTFT model's effect of a tier of a size against none: at the curve's hit ratio,
+    else the best case (every GPU-missed token reloaded)."""
+
+    obs: ttft.Observed
+    k: ttft.Constants
+    curve: CurveEvidence | None
+
+    def __call__(self, size_bytes: float) -> ttft.Effect | None:
+        hit = self.curve.hit_at(size_bytes) if self.curve is not None else 1.0
+        return ttft.predict(self.obs, hit * self.obs.missed_tokens, self.k)
+
+
+@dataclass(frozen=True)
+class _EffectWith:
+    """The TTFT model's effect of a tier reloading a share of the GPU-missed tokens and storing
+    a share of what store_threshold 1 stores (the knobs' what-ifs)."""
+
+    obs: ttft.Observed
+    k: ttft.Constants
+
+    def __call__(self, hit_ratio: float, stored_share: float) -> ttft.Effect | None:
+        return ttft.predict(self.obs, hit_ratio * self.obs.missed_tokens, self.k, stored_share)
 
 
 def ttft_constants(t: Thresholds) -> ttft.Constants:
@@ -390,19 +425,10 @@ def _add_event_evidence(
         )
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
-    # The hit ratios as of this analysis: a later decision from the same evidence (a measured
-    # A/B joining it) reads the same numbers, not the live events as they have moved on.
-    hits: dict[float, float] = {}
-
-    def hit_at(size: float) -> float:
-        if size not in hits:
-            hits[size] = curve.at(size, events)
-        return hits[size]
-
     evidence = CurveEvidence(
         curve.right_size_bytes,
         curve.achievable_hit_ratio,
-        hit_at,
+        _HitAt(curve, events),
         ev.current_cpu_bytes_per_engine,
         gpu / engines if gpu else None,
     )
