@@ -2,7 +2,15 @@
 
 import pytest
 
-from kvoffload.analysis.advisor import GIB, advise, judge_ttft, round_size_gib
+from kvoffload.analysis.advisor import (
+    GIB,
+    Counters,
+    Evidence,
+    Measured,
+    TtftEvidence,
+    decide,
+    round_size_gib,
+)
 from kvoffload.analysis.analyze import analyze_window
 from kvoffload.analysis.ttft import Effect
 from kvoffload.analysis.window import Window
@@ -10,6 +18,34 @@ from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
 from kvoffload.ingest.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.thresholds import Thresholds
+
+
+def advise(
+    figures: dict,
+    offloading: bool,
+    window_seconds: float,
+    memory_limit_bytes: float | None = None,
+    t: Thresholds | None = None,
+    prompt_tokens: float = 0.0,
+    engines: int = 1,
+):
+    """The advice from the counters alone."""
+    c = Counters(
+        figures,
+        offloading,
+        window_seconds,
+        memory_limit_bytes,
+        prompt_tokens=prompt_tokens,
+        engines=engines,
+    )
+    return decide(Evidence(c), t)
+
+
+def judged(figures, offloading, mean_ttft, now, effect_at, t, hit_ratio_now=None):
+    """The advice from the counters (an hour, plenty of tokens) and the TTFT evidence."""
+    c = Counters(figures, offloading, 3600, prompt_tokens=1e6)
+    ttft = TtftEvidence(mean_ttft, now, effect_at, hit_ratio_now)
+    return decide(Evidence(c, ttft=ttft), t)
 
 
 def run_scenario(name: str, interval: float | None = None) -> list[dict]:
@@ -109,15 +145,14 @@ def _effect(seconds: float, low: float, high: float) -> Effect:
 
 
 def test_a_tier_that_hits_but_costs_ttft_is_disabled():
-    rec = advise(BASE, True, 3600, prompt_tokens=1e6)
-    judged = judge_ttft(
-        rec, True, 0.084, _effect(0.024, 0.020, 0.028), None, Thresholds(), hit_ratio_now=0.72
+    rec = judged(
+        BASE, True, 0.084, _effect(0.024, 0.020, 0.028), None, Thresholds(), hit_ratio_now=0.72
     )
-    assert judged.action == "disable"
-    assert judged.ttft_change_seconds == -0.024 and judged.ttft_change_basis == "measured"
-    assert judged.ttft_change_range_seconds == [-0.028, -0.020]
-    assert judged.reasons[0].startswith("the CPU tier costs TTFT: 72% of GPU-missed tokens")
-    assert "24 ms worse than recomputing" in judged.reasons[0]
+    assert rec.action == "disable"
+    assert rec.ttft_change_seconds == -0.024 and rec.ttft_change_basis == "measured"
+    assert rec.ttft_change_range_seconds == [-0.028, -0.020]
+    assert rec.reasons[0].startswith("the CPU tier costs TTFT: 72% of GPU-missed tokens")
+    assert "24 ms worse than recomputing" in rec.reasons[0]
 
 
 def test_an_effect_within_its_noise_is_said_so_and_the_other_costs_decide():
@@ -128,16 +163,14 @@ def test_an_effect_within_its_noise_is_said_so_and_the_other_costs_decide():
         (_effect(-0.004, -0.006, -0.002), "keep"),
         (_effect(0.004, -0.006, 0.012), "disable"),
     ):
-        rec = judge_ttft(
-            advise(BASE, True, 3600, prompt_tokens=1e6), True, 0.084, effect, None, Thresholds()
-        )
+        rec = judged(BASE, True, 0.084, effect, None, Thresholds())
         assert rec.action == action, rec.reasons
         assert any("no measurable TTFT effect" in r for r in rec.reasons)
         assert any("canary replica" in r for r in rec.reasons)
         assert rec.decided_by == "estimate"
         assert [step["stage"] for step in rec.trace] == ["counters", "estimate"]
-    rec = judge_ttft(
-        advise(BASE, True, 3600, prompt_tokens=1e6),
+    rec = judged(
+        BASE,
         True,
         0.084,
         _effect(-0.03, -0.05, -0.01),
@@ -152,13 +185,10 @@ def test_enable_only_when_the_predicted_saving_clears_its_range():
     off = {**BASE, "gpu_kv_usage_ratio": 0.9, "gpu_prefix_hit_ratio": 0.2}
     rec = advise(off, False, 3600, prompt_tokens=1e6)
     assert rec.action == "enable"
-    saving = judge_ttft(
-        rec, False, 0.1, None, lambda size: _effect(-0.03, -0.05, -0.01), Thresholds()
-    )
+    saving = judged(off, False, 0.1, None, lambda size: _effect(-0.03, -0.05, -0.01), Thresholds())
     assert saving.action == "enable" and saving.ttft_change_seconds == -0.03
     assert saving.ttft_change_basis == "predicted"
-    rec = advise(off, False, 3600, prompt_tokens=1e6)
-    cost = judge_ttft(rec, False, 0.1, None, lambda size: _effect(0.015, 0.005, 0.02), Thresholds())
+    cost = judged(off, False, 0.1, None, lambda size: _effect(0.015, 0.005, 0.02), Thresholds())
     assert cost.action == "leave_off" and cost.ttft_change_seconds is None
     assert "would hit, but" in cost.reasons[0] and "worse" in cost.reasons[0]
 
@@ -180,8 +210,8 @@ def test_thresholds_are_configurable():
     rec = advise(BASE, True, 3600, prompt_tokens=1e6, t=Thresholds(low_reuse_ratio=0.6))
     assert rec.action == "store_threshold"  # BASE's reuse ratio is 0.5
     strict = Thresholds(min_ttft_saving_seconds=0.05)
-    rec = judge_ttft(
-        advise(BASE, True, 3600, prompt_tokens=1e6),
+    rec = judged(
+        BASE,
         True,
         0.084,
         _effect(-0.03, -0.05, -0.01),
@@ -260,3 +290,20 @@ def test_the_grow_rule_is_the_alerts_condition():
         advise({**steady, "cpu_capacity_tokens": 10_000.0}, True, 3600, prompt_tokens=1e6).action
         == "grow"
     )
+
+
+def test_the_advice_is_decided_once_from_the_whole_evidence():
+    """decide reads one Evidence value and changes none of it: the same evidence gives the same
+    advice, and a measured A/B joins the evidence instead of patching an earlier advice."""
+    counters = Counters(BASE, True, 3600, prompt_tokens=1e6)
+    costs = TtftEvidence(0.084, _effect(0.024, 0.020, 0.028), None, 0.72)
+    alone = decide(Evidence(counters, ttft=costs))
+    assert alone.action == "disable"
+    pays = Measured(_effect(-0.03, -0.05, -0.02), 0.084, "fleet", "3 replicas without a tier")
+    evidence = Evidence(counters, ttft=costs, measured=(pays,))
+    first, second = decide(evidence), decide(evidence)
+    assert first == second
+    assert first.action == "keep" and first.decided_by == "fleet"
+    assert [step["stage"] for step in first.trace] == ["counters", "estimate", "fleet"]
+    assert first.reasons[0].startswith("the fleet shows the tier pays: 3 replicas")
+    assert decide(Evidence(counters, ttft=costs)) == alone

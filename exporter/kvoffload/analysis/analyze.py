@@ -14,15 +14,17 @@ from kvoffload import recording
 from kvoffload.analysis import ttft
 from kvoffload.analysis.advisor import (
     GIB,
+    Counters,
+    CurveEvidence,
+    Evidence,
+    Measured,
     Recommendation,
-    advise,
-    judge_ab,
-    judge_fleet,
-    judge_ttft,
-    refine_with_curve,
+    TtftEvidence,
+    decide,
 )
 from kvoffload.analysis.beforeafter import TierTimeline, before_after
 from kvoffload.analysis.evidence import EventEvidence, event_evidence, provisional_reasons
+from kvoffload.analysis.knobs import WhatIfRows
 from kvoffload.analysis.replicas import fleet_effects
 from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
@@ -110,21 +112,15 @@ def add_before_after(
             )
         assert entry.ttft is not None
         entry.ttft.before_after = ab
-        if not ab.matched:
-            entry.recommendation.reasons.append(
+        if ab.matched:
+            measured = Measured(ab.effect, ab.mean_ttft_without_seconds, "before_after", ab.seen())
+            _decide_with(entry, settings, measured=(measured,))
+        else:
+            note = (
                 f"before and after the tier changed ({ab.before} → {ab.after}) the load "
                 f"differed ({'; '.join(ab.mismatch)}): not compared"
             )
-            continue
-        entry.recommendation = judge_ab(
-            entry.recommendation,
-            entry.offloading,
-            ab.mean_ttft_without_seconds,
-            ab.effect,
-            settings.thresholds,
-            "before_after",
-            ab.seen(),
-        )
+            _decide_with(entry, settings, notes=(note,))
 
 
 def analyze_group(
@@ -140,10 +136,20 @@ def analyze_group(
     if not group[1]:
         return None  # instance-level series only (cache_config_info); no model to judge
     entry, ctx = _group_entry(window, group, settings, lifetime)
+    if ctx is None or entry.evidence is None:
+        return entry
     target_events = (events or {}).get(group[0])
-    if ctx is not None:
-        hit_at = _curve_hit_at(entry, window, group, ctx, target_events, event_baselines, settings)
-        _add_ttft_verdict(entry, ctx, settings, hit_at)
+    ev = entry.evidence
+    found = _curve_evidence(entry, window, group, ctx, target_events, event_baselines, settings)
+    if found is not None:
+        ev = replace(ev, curve=found.curve, warnings=(*ev.warnings, *found.warnings))
+    # The size the counters and the curve propose: the what-ifs and the prediction run there.
+    proposed = decide(ev, settings.thresholds).kv_offloading_size_gib
+    if found is not None:
+        ev = replace(ev, whatif=_event_whatif(entry, found, proposed))
+    ev = replace(ev, ttft=_ttft_evidence(entry, ctx, settings, ev.curve, proposed))
+    entry.evidence = ev
+    entry.recommendation = decide(ev, settings.thresholds)
     return entry
 
 
@@ -160,15 +166,15 @@ def predicted_effect(
     entry, ctx = _group_entry(window, group, settings, False)
     if ctx is None:
         return None
-    hit_at = _curve_hit_at(entry, window, group, ctx, events, None, settings)
+    found = _curve_evidence(entry, window, group, ctx, events, None, settings)
     obs = ttft.observe(ctx, entry.figures.get("kv_bytes_per_token"))
     if obs is None:
         return None
-    hit = hit_at(size_bytes) if hit_at is not None else 1.0
+    hit = found.curve.hit_at(size_bytes) if found is not None else 1.0
     return ttft.predict(obs, hit * obs.missed_tokens, ttft_constants(settings.thresholds))
 
 
-def _curve_hit_at(
+def _curve_evidence(
     entry: GroupAnalysis,
     window: Window,
     group: GroupKey,
@@ -176,9 +182,9 @@ def _curve_hit_at(
     events: TargetEvents | None,
     baselines: dict[GroupKey, dict[str, float]] | None,
     settings: Settings,
-) -> Callable[[float], float] | None:
-    """The KV-event evidence joins the entry (the curve re-decides its advice); returns the
-    curve's hit ratio at a size, or None without events of this group."""
+) -> _EventFound | None:
+    """The KV-event evidence joins the entry; returns what it found, or None without events
+    of this group (or without a curve)."""
     if events is None or not events.messages():
         return None
     if not _events_belong_to(window, group, entry.offloading):
@@ -206,13 +212,23 @@ def add_fleet_evidence(
                 entry, ttft=verdict, recommendation=deepcopy(entry.recommendation)
             )
         verdict.fleet = fleet
-        entry.recommendation = judge_fleet(
-            entry.recommendation,
-            entry.offloading,
-            verdict.mean_ttft_seconds,
-            fleet,
-            settings.thresholds,
-        )
+        measured = Measured.fleet(fleet, entry.offloading, verdict.mean_ttft_seconds)
+        _decide_with(entry, settings, measured=(measured,))
+
+
+def _decide_with(
+    entry: GroupAnalysis,
+    settings: Settings,
+    measured: tuple[Measured, ...] = (),
+    notes: tuple[str, ...] = (),
+) -> None:
+    """The advice decided again from all of the entry's evidence plus what came in later (a
+    measured A/B, a note on one that could not be made): nothing patches the earlier advice."""
+    ev = entry.evidence
+    if ev is None:
+        return
+    entry.evidence = replace(ev, measured=(*ev.measured, *measured), notes=(*ev.notes, *notes))
+    entry.recommendation = decide(entry.evidence, settings.thresholds)
 
 
 def _group_entry(
@@ -240,20 +256,19 @@ def _group_entry(
         ), None
     ctx = Context(delta, static, settings.world_size, settings.kv_bytes_per_token)
     figures = compute_figures(ctx)
-    rec = advise(
+    counters = Counters(
         figures,
         offloading,
         delta.seconds,
         settings.memory_limit_bytes,
-        settings.thresholds,
         lifetime=lifetime,
         prompt_tokens=ctx.inc("prompt_tokens"),
         engines=len(static.engines),
         requests=ctx.inc("ttft_count") if ctx.has("ttft_count") else None,
         host=settings.host_memory,
     )
-    rec.warnings.extend(window.anomalies(group))
-    return GroupAnalysis(
+    evidence = Evidence(counters, warnings=tuple(window.anomalies(group)))
+    entry = GroupAnalysis(
         instance,
         model,
         offloading,
@@ -261,50 +276,39 @@ def _group_entry(
         static.naming,
         sorted(static.engines),
         figures,
-        rec,
-    ), ctx
+        decide(evidence, settings.thresholds),
+        evidence=evidence,
+    )
+    return entry, ctx
 
 
 # Below this many sampled blocks per engine the sampled curve is coarse (docs/sizing.md).
 MIN_SAMPLED_BLOCKS = 1000
 
 
-def _add_ttft_verdict(
-    entry: GroupAnalysis, ctx: Context, settings: Settings, hit_at: Callable[[float], float] | None
-) -> None:
-    """The TTFT effect (analysis.ttft) joins the figures, and the advice is re-judged by it."""
+def _ttft_evidence(
+    entry: GroupAnalysis,
+    ctx: Context,
+    settings: Settings,
+    curve: CurveEvidence | None,
+    proposed: float | None,
+) -> TtftEvidence | None:
+    """The TTFT effect (analysis.ttft) now and at any size: it joins the figures and the
+    entry's verdict (predicted at the `proposed` size), and is returned as evidence."""
     figures = entry.figures
-    rec = entry.recommendation
-    offloading = entry.offloading
     obs = ttft.observe(ctx, figures.get("kv_bytes_per_token"))
     figures["offload_ttft_effect_seconds"] = None
     if obs is None:
-        return
-    t = settings.thresholds
-    k = ttft_constants(t)
-    now = ttft.effect_now(obs, k) if offloading else None
-
-    def effect_at(size_bytes: float) -> ttft.Effect | None:
-        hit = hit_at(size_bytes) if hit_at is not None else 1.0
-        return ttft.predict(obs, hit * obs.missed_tokens, k)
-
+        return None
+    k = ttft_constants(settings.thresholds)
+    now = ttft.effect_now(obs, k) if entry.offloading else None
+    effect_at = _EffectAt(obs, k, curve)
+    effect_with = _EffectWith(obs, k)
     if now is not None:
         figures["offload_ttft_effect_seconds"] = now.seconds
-    proposed = rec.kv_offloading_size_gib
     capacity = figures.get("cpu_capacity_bytes")
     engines = max(len(ctx.static.engines), 1)
-    entry.recommendation = judge_ttft(
-        rec,
-        offloading,
-        obs.mean_ttft,
-        now,
-        effect_at,
-        t,
-        figures.get("offload_hit_ratio"),
-        best_case_only=hit_at is None,
-        current_bytes=capacity / engines if capacity else None,
-    )
-    predicted = effect_at(proposed * GIB) if hit_at is not None and proposed is not None else None
+    predicted = effect_at(proposed * GIB) if curve is not None and proposed is not None else None
     entry.ttft = TtftVerdict(
         obs.mean_ttft,
         obs.mean_queue,
@@ -316,6 +320,56 @@ def _add_ttft_verdict(
         predicted,
         proposed if predicted is not None else None,
     )
+    return TtftEvidence(
+        obs.mean_ttft,
+        now,
+        effect_at,
+        figures.get("offload_hit_ratio"),
+        best_case_only=curve is None,
+        current_bytes=capacity / engines if capacity else None,
+        effect_with=effect_with,
+    )
+
+
+class _HitAt:
+    """The curve's hit ratio at a size per engine, as of this analysis: a later decision from
+    the same evidence (an A/B joining it) reads the same numbers, not the live events as they
+    have moved on. A class, not a closure, so the evidence pickles (fleet worker processes)."""
+
+    def __init__(self, curve: Curve, events: TargetEvents) -> None:
+        self.curve, self.events = curve, events
+        self.hits: dict[float, float] = {}
+
+    def __call__(self, size: float) -> float:
+        if size not in self.hits:
+            self.hits[size] = self.curve.at(size, self.events)
+        return self.hits[size]
+
+
+@dataclass(frozen=True)
+class _EffectAt:
+    """The TTFT model's effect of a tier of a size against none: at the curve's hit ratio,
+    else the best case (every GPU-missed token reloaded)."""
+
+    obs: ttft.Observed
+    k: ttft.Constants
+    curve: CurveEvidence | None
+
+    def __call__(self, size_bytes: float) -> ttft.Effect | None:
+        hit = self.curve.hit_at(size_bytes) if self.curve is not None else 1.0
+        return ttft.predict(self.obs, hit * self.obs.missed_tokens, self.k)
+
+
+@dataclass(frozen=True)
+class _EffectWith:
+    """The TTFT model's effect of a tier reloading a share of the GPU-missed tokens and storing
+    a share of what store_threshold 1 stores (the knobs' what-ifs)."""
+
+    obs: ttft.Observed
+    k: ttft.Constants
+
+    def __call__(self, hit_ratio: float, stored_share: float) -> ttft.Effect | None:
+        return ttft.predict(self.obs, hit_ratio * self.obs.missed_tokens, self.k, stored_share)
 
 
 def ttft_constants(t: Thresholds) -> ttft.Constants:
@@ -328,16 +382,27 @@ def ttft_constants(t: Thresholds) -> ttft.Constants:
     )
 
 
+@dataclass(frozen=True)
+class _EventFound:
+    """What the KV events gave one group: the curve as evidence, warnings about it, and the
+    raw pieces the what-ifs replay (the events, their evidence, the curve)."""
+
+    curve: CurveEvidence
+    warnings: list[str]
+    events: TargetEvents
+    info: EventEvidence
+    raw: Curve
+
+
 def _add_event_evidence(
     entry: GroupAnalysis,
     static: GroupStatic,
     events: TargetEvents,
     missed: float | None,
     settings: Settings,
-) -> Callable[[float], float] | None:
-    """The curve and the exact figures join the entry; the advice is re-decided from the
-    curve (the advisor's preferred evidence). Returns the curve's hit ratio at a size (bytes
-    per engine), when there is a curve."""
+) -> _EventFound | None:
+    """The curve and the exact figures join the entry; returns the curve as evidence for the
+    advice, with the warnings a provisional or sampled curve carries."""
     figures = entry.figures
     ev = event_evidence(events, static, figures, missed)
     entry.kv_events = ev.json
@@ -358,22 +423,14 @@ def _add_event_evidence(
             ),
             finite * ev.bytes_per_block,
         )
-
     engines = max(len(static.engines), 1)
     gpu = figures.get("gpu_capacity_bytes")
-    rec = refine_with_curve(
-        entry.recommendation,
-        figures,
-        entry.offloading,
+    evidence = CurveEvidence(
         curve.right_size_bytes,
         curve.achievable_hit_ratio,
-        lambda size: curve.at(size, events),
+        _HitAt(curve, events),
         ev.current_cpu_bytes_per_engine,
         gpu / engines if gpu else None,
-        settings.memory_limit_bytes,
-        settings.thresholds,
-        engines,
-        settings.host_memory,
     )
     t = settings.thresholds
     provisional = provisional_reasons(
@@ -384,45 +441,41 @@ def _add_event_evidence(
     )
     ev.json["provisional"] = bool(provisional)
     ev.json["provisional_reasons"] = provisional
-    rec.warnings.extend(f"provisional: {reason}" for reason in provisional)
+    warnings = [f"provisional: {reason}" for reason in provisional]
     tracked = events.tracked_blocks()
     if events.sample_rate_now() < 1.0 and tracked < MIN_SAMPLED_BLOCKS:
-        rec.warnings.append(
+        warnings.append(
             f"the curve comes from a sample of {tracked:,} blocks per engine (rate "
             f"{events.sample_rate_now():.3g}): on the simulator, samples of a few dozen blocks "
             "erred by up to 0.13 in hit ratio, a few thousand by 0.01; raise "
             "--kv-events-sample-rate or --kv-events-sample-budget"
         )
-    entry.recommendation = rec
-    size = rec.kv_offloading_size_gib
-    _add_whatif(ev.json, events, ev, curve, size * GIB if size is not None else None)
+    return _EventFound(evidence, warnings, events, ev, curve)
+
+
+def _event_whatif(
+    entry: GroupAnalysis, found: _EventFound, proposed: float | None
+) -> WhatIfRows | None:
+    """The predicted hit ratio at the proposed (else current) size joins the entry, and the
+    store_threshold and eviction what-ifs where the events came from a file (a second pass
+    over it): at the current and proposed sizes, the eviction rows at the curve's sizes up
+    to four times the larger of them. Returns the rows as evidence for the knobs."""
+    events, ev, curve = found.events, found.info, found.raw
     current = ev.json.get("predicted_offload_hit_ratio_current")
     entry.predicted_offload_hit_ratio = (
-        curve.at(size * GIB, events)
-        if size is not None
+        curve.at(proposed * GIB, events)
+        if proposed is not None
         else float(current)
         if isinstance(current, float | int)
         else None
     )
-    return lambda size: curve.at(size, events)
-
-
-def _add_whatif(
-    info: dict[str, object],
-    events: TargetEvents,
-    ev: EventEvidence,
-    curve: Curve,
-    advised_bytes: float | None,
-) -> None:
-    """The store_threshold and eviction what-ifs (kvevents/whatif.py), when the events came
-    from a file (a second pass over it): at the current and advised sizes, and the eviction
-    rows at the curve's sizes up to four times the larger of them."""
     path = source_of(events)
     if path is None or not ev.bytes_per_block or not events.block_size:
-        return
-    sizes = {"current": ev.current_cpu_bytes_per_engine or 0.0, "advised": advised_bytes or 0.0}
+        return None
+    advised = proposed * GIB if proposed is not None else 0.0
+    sizes = {"current": ev.current_cpu_bytes_per_engine or 0.0, "advised": advised}
     top = 4 * max(sizes.values())
-    info["whatif"] = whatif_for_file(
+    whatif = whatif_for_file(
         path,
         ev.bytes_per_block,
         events.block_size,
@@ -431,6 +484,8 @@ def _add_whatif(
         curve.missed_tokens,
         events.sample_budget or DEFAULT_MAX_BLOCKS,
     ).to_json()
+    ev.json["whatif"] = whatif
+    return WhatIfRows.from_json(whatif)
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:

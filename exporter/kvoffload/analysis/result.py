@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvoffload.analysis.advisor import Recommendation
+from kvoffload.analysis.advisor import Evidence, Recommendation
 
 if TYPE_CHECKING:
     from kvoffload.analysis.beforeafter import BeforeAfter
@@ -91,6 +91,8 @@ class GroupAnalysis:
     reuse_histogram: ReuseHistogram | None = None
     # Set by the sidecar: figures of a target it cannot read any more describe the past.
     stale: bool | None = None
+    # Everything the advice was decided from (analysis.advisor.decide); not in the JSON.
+    evidence: Evidence | None = None
 
     @property
     def key(self) -> tuple[str, str]:

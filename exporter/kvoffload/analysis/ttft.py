@@ -227,16 +227,19 @@ def effect_now(obs: Observed, k: Constants) -> Effect | None:
     return predict(obs, obs.loaded_tokens, k)
 
 
-def predict(obs: Observed, reloaded_tokens: float, k: Constants) -> Effect | None:
+def predict(
+    obs: Observed, reloaded_tokens: float, k: Constants, stored_share: float = 1.0
+) -> Effect | None:
     """The effect per request of a tier that reloads `reloaded_tokens` per request, against no
     tier at all. On a tier-on server the wait and tokens per reload are its own; without a
     tier a reload waits copy + an idle pass alone, about the new prefill time when busy.
+    stored_share: the share of the computed blocks stored (a store_threshold stores fewer).
     None when the numbers overflow (see _combine)."""
     x = max(reloaded_tokens, 0.0)
     costs = _costs(obs, k)
     computed_after = max(obs.missed_tokens - x, 0.0)
     saved = x * costs.compute
-    store = computed_after * costs.store
+    store = computed_after * costs.store * stored_share
     bpt = obs.bytes_per_token or 0.0
     if obs.tier_on:
         per_reload = max(obs.loaded_tokens / obs.loads, 1.0)

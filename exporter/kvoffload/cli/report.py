@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.fleet.summary import FleetSummary
@@ -97,11 +99,16 @@ def render_report(
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
         lines.extend(_ttft_lines(g))
         whatif = (g.kv_events or {}).get("whatif")
-        if isinstance(whatif, dict):
-            lines.extend(summary_lines(whatif))
         size = rec.kv_offloading_size_gib
+        if isinstance(whatif, dict):
+            # The what-ifs at the size the advice leaves the tier (the knobs are judged there).
+            lines.extend(summary_lines(whatif, "advised" if size is not None else "current"))
         size_text = f" (--kv-offloading-size {size:g})" if size is not None else ""
         lines.append(f"  recommendation: {rec.action.upper()}{size_text}")
+        if rec.kv_connector_extra_config:
+            # What to merge into --kv-transfer-config, as the operator types it.
+            extra = json.dumps(rec.kv_connector_extra_config)
+            lines.append(f"    kv_connector_extra_config: {extra}")
         lines.extend(f"    - {reason}" for reason in rec.reasons)
         lines.extend(f"    ! {warning}" for warning in rec.warnings)
     return "\n".join(lines) + "\n"

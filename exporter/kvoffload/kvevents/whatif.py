@@ -392,12 +392,13 @@ def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, float | int) else "n/a"
 
 
-def summary_lines(whatif: dict[str, object]) -> list[str]:
-    """One or two report lines: the store_threshold rows and LRU against ARC at the advised
-    size (else the current one)."""
+def summary_lines(whatif: dict[str, object], size: str | None = None) -> list[str]:
+    """One or two report lines: the store_threshold rows and LRU against ARC at `size`
+    ("advised" or "current"; None: the advised size where there is one, else the current)."""
     lines = []
     rows = _rows(whatif, "store_threshold")
-    size = "advised" if any(r.get("size") == "advised" for r in rows) else "current"
+    if size is None or not any(r.get("size") == size for r in rows):
+        size = "advised" if any(r.get("size") == "advised" for r in rows) else "current"
     picked = [r for r in rows if r.get("size") == size and not r.get("omitted")]
     if picked:
         parts = [

@@ -173,6 +173,25 @@ SERIES: tuple[Series, ...] = (
         "1 for a new advice that has not yet held for the dwell time (the published one "
         "stands meanwhile).",
     ),
+    Series(
+        "advice",
+        "kvoffload_recommended_store_threshold",
+        "gauge",
+        GROUP,
+        "Recommended store_threshold for kv_connector_extra_config (store a block from its "
+        "N-th sighting), when the advice sets one from the exact what-if (analysis.knobs).",
+    ),
+    Series(
+        "advice",
+        "kvoffload_recommended_eviction_policy",
+        "gauge",
+        (
+            *GROUP,
+            "policy",
+        ),
+        "1 for the eviction_policy the advice sets in kv_connector_extra_config (arc, where "
+        "ARC's what-if hit ratio beats LRU's by the margin without losing TTFT).",
+    ),
     # per group: the TTFT verdict (analysis.ttft); negative = faster, bound=estimate|low|high
     Series(
         "ttft",
@@ -284,6 +303,44 @@ SERIES: tuple[Series, ...] = (
         ("target",),
         "KV-event messages vLLM published before the sidecar listened and no longer holds for "
         "replay: history the curve does not contain (0 = complete).",
+    ),
+    # per group: the exact what-ifs of store_threshold and the eviction policy (kvevents.whatif)
+    Series(
+        "whatif",
+        "kvoffload_whatif_stored_bytes",
+        "gauge",
+        (
+            *GROUP,
+            "tier",
+            "store_threshold",
+        ),
+        "Bytes a CPU tier would have stored over the KV events with store_threshold N (LRU), "
+        "replayed exactly; tier=current|advised names its size.",
+    ),
+    Series(
+        "whatif",
+        "kvoffload_whatif_never_reloaded_bytes",
+        "gauge",
+        (
+            *GROUP,
+            "tier",
+            "store_threshold",
+        ),
+        "Of kvoffload_whatif_stored_bytes, the bytes never loaded back (evicted or still "
+        "resident unread): PCIe and pinned memory spent for nothing.",
+    ),
+    Series(
+        "whatif",
+        "kvoffload_whatif_offload_hit_ratio",
+        "gauge",
+        (
+            *GROUP,
+            "tier",
+            "store_threshold",
+            "policy",
+        ),
+        "Share of GPU-missed prompt tokens the tier would have loaded, per store_threshold "
+        "(policy=lru) and per eviction policy (store_threshold=1), replayed exactly.",
     ),
     Series(
         "kv_events",
@@ -447,6 +504,7 @@ def _section(section: str) -> dict[str, tuple[str, list[str], str]]:
 TARGET_METRICS = _section("target")
 ADVICE_METRICS = _section("advice")
 KV_EVENT_METRICS = _section("kv_events")
+WHATIF_METRICS = _section("whatif")
 FLEET_METRICS = _section("fleet")
 HOST_MEMORY_METRICS = _section("host_memory")
 # The TTFT verdict's gauges as name → (labels beyond the group's, help).
@@ -541,6 +599,8 @@ class SidecarCollector(Collector):
         size = _gauge("kvoffload_recommended_size_bytes")
         since = _gauge("kvoffload_recommendation_since_timestamp_seconds")
         pending = _gauge("kvoffload_recommendation_pending")
+        store_threshold = _gauge("kvoffload_recommended_store_threshold")
+        eviction = _gauge("kvoffload_recommended_eviction_policy")
         verdict = _TtftFamilies()
         for g in groups:
             if g.stale:
@@ -563,6 +623,11 @@ class SidecarCollector(Collector):
                 since.add_metric(key, recommendation.since)
             if recommendation.pending is not None:
                 pending.add_metric([*key, str(recommendation.pending["action"])], 1.0)
+            knobs = recommendation.kv_connector_extra_config or {}
+            if isinstance(threshold := knobs.get("store_threshold"), int):
+                store_threshold.add_metric(key, float(threshold))
+            if "eviction_policy" in knobs:
+                eviction.add_metric([*key, str(knobs["eviction_policy"])], 1.0)
             verdict.add(key, g)
         yield offloading
         yield window
@@ -571,8 +636,11 @@ class SidecarCollector(Collector):
         yield size
         yield since
         yield pending
+        yield store_threshold
+        yield eviction
         yield from verdict.families.values()
         yield from self._kv_events(groups)
+        yield from _whatif(groups)
 
     def _kv_events(self, groups: list[GroupAnalysis]) -> Iterator[Metric]:
         sc = self.sidecar
@@ -643,6 +711,41 @@ class SidecarCollector(Collector):
             predicted,
             provisional,
         )
+
+
+def _whatif(groups: list[GroupAnalysis]) -> Iterator[Metric]:
+    """The what-if rows of each group (kv_events.whatif) at its named tier sizes."""
+    stored = _gauge("kvoffload_whatif_stored_bytes")
+    never = _gauge("kvoffload_whatif_never_reloaded_bytes")
+    hit = _gauge("kvoffload_whatif_offload_hit_ratio")
+    seen: set[tuple[str, ...]] = set()
+    for g in groups:
+        whatif = (g.kv_events or {}).get("whatif")
+        if g.stale or not isinstance(whatif, dict):
+            continue
+        key = [g.instance, g.model_name]
+        for row in _rows(whatif, "store_threshold"):
+            labels = [*key, str(row.get("size")), str(row.get("store_threshold"))]
+            for family, field_name in (
+                (stored, "stored_bytes"),
+                (never, "stored_never_loaded_bytes"),
+            ):
+                if isinstance(value := row.get(field_name), float | int):
+                    family.add_metric(labels, float(value))
+            if isinstance(value := row.get("cpu_hit_ratio"), float | int):
+                seen.add((*labels, "lru"))
+                hit.add_metric([*labels, "lru"], float(value))
+        for row in _rows(whatif, "eviction"):
+            labels = [*key, str(row.get("size")), "1", str(row.get("policy"))]
+            value = row.get("cpu_hit_ratio")
+            if row.get("size") and isinstance(value, float | int) and tuple(labels) not in seen:
+                hit.add_metric(labels, float(value))
+    yield from (stored, never, hit)
+
+
+def _rows(whatif: dict[object, object], kind: str) -> list[dict[str, object]]:
+    rows = whatif.get(kind)
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def _fleet_reads(fleet: ReadsFromPrometheus) -> Iterator[Metric]:

@@ -11,6 +11,7 @@ from kvoffload.sidecar.metrics import (
     KV_EVENT_METRICS,
     TARGET_METRICS,
     TTFT_METRICS,
+    WHATIF_METRICS,
 )
 
 
@@ -45,6 +46,16 @@ def metrics_markdown() -> str:
         "Exact sizing from vLLM's KV events (docs/sizing.md). Per engine sizes; the JSON "
         "adds `kv_events`, `curve` and `predicted_offload_hit_ratio` to each group.",
         _table(KV_EVENT_METRICS),
+    )
+    lines += _section(
+        "The store_threshold and eviction what-ifs",
+        "Exact replays of vLLM 0.26.0's store_threshold (N = 1-4) and lru/arc rules over the "
+        "GPU-missed lookups of the KV events (kvevents/whatif.py), at the current tier size and "
+        "the advised one (`tier`), where the events come from a file (`analyze --events`): a "
+        "second pass over it once the sizes are known. The JSON has them as `kv_events.whatif`; "
+        "the advice sets `recommendation.kv_connector_extra_config` from them "
+        "(docs/advisor.md).",
+        _table(WHATIF_METRICS),
     )
     lines += _section(
         "vLLM's container memory",

@@ -1,0 +1,352 @@
+"""The TTFT rules: the advice judged by what the tier does to time-to-first-token.
+
+Why: hit ratio is not payoff; the estimate (analysis.ttft) and a measured A/B (replicas, or this
+engine before and after its tier changed) say whether a tier pays, and outrank the counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvoffload.analysis.advice import (
+    Recommendation,
+    decided,
+    effect_range,
+    effect_words,
+    ms_text,
+    replace_advice,
+    round_size_gib,
+)
+from kvoffload.analysis.signals import GIB
+from kvoffload.analysis.ttft import Effect
+from kvoffload.thresholds import Thresholds
+
+
+@dataclass(frozen=True)
+class TtftEvidence:
+    """The TTFT model's evidence (analysis.ttft): the effect now and at any size against none.
+
+    effect_with(hit ratio, stored share): a tier reloading that share of the GPU-missed tokens
+    and storing that share of what store_threshold 1 stores (the knobs' what-ifs);
+    best_case_only: no KV events, so effect_at is the bound where every GPU-missed token
+    reloads."""
+
+    mean_ttft: float
+    now: Effect | None
+    effect_at: Callable[[float], Effect | None] | None
+    hit_ratio_now: float | None = None
+    best_case_only: bool = False
+    current_bytes: float | None = None
+    effect_with: Callable[[float, float], Effect | None] | None = None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured A/B of the tier: basis "fleet" (replicas with and without one) or
+    "before_after" (this engine across a tier change)."""
+
+    effect: Effect
+    mean_ttft: float
+    basis: str
+    seen: str
+
+    @classmethod
+    def fleet(cls, effect: Effect, offloading: bool, mean_ttft: float) -> Measured:
+        """The replicas' A/B (analysis.replicas), with the words that say what was compared."""
+        n = int(effect.parts.get("replicas_compared", 0))
+        seen = (
+            f"{n} comparable replica(s) of this model {'without' if offloading else 'with'} a "
+            f"tier answer in {effect.parts['other_mean_ttft_seconds'] * 1000:.1f} ms on average "
+            f"against {mean_ttft * 1000:.1f} ms here"
+        )
+        return cls(effect, mean_ttft, "fleet", seen)
+
+
+# What would settle an effect one server cannot tell from noise.
+_SETTLE = (
+    "one short run cannot tell an effect this small from run-to-run noise: a longer window "
+    "narrows the range; a canary replica {other} (or a restart {other}, compared before and "
+    "after) measures it"
+)
+
+
+def judge_ttft(
+    rec: Recommendation, offloading: bool, ev: TtftEvidence, t: Thresholds
+) -> Recommendation:
+    """Re-decide by the TTFT the tier saves or costs (analysis.ttft), not by its hit ratio.
+
+    now: the tier's effect on this server (offloading on). effect_at(size in bytes): the
+    effect of a tier of that size against none, predicted. A change (enable, grow, disable
+    for TTFT) is advised only when the effect's range clears the threshold, max(
+    min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT); an effect within its noise
+    is said so, and the other costs decide. best_case_only: effect_at is the bound where every
+    GPU-missed token reloads (no KV events): it can rule a tier out, not size its gain."""
+    mean_ttft, now, effect_at = ev.mean_ttft, ev.now, ev.effect_at
+    hit_ratio_now, best_case_only, current_bytes = (
+        ev.hit_ratio_now,
+        ev.best_case_only,
+        ev.current_bytes,
+    )
+    if rec.insufficient_data:
+        return rec
+    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
+
+    def saves(effect: Effect) -> bool:
+        return effect.high < 0 and -effect.seconds >= floor
+
+    def costs(effect: Effect) -> bool:
+        return effect.low > 0
+
+    def note(effect: Effect) -> str:
+        return (
+            f"mean TTFT {ms_text(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
+            f" than recomputing (range {effect.low * 1000:+.0f} … "
+            f"{effect.high * 1000:+.0f} ms; a change needs ≥ {ms_text(floor)} saved beyond it)"
+        )
+
+    if not offloading:
+        return _judge_off(rec, effect_at, best_case_only, saves, note)
+    if now is None:
+        return rec
+    size = rec.kv_offloading_size_gib
+    at_size = effect_at(size * GIB) if size is not None and effect_at is not None else None
+    # Both sizes through the same model, so that its bias cancels in the difference.
+    base = effect_at(current_bytes) if current_bytes and effect_at is not None else None
+
+    def change_to(target: Effect) -> Effect:
+        ref = base or now
+        return Effect(
+            target.seconds - ref.seconds, target.low - ref.low, target.high - ref.high, target.parts
+        )
+
+    def predicted(change: Effect) -> None:
+        if not best_case_only:
+            rec.ttft_change_seconds = change.seconds
+            rec.ttft_change_basis = "predicted"
+            rec.ttft_change_range_seconds = [change.low, change.high]
+
+    hit = (
+        f"{hit_ratio_now:.0%} of GPU-missed tokens reload from CPU, but "
+        if hit_ratio_now is not None
+        else ""
+    )
+    grow_pays = rec.action == "grow" and at_size is not None and saves(at_size)
+    if costs(now) and not grow_pays:
+        return decided(
+            replace_advice(
+                rec,
+                "disable",
+                [f"the CPU tier costs TTFT: {hit}{effect_words(now)}: {note(now)}"],
+                ttft_change_seconds=-now.seconds,
+                ttft_change_basis="measured",
+                ttft_change_range_seconds=effect_range(now, -1.0),
+            ),
+            "estimate",
+            "the effect's range is a cost",
+        )
+    if grow_pays and at_size is not None and not saves(now):
+        rec.reasons.append(
+            f"too small to pay now ({note(now)}), but a {size:g} GiB tier is predicted to make "
+            f"{note(at_size)}"
+        )
+        predicted(change_to(at_size))
+        return decided(rec, "estimate", "the bigger tier's predicted range is a saving")
+    if not saves(now):
+        barely_reloads = hit_ratio_now is not None and hit_ratio_now < t.low_reuse_ratio
+        if rec.action == "grow" and barely_reloads and at_size is not None and at_size.seconds < 0:
+            # A tier that reloads almost nothing cannot show an effect; the bigger one leans
+            # to a saving, so grow and judge again there.
+            rec.reasons.append(
+                f"too small to show an effect now ({note(now)}); a {size:g} GiB tier is "
+                f"predicted to make {note(at_size)}"
+            )
+            predicted(change_to(at_size))
+            return decided(rec, "estimate", "the bigger tier leans to a saving")
+        return _judge_on_unmeasurable(rec, now, hit, note)
+    rec.reasons.append(
+        f"the CPU tier pays: it saves at least {ms_text(-now.high)} per request ({note(now)}: "
+        f"{effect_words(now)}); the other requests it spares a convoy of recomputes do not "
+        "show on this server, so the saving may be larger"
+    )
+    if rec.action == "disable":
+        rec.action, rec.kv_offloading_size_gib = "keep", None
+        return decided(rec, "estimate", "the effect's range is a saving")
+    if rec.action in ("grow", "shrink") and at_size is not None and base is not None:
+        change = change_to(at_size)
+        if rec.action == "grow" and not best_case_only and not saves(change):
+            rec.reasons.append(
+                f"growing to {size:g} GiB would change mean TTFT by only "
+                f"{change.seconds * 1000:+.0f} ms (range {change.low * 1000:+.0f} … "
+                f"{change.high * 1000:+.0f}): keep the current size"
+            )
+            rec.action, rec.kv_offloading_size_gib = "keep", None
+            return decided(rec, "estimate", "growing saves nothing beyond its range")
+        predicted(change)
+    return decided(rec, "estimate", "the effect's range is a saving")
+
+
+def _judge_off(
+    rec: Recommendation,
+    effect_at: Callable[[float], Effect | None] | None,
+    best_case_only: bool,
+    saves: Callable[[Effect], bool],
+    note: Callable[[Effect], str],
+) -> Recommendation:
+    """Offloading off: enable stands only where the predicted range is a saving."""
+    size = rec.kv_offloading_size_gib
+    if rec.action != "enable" or size is None or effect_at is None:
+        return rec
+    effect = effect_at(size * GIB)
+    if effect is None:
+        return rec
+    if best_case_only:
+        if saves(effect):
+            rec.reasons.append(
+                f"even at best (every GPU-missed token reloaded) the tier would make "
+                f"{note(effect)}; the hit ratio at {size:g} GiB is unknown without KV "
+                "events, so the saving is not predicted"
+            )
+            return decided(rec, "estimate", "the best case saves beyond its range")
+        return decided(
+            replace_advice(
+                rec,
+                "leave_off",
+                [
+                    f"even if every GPU-missed token reloaded from CPU, {effect_words(effect)}: "
+                    f"{note(effect)}"
+                ],
+            ),
+            "estimate",
+            "not even the best case saves beyond its range",
+        )
+    if saves(effect):
+        rec.ttft_change_seconds = effect.seconds
+        rec.ttft_change_basis = "predicted"
+        rec.ttft_change_range_seconds = effect_range(effect)
+        rec.reasons.append(
+            f"a {size:g} GiB tier is predicted to make {note(effect)}: {effect_words(effect)}"
+        )
+        return decided(rec, "estimate", "the predicted range is a saving")
+    verdict = f"a {size:g} GiB tier would hit, but {effect_words(effect)}: predicted {note(effect)}"
+    if effect.high >= 0 and effect.seconds < 0:
+        verdict += "; " + _SETTLE.format(other="with the tier")
+    return decided(
+        replace_advice(rec, "leave_off", [verdict], within_noise=effect.low < 0 < effect.high),
+        "estimate",
+        "the predicted range is no saving beyond the threshold",
+    )
+
+
+def _judge_on_unmeasurable(
+    rec: Recommendation,
+    now: Effect,
+    hit: str,
+    note: Callable[[Effect], str],
+) -> Recommendation:
+    """Offloading on, an effect within its noise: say so, and let the other costs decide."""
+    rec.within_noise = True
+    unmeasurable = (
+        f"no measurable TTFT effect: {hit}{effect_words(now)}: {note(now)}; "
+        + _SETTLE.format(other="without the tier")
+    )
+    if rec.action in ("store_threshold", "shrink"):
+        rec.reasons.append(unmeasurable)
+        return decided(rec, "estimate", "no measurable effect: the cheaper tier stands")
+    if now.seconds >= 0 or rec.action == "disable":
+        # No saving to show for it, while its costs are certain: pinned memory that cannot
+        # swap, and every prompt block copied over PCIe.
+        return decided(
+            replace_advice(
+                rec,
+                "disable",
+                [
+                    unmeasurable,
+                    "its costs are certain (pinned host memory, every computed block copied "
+                    "out): disable it, or keep it only where a canary shows a saving",
+                ],
+                ttft_change_seconds=-now.seconds,
+                ttft_change_basis="measured",
+                ttft_change_range_seconds=effect_range(now, -1.0),
+                within_noise=True,
+            ),
+            "estimate",
+            "no measurable effect, and no saving in the estimate",
+        )
+    rec.reasons.append(unmeasurable + f"; the estimate leans to a saving ({ms_text(now.seconds)})")
+    if rec.action == "grow":
+        rec.action, rec.kv_offloading_size_gib = "keep", None
+    return decided(rec, "estimate", "no measurable effect: what is there is kept")
+
+
+def judge_ab(
+    rec: Recommendation,
+    offloading: bool,
+    mean_ttft: float,
+    ab: Effect,
+    t: Thresholds,
+    basis: str,
+    seen: str,
+) -> Recommendation:
+    """Re-decide from a measured A/B (basis "fleet": replicas with and without a tier;
+    "before_after": this engine before and after its tier changed). Measured TTFT outranks
+    the estimate; an A/B within its noise says so and leaves the estimate's advice."""
+    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
+    note = (
+        f"with a tier, mean TTFT is {ms_text(ab.seconds)} "
+        f"{'worse' if ab.seconds > 0 else 'better'} (range {ab.low * 1000:+.0f} … "
+        f"{ab.high * 1000:+.0f} ms; a change needs ≥ {ms_text(floor)} saved beyond it)"
+    )
+    pays = ab.high < 0 and -ab.seconds >= floor
+    costs = ab.low > 0
+    what = "the fleet" if basis == "fleet" else "this engine, before and after its tier changed,"
+    if not pays and not costs:
+        rec.reasons.insert(0, f"{what} cannot tell yet: {seen}: {note}")
+        rec.trace.append({"stage": basis, "action": rec.action, "why": "within its noise"})
+        return rec
+    if offloading:
+        if pays:
+            rec.reasons.insert(0, f"{what} shows the tier pays: {seen}: {note}")
+            if rec.action == "disable":
+                rec.action, rec.kv_offloading_size_gib = "keep", None
+                rec.ttft_change_seconds = rec.ttft_change_basis = None
+                rec.ttft_change_range_seconds = None
+            return decided(rec, basis, "the measured range is a saving")
+        return decided(
+            replace_advice(
+                rec,
+                "disable",
+                [f"{what} shows the tier does not pay: {seen}: {note}"],
+                ttft_change_seconds=-ab.seconds,
+                ttft_change_basis=basis,
+                ttft_change_range_seconds=[-ab.high, -ab.low],
+            ),
+            basis,
+            "the measured range is a cost",
+        )
+    if costs:
+        return decided(
+            replace_advice(
+                rec, "leave_off", [f"{what} shows a tier would not pay: {seen}: {note}"]
+            ),
+            basis,
+            "the measured range is a cost",
+        )
+    size = rec.kv_offloading_size_gib if rec.action == "enable" else None
+    tier = ab.parts.get("tier_bytes_per_engine")
+    if size is None and tier:
+        size = round_size_gib(tier)
+    reasons = [f"{what} shows a tier pays: {seen}: {note}"]
+    return decided(
+        replace_advice(
+            rec,
+            "enable",
+            reasons + ([] if rec.action != "enable" else rec.reasons),
+            kv_offloading_size_gib=size,
+            ttft_change_seconds=ab.seconds,
+            ttft_change_basis=basis,
+            ttft_change_range_seconds=[ab.low, ab.high],
+        ),
+        basis,
+        "the measured range is a saving",
+    )
