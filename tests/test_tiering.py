@@ -180,3 +180,23 @@ def test_real_vllm_026_tiering_exports_lookup_delays_and_no_per_tier_series(
     verdict = secondary_tier_verdict(f)
     assert verdict.pays is None and "exports no per-tier hits" in verdict.reasons[0]
     assert f"{f['tier_lookup_wait_seconds'] * 1e3:.3g} ms" in verdict.reasons[0]
+    # ...and the group's advice carries it beside the CPU tier's action
+    rec = group["recommendation"]
+    assert rec["secondary_tier"] is not None and rec["secondary_tier"]["pays"] is None
+    assert any(r.startswith("secondary tier: secondary-tier lookups make") for r in rec["reasons"])
+
+
+def test_the_advice_says_whether_a_secondary_tier_pays_without_changing_the_action() -> None:
+    from kvoffload.analysis.advisor import Counters, Evidence, decide
+
+    with_tier = Counters(dict(FAST), True, 600.0)
+    without = Counters({k: v for k, v in FAST.items() if not k.startswith(("tier", "primary"))},
+                       True, 600.0)  # fmt: skip
+    a, b = decide(Evidence(with_tier)), decide(Evidence(without))
+    assert a.action == b.action and b.secondary_tier is None
+    assert a.secondary_tier == {
+        "pays": True,
+        "tier_seconds_per_token": pytest.approx(147_456 / 6e9 + 147_456 / 30e9),
+        "recompute_seconds_per_token": pytest.approx(1e-4),
+    }
+    assert [r for r in a.reasons if r.startswith("secondary tier: ")]

@@ -43,6 +43,9 @@ class Recommendation:
     # What to put in --kv-transfer-config's kv_connector_extra_config (analysis.knobs):
     # store_threshold and eviction_policy where their what-ifs pay; None where neither does.
     kv_connector_extra_config: dict[str, object] | None = None
+    # Whether the tiers below the CPU pay (analysis.tiering): pays (true, false or null where
+    # the window cannot tell) and the seconds per token it compared; None without such a tier.
+    secondary_tier: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

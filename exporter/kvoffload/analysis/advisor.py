@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvoffload.analysis import knobs, verdict
+from kvoffload.analysis import knobs, tiering, verdict
 from kvoffload.analysis.advice import (
     ACTIONS,
     Recommendation,
@@ -122,9 +122,31 @@ def decide(ev: Evidence, t: Thresholds | None = None) -> Recommendation:
         rec = knobs.judge_knobs(rec, c.offloading, ev.whatif, ev.ttft.effect_with)
     for m in ev.measured:
         rec = verdict.judge_ab(rec, c.offloading, m.mean_ttft, m.effect, t, m.basis, m.seen)
+    _add_secondary_tier(rec, c.figures, ev.ttft)
     rec.reasons.extend(ev.notes)
     rec.warnings.extend(ev.warnings)
     return rec
+
+
+def _add_secondary_tier(
+    rec: Recommendation, figures: dict[str, float | None], ttft_ev: TtftEvidence | None
+) -> None:
+    """Whether the tiers below the CPU pay, as reasons beside the CPU tier's advice.
+
+    Why: a secondary tier is configured apart from --kv-offloading-size, so its verdict joins the
+    advice without changing the action; the TTFT fit's cost of a recomputed token is the fairer
+    yardstick (batching makes recompute cheaper than prefill time / tokens)."""
+    if figures.get("tier_hit_ratio") is None and figures.get("tier_lookup_wait_seconds") is None:
+        return
+    now = ttft_ev.now if ttft_ev is not None else None
+    cost = now.parts.get("compute_seconds_per_token") if now is not None else None
+    tier = tiering.secondary_tier_verdict(figures, recompute_seconds_per_token=cost)
+    rec.reasons.extend(f"secondary tier: {reason}" for reason in tier.reasons)
+    rec.secondary_tier = {
+        "pays": tier.pays,
+        "tier_seconds_per_token": tier.tier_seconds_per_token,
+        "recompute_seconds_per_token": tier.recompute_seconds_per_token,
+    }
 
 
 def advise(c: Counters, t: Thresholds | None = None) -> Recommendation:
