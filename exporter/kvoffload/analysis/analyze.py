@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,12 @@ from kvoffload.ingest.hostmemory import HostMemory
 from kvoffload.ingest.parse import Exposition
 from kvoffload.kvevents.curve import Curve
 from kvoffload.kvevents.state import TargetEvents
-from kvoffload.kvevents.whatif import DEFAULT_MAX_BLOCKS, source_of, whatif_for_file
+from kvoffload.kvevents.whatif import (
+    DEFAULT_MAX_BLOCKS,
+    live_whatif,
+    source_of,
+    whatif_for_file,
+)
 from kvoffload.thresholds import Thresholds
 
 log = logging.getLogger("kvoffload")
@@ -470,8 +476,16 @@ def _event_whatif(
         else None
     )
     path = source_of(events)
-    if path is None or not ev.bytes_per_block or not events.block_size:
+    if not ev.bytes_per_block or not events.block_size:
         return None
+    if path is None:  # live: simulated as the lookups arrive, at the current size
+        live = live_whatif(
+            events, ev.bytes_per_block, ev.current_cpu_bytes_per_engine or 0.0, time.time()
+        )
+        if live is None:
+            return None
+        ev.json["whatif"] = live.to_json()
+        return WhatIfRows.from_json(ev.json["whatif"])
     advised = proposed * GIB if proposed is not None else 0.0
     sizes = {"current": ev.current_cpu_bytes_per_engine or 0.0, "advised": advised}
     top = 4 * max(sizes.values())

@@ -17,9 +17,10 @@ counted as losses.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 from kvoffload.errors import InputError
 from kvoffload.kvevents.blockindex import UPKEEP_PIECE, ResidentBlocks
@@ -141,6 +142,9 @@ class EngineEvents:
     decode_blocks: int = 0
     # the last block of each recent GPU run (insertion order = age), to tell decode blocks
     chain_tails: dict[int, None] = field(default_factory=dict)
+    # Simulated tiers (kvevents.whatif.TierSim) handed every lookup the tracker gets: the live
+    # sidecar's what-ifs. Duck-typed (request, reset) so this module needs no whatif import.
+    lookup_listeners: list[Any] = field(default_factory=list)
     # Blocks loaded back from the CPU tier, with repeats: what vLLM's load-bytes counter
     # counts (÷ bytes per block), so the two reconcile.
     cpu_loaded_blocks: int = 0
@@ -324,6 +328,8 @@ class EngineEvents:
         """The prefix cache was reset (AllBlocksCleared, a restart): both tiers are empty."""
         self.clears += 1
         self.tracker.reset()
+        for listener in self.lookup_listeners:
+            listener.reset()
         self.cpu_resident.clear()
         self.gpu_parent.clear()
         self.chain_tails.clear()
@@ -398,6 +404,8 @@ class EngineEvents:
         # C blocks iff blocks 1..i all are, so the tracker records it at the running maximum
         # distance, then touches the request's blocks (see StackDistanceTracker.lookup).
         self.tracker.lookup(hashes, chain)
+        for listener in self.lookup_listeners:
+            listener.request(hashes, chain)
         self.gpu_missed_blocks += len(hashes)
         # The same rule says which blocks were really loaded: one still in the CPU tier after
         # the first absent one is recomputed (on the real H200 captures, counting every
@@ -435,6 +443,8 @@ class TargetEvents:
         self.sample_rate = sample_rate
         self.sample_budget = sample_budget
         self.upkeep_ahead = upkeep_ahead
+        # What a new engine's lookups are also handed to (kvevents.whatif.LiveWhatIf), by rank.
+        self.listeners_for: Callable[[int], list[Any]] | None = None
         self.engines: dict[int, EngineEvents] = {}
         self.decode_errors = 0
         self.last_error: str | None = None
@@ -446,6 +456,8 @@ class TargetEvents:
         eng = self.engines.get(rank)
         if eng is None:
             eng = EngineEvents(self.sample_rate, self.sample_budget, self.upkeep_ahead)
+            if self.listeners_for is not None:
+                eng.lookup_listeners = self.listeners_for(rank)
             self.engines[rank] = eng
         return eng
 

@@ -45,7 +45,8 @@ MAX_TRACKER_SIZE = 64_000  # vLLM's default (cpu/spec.py, CPUOffloadingSpec.get_
 DEFAULT_MAX_BLOCKS = 1 << 21
 
 # The event file each offline TargetEvents was read from (analyze --events): the what-if is a
-# second pass over it once the sizes are known. The live sidecar registers none (no what-if).
+# second pass over it once the sizes are known. The live sidecar registers none: its what-ifs
+# are simulated as the lookups arrive (LiveWhatIf).
 _SOURCES: weakref.WeakKeyDictionary[TargetEvents, str] = weakref.WeakKeyDictionary()
 
 
@@ -319,15 +320,16 @@ class WhatIf:
 
     threshold_rows: list[dict[str, object]] = field(default_factory=list)
     eviction_rows: list[dict[str, object]] = field(default_factory=list)
+    basis: str = (
+        "exact replay of vLLM 0.26.0's store_threshold and lru/arc rules over the "
+        "GPU-missed lookups of the KV events; transfers taken as instantaneous"
+    )
 
     def to_json(self) -> dict[str, object]:
         return {
             "store_threshold": self.threshold_rows,
             "eviction": self.eviction_rows,
-            "basis": (
-                "exact replay of vLLM 0.26.0's store_threshold and lru/arc rules over the "
-                "GPU-missed lookups of the KV events; transfers taken as instantaneous"
-            ),
+            "basis": self.basis,
         }
 
 
@@ -359,20 +361,7 @@ def whatif_for_file(
     outcomes = replay_configs(path, configs, max_blocks)
     result = WhatIf()
     for (kind, s, label, n), o in zip(keys, outcomes, strict=True):
-        own = o.looked_up_blocks * block_size
-        denominator = missed_tokens if missed_tokens and missed_tokens >= own else own
-        row: dict[str, object] = {
-            "cpu_gib": s / 2**30,
-            "omitted": o.omitted,
-            "cpu_hit_ratio": None
-            if o.omitted or not denominator
-            else o.hit_blocks * block_size / denominator,
-            "stored_bytes": None if o.omitted else o.stored_blocks * bytes_per_block,
-            "stored_never_loaded_bytes": None
-            if o.omitted
-            else o.never_loaded_blocks * bytes_per_block,
-            "failed_stores": o.failed_stores,
-        }
+        row = _row(o, s, bytes_per_block, block_size, missed_tokens)
         if kind == "threshold":
             result.threshold_rows.append({"size": label, "store_threshold": n, **row})
         else:
@@ -381,6 +370,100 @@ def whatif_for_file(
                 {"policy": label, "size": named_as[0] if named_as else None, **row}
             )
     return result
+
+
+def _row(
+    o: Outcome, size: float, bytes_per_block: float, block_size: int, missed_tokens: float | None
+) -> dict[str, object]:
+    """One simulated tier as a JSON row; hit ratio over missed_tokens where it is at least
+    the tier's own looked-up tokens (the curve's denominator), else over those."""
+    own = o.looked_up_blocks * block_size
+    denominator = missed_tokens if missed_tokens and missed_tokens >= own else own
+    return {
+        "cpu_gib": size / 2**30,
+        "omitted": o.omitted,
+        "cpu_hit_ratio": None
+        if o.omitted or not denominator
+        else o.hit_blocks * block_size / denominator,
+        "stored_bytes": None if o.omitted else o.stored_blocks * bytes_per_block,
+        "stored_never_loaded_bytes": None if o.omitted else o.never_loaded_blocks * bytes_per_block,
+        "failed_stores": o.failed_stores,
+    }
+
+
+# The live sidecar's what-ifs: N = 1..4 under LRU and ARC at N = 1, all at the current size.
+LIVE_CONFIGS = (*(("lru", n) for n in THRESHOLDS), ("arc", 1))
+# The largest tier, in blocks, the live what-ifs simulate (36 GiB of Qwen3-8B's 2.25 MiB
+# blocks): the 5 simulations full hold ~45 MB (tracemalloc; vLLM's 64,000-key sighting tables
+# of N = 2..4 are a third of it); a larger tier's rows say they were omitted (analyze --events
+# has the sampling budget's cap instead).
+LIVE_MAX_BLOCKS = 1 << 14
+_LIVE: weakref.WeakKeyDictionary[TargetEvents, LiveWhatIf] = weakref.WeakKeyDictionary()
+
+
+class LiveWhatIf:
+    """The knobs' what-ifs next to a running vLLM: TierSims at the current tier size, handed
+    each lookup as it arrives (EngineEvents.lookup_listeners).
+
+    Why: the sidecar keeps no file of its events for a second pass; the same simulations over
+    the same lookups give analyze --events' rows, counted from when the size was known."""
+
+    def __init__(self, events: TargetEvents, capacity_blocks: int, since: float) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.since = since
+        self.configs = [Config(capacity_blocks, policy, n) for policy, n in LIVE_CONFIGS]
+        self.sims: dict[int, list[TierSim]] = {}
+        events.listeners_for = self._new
+        for rank, eng in events.engines.items():
+            eng.lookup_listeners = self._new(rank)
+
+    def _new(self, rank: int) -> list[TierSim]:
+        # ARC holds up to twice its tier (T1 + T2 and the ghosts B1 + B2)
+        sims = [TierSim(c, LIVE_MAX_BLOCKS * (2 if c.policy == "arc" else 1)) for c in self.configs]
+        self.sims[rank] = sims
+        return list(sims)
+
+    def rows(self, bytes_per_block: float, block_size: int, capacity_bytes: float) -> WhatIf | None:
+        """The rows so far, summed over engines; None before the first lookup."""
+        out = [Outcome() for _ in self.configs]
+        for sims in self.sims.values():
+            for total, sim in zip(out, sims, strict=True):
+                total.add(sim.finish())
+        if not out[0].looked_up_blocks:
+            return None
+        result = WhatIf(basis=_live_basis(self.since, out[0].looked_up_blocks))
+        for (policy, n), o in zip(LIVE_CONFIGS, out, strict=True):
+            row = _row(o, capacity_bytes, bytes_per_block, block_size, None)
+            if policy == "lru":
+                result.threshold_rows.append({"size": "current", "store_threshold": n, **row})
+            if n == 1:
+                result.eviction_rows.append({"policy": policy, "size": "current", **row})
+        return result
+
+
+def _live_basis(since: float, blocks: int) -> str:
+    return (
+        f"live replay of vLLM 0.26.0's store_threshold and lru/arc rules over the {blocks:,} "
+        f"GPU-missed blocks looked up since {since:.0f} (Unix time: the tier's size known), at "
+        "the current size; transfers taken as instantaneous"
+    )
+
+
+def live_whatif(
+    events: TargetEvents, bytes_per_block: float, capacity_bytes: float, now: float
+) -> WhatIf | None:
+    """The live what-if rows of one target, its simulations started (or restarted, when the
+    tier's size in blocks moved) at the first call that knows the size."""
+    if not bytes_per_block or not capacity_bytes or not events.block_size:
+        return None
+    blocks = int(capacity_bytes // bytes_per_block)
+    if blocks <= 0:
+        return None
+    live = _LIVE.get(events)
+    if live is None or live.capacity_blocks != blocks:
+        live = _LIVE[events] = LiveWhatIf(events, blocks, now)
+        return None
+    return live.rows(bytes_per_block, events.block_size, capacity_bytes)
 
 
 def _rows(whatif: dict[str, object], kind: str) -> list[dict[str, object]]:
