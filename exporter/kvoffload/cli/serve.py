@@ -182,7 +182,9 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
     "CPU tier's residency (forget their oldest, counted in "
     "kvoffload_kv_events_evicted_blocks_total); ~220 B a block for all three when full: the "
     "default holds at most ~220 MB per DP rank (~55 MB while vLLM removes what it evicts; "
-    "measured: +203 MB for 1.2M new blocks). ZMQ queues add at most 64 MiB a socket.",
+    "measured: +203 MB for 1.2M new blocks), plus ~45 MB per DP rank for the live what-ifs "
+    "of store_threshold and ARC (tiers up to 16,384 blocks). ZMQ queues add at most 64 MiB a "
+    "socket.",
 )
 @click.option(
     "--host-memory.cgroup",
