@@ -71,6 +71,80 @@ _SETTLE = (
 )
 
 
+@dataclass(frozen=True)
+class _Bar:
+    """The saving a change must clear (floor, in seconds), and the words that set an effect by it.
+
+    Why: every TTFT rule asks the same questions of an effect and says the answer the same way.
+    """
+
+    floor: float
+
+    def saves(self, effect: Effect) -> bool:
+        """Whether the effect's whole range is a saving at least the floor."""
+        return effect.high < 0 and -effect.seconds >= self.floor
+
+    @staticmethod
+    def costs(effect: Effect) -> bool:
+        """Whether the effect's whole range is a cost."""
+        return effect.low > 0
+
+    def note(self, effect: Effect) -> str:
+        """The effect, its range and the floor, in words for a reason."""
+        return (
+            f"mean TTFT {ms_text(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
+            f" than recomputing (range {effect.low * 1000:+.0f} … "
+            f"{effect.high * 1000:+.0f} ms; a change needs ≥ {ms_text(self.floor)} saved beyond it)"
+        )
+
+
+@dataclass(frozen=True)
+class _TierOn:
+    """Offloading on: the effect now, at the advised size, and the model's own at the current size.
+
+    Why: the rules for a running tier compare the same effects, and a size change is priced as
+    the difference of two predictions so that the model's bias cancels.
+    """
+
+    now: Effect
+    size: float | None
+    at_size: Effect | None
+    base: Effect | None
+    hit_ratio: float | None
+    best_case_only: bool
+    bar: _Bar
+
+    @classmethod
+    def of(cls, rec: Recommendation, ev: TtftEvidence, now: Effect, bar: _Bar) -> _TierOn:
+        """The effects a running tier is judged by, from the evidence and the advised size."""
+        size, effect_at = rec.kv_offloading_size_gib, ev.effect_at
+        at_size = effect_at(size * GIB) if size is not None and effect_at is not None else None
+        # Both sizes through the same model, so that its bias cancels in the difference.
+        base = effect_at(ev.current_bytes) if ev.current_bytes and effect_at is not None else None
+        return cls(now, size, at_size, base, ev.hit_ratio_now, ev.best_case_only, bar)
+
+    @property
+    def hit(self) -> str:
+        """The share of GPU-missed tokens the tier reloads, as the opening of a reason."""
+        if self.hit_ratio is None:
+            return ""
+        return f"{self.hit_ratio:.0%} of GPU-missed tokens reload from CPU, but "
+
+    def change_to(self, target: Effect) -> Effect:
+        """The change from the current tier to one with the target's effect."""
+        ref = self.base or self.now
+        return Effect(
+            target.seconds - ref.seconds, target.low - ref.low, target.high - ref.high, target.parts
+        )
+
+    def predict(self, rec: Recommendation, change: Effect) -> None:
+        """Set the advice's predicted TTFT change, unless only the best case is known."""
+        if not self.best_case_only:
+            rec.ttft_change_seconds = change.seconds
+            rec.ttft_change_basis = "predicted"
+            rec.ttft_change_range_seconds = [change.low, change.high]
+
+
 def judge_ttft(
     rec: Recommendation, offloading: bool, ev: TtftEvidence, t: Thresholds
 ) -> Recommendation:
@@ -82,62 +156,22 @@ def judge_ttft(
     min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT); an effect within its noise
     is said so, and the other costs decide. best_case_only: effect_at is the bound where every
     GPU-missed token reloads (no KV events): it can rule a tier out, not size its gain."""
-    mean_ttft, now, effect_at = ev.mean_ttft, ev.now, ev.effect_at
-    hit_ratio_now, best_case_only, current_bytes = (
-        ev.hit_ratio_now,
-        ev.best_case_only,
-        ev.current_bytes,
-    )
     if rec.insufficient_data:
         return rec
-    floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
-
-    def saves(effect: Effect) -> bool:
-        return effect.high < 0 and -effect.seconds >= floor
-
-    def costs(effect: Effect) -> bool:
-        return effect.low > 0
-
-    def note(effect: Effect) -> str:
-        return (
-            f"mean TTFT {ms_text(effect.seconds)} {'worse' if effect.seconds > 0 else 'better'}"
-            f" than recomputing (range {effect.low * 1000:+.0f} … "
-            f"{effect.high * 1000:+.0f} ms; a change needs ≥ {ms_text(floor)} saved beyond it)"
-        )
-
+    bar = _Bar(max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * ev.mean_ttft))
     if not offloading:
-        return _judge_off(rec, effect_at, best_case_only, saves, note)
-    if now is None:
+        return _judge_off(rec, ev.effect_at, ev.best_case_only, bar.saves, bar.note)
+    if ev.now is None:
         return rec
-    size = rec.kv_offloading_size_gib
-    at_size = effect_at(size * GIB) if size is not None and effect_at is not None else None
-    # Both sizes through the same model, so that its bias cancels in the difference.
-    base = effect_at(current_bytes) if current_bytes and effect_at is not None else None
-
-    def change_to(target: Effect) -> Effect:
-        ref = base or now
-        return Effect(
-            target.seconds - ref.seconds, target.low - ref.low, target.high - ref.high, target.parts
-        )
-
-    def predicted(change: Effect) -> None:
-        if not best_case_only:
-            rec.ttft_change_seconds = change.seconds
-            rec.ttft_change_basis = "predicted"
-            rec.ttft_change_range_seconds = [change.low, change.high]
-
-    hit = (
-        f"{hit_ratio_now:.0%} of GPU-missed tokens reload from CPU, but "
-        if hit_ratio_now is not None
-        else ""
-    )
-    grow_pays = rec.action == "grow" and at_size is not None and saves(at_size)
-    if costs(now) and not grow_pays:
+    tier = _TierOn.of(rec, ev, ev.now, bar)
+    now, at_size, size = tier.now, tier.at_size, tier.size
+    grow_pays = rec.action == "grow" and at_size is not None and bar.saves(at_size)
+    if bar.costs(now) and not grow_pays:
         return decided(
             replace_advice(
                 rec,
                 "disable",
-                [f"the CPU tier costs TTFT: {hit}{effect_words(now)}: {note(now)}"],
+                [f"the CPU tier costs TTFT: {tier.hit}{effect_words(now)}: {bar.note(now)}"],
                 ttft_change_seconds=-now.seconds,
                 ttft_change_basis="measured",
                 ttft_change_range_seconds=effect_range(now, -1.0),
@@ -145,44 +179,60 @@ def judge_ttft(
             "estimate",
             "the effect's range is a cost",
         )
-    if grow_pays and at_size is not None and not saves(now):
+    if grow_pays and at_size is not None and not bar.saves(now):
         rec.reasons.append(
-            f"too small to pay now ({note(now)}), but a {size:g} GiB tier is predicted to make "
-            f"{note(at_size)}"
+            f"too small to pay now ({bar.note(now)}), but a {size:g} GiB tier is predicted to "
+            f"make {bar.note(at_size)}"
         )
-        predicted(change_to(at_size))
+        tier.predict(rec, tier.change_to(at_size))
         return decided(rec, "estimate", "the bigger tier's predicted range is a saving")
-    if not saves(now):
-        barely_reloads = hit_ratio_now is not None and hit_ratio_now < t.low_reuse_ratio
-        if rec.action == "grow" and barely_reloads and at_size is not None and at_size.seconds < 0:
-            # A tier that reloads almost nothing cannot show an effect; the bigger one leans
-            # to a saving, so grow and judge again there.
-            rec.reasons.append(
-                f"too small to show an effect now ({note(now)}); a {size:g} GiB tier is "
-                f"predicted to make {note(at_size)}"
-            )
-            predicted(change_to(at_size))
-            return decided(rec, "estimate", "the bigger tier leans to a saving")
-        return _judge_on_unmeasurable(rec, now, hit, note)
+    if not bar.saves(now):
+        return _judge_on_no_saving(rec, tier, t)
+    return _judge_on_saving(rec, tier)
+
+
+def _judge_on_no_saving(rec: Recommendation, tier: _TierOn, t: Thresholds) -> Recommendation:
+    """Offloading on, no saving beyond the floor now: grow a tier too small to show one, or
+    judge it unmeasurable. Why: a tier that reloads almost nothing cannot show its effect."""
+    now, at_size = tier.now, tier.at_size
+    barely_reloads = tier.hit_ratio is not None and tier.hit_ratio < t.low_reuse_ratio
+    if rec.action == "grow" and barely_reloads and at_size is not None and at_size.seconds < 0:
+        # A tier that reloads almost nothing cannot show an effect; the bigger one leans
+        # to a saving, so grow and judge again there.
+        rec.reasons.append(
+            f"too small to show an effect now ({tier.bar.note(now)}); a {tier.size:g} GiB tier "
+            f"is predicted to make {tier.bar.note(at_size)}"
+        )
+        tier.predict(rec, tier.change_to(at_size))
+        return decided(rec, "estimate", "the bigger tier leans to a saving")
+    return _judge_on_unmeasurable(rec, now, tier.hit, tier.bar.note)
+
+
+def _judge_on_saving(rec: Recommendation, tier: _TierOn) -> Recommendation:
+    """Offloading on, a saving beyond the floor now: keep the tier, and price a size change.
+
+    Why: a tier that pays stays, but growing it must save beyond the range again to be advised.
+    """
+    now, at_size, bar = tier.now, tier.at_size, tier.bar
     rec.reasons.append(
-        f"the CPU tier pays: it saves at least {ms_text(-now.high)} per request ({note(now)}: "
-        f"{effect_words(now)}); the other requests it spares a convoy of recomputes do not "
-        "show on this server, so the saving may be larger"
+        f"the CPU tier pays: it saves at least {ms_text(-now.high)} per request "
+        f"({bar.note(now)}: {effect_words(now)}); the other requests it spares a convoy of "
+        "recomputes do not show on this server, so the saving may be larger"
     )
     if rec.action == "disable":
         rec.action, rec.kv_offloading_size_gib = "keep", None
         return decided(rec, "estimate", "the effect's range is a saving")
-    if rec.action in ("grow", "shrink") and at_size is not None and base is not None:
-        change = change_to(at_size)
-        if rec.action == "grow" and not best_case_only and not saves(change):
+    if rec.action in ("grow", "shrink") and at_size is not None and tier.base is not None:
+        change = tier.change_to(at_size)
+        if rec.action == "grow" and not tier.best_case_only and not bar.saves(change):
             rec.reasons.append(
-                f"growing to {size:g} GiB would change mean TTFT by only "
+                f"growing to {tier.size:g} GiB would change mean TTFT by only "
                 f"{change.seconds * 1000:+.0f} ms (range {change.low * 1000:+.0f} … "
                 f"{change.high * 1000:+.0f}): keep the current size"
             )
             rec.action, rec.kv_offloading_size_gib = "keep", None
             return decided(rec, "estimate", "growing saves nothing beyond its range")
-        predicted(change)
+        tier.predict(rec, change)
     return decided(rec, "estimate", "the effect's range is a saving")
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,26 +30,35 @@ if TYPE_CHECKING:  # (imported where used: `analyze FILE` starts without aiohttp
 from kvoffload.cli.options import make_settings, scrape_timeout_option, settings_options
 from kvoffload.flagvalues import duration_callback, duration_or_zero_callback, size_callback
 
+
+@dataclass(frozen=True)
+class _ScrapeFlags:
+    """serve's options that only scraping targets uses, handed to serve as one `scrape`.
+
+    Why: they are refused together with --prometheus, and build the sidecar's config together.
+    """
+
+    window: float
+    host_memory_cgroup: str
+    advice_warmup: float
+    advice_dwell: float
+    scrape_timeout: float
+    max_payload: float
+    sample_limit: int
+    group_limit: int
+    label_value_length_limit: int
+    kv_events: tuple[str, ...]
+    kv_events_replay: tuple[str, ...]
+    kv_events_dp: int
+    kv_events_topic: str
+    kv_events_sample_rate: float
+    kv_events_sample_budget: int | None
+    state_dir: str | None
+    state_interval: float
+
+
 # serve's options that only scraping targets uses: refused with --prometheus.
-_SCRAPE_ONLY = (
-    "window",
-    "host_memory_cgroup",
-    "advice_warmup",
-    "advice_dwell",
-    "scrape_timeout",
-    "max_payload",
-    "sample_limit",
-    "group_limit",
-    "label_value_length_limit",
-    "kv_events",
-    "kv_events_replay",
-    "kv_events_dp",
-    "kv_events_topic",
-    "kv_events_sample_rate",
-    "kv_events_sample_budget",
-    "state_dir",
-    "state_interval",
-)
+_SCRAPE_ONLY = tuple(f.name for f in fields(_ScrapeFlags))
 _SCRAPE_ONLY_WHY = (
     "with --prometheus the fleet is read from Prometheus "
     "(no scrapes, no KV events; the figures cover --range)"
@@ -71,6 +83,20 @@ _PROMETHEUS_ONLY = (
     "insecure_skip_verify",
     "headers",
 )
+
+
+def _scrape_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Hand the scrape-only options (_ScrapeFlags) to `fn` as one `scrape`.
+
+    Why: serve's own signature then lists what both of its modes use.
+    """
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        scrape = _ScrapeFlags(**{name: kwargs.pop(name) for name in _SCRAPE_ONLY})
+        return fn(*args, scrape=scrape, **kwargs)
+
+    return command
 
 
 def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
@@ -229,27 +255,12 @@ def _given(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 )
 @settings_options
 @prometheus_options
+@_scrape_flags
 def serve(
     targets: tuple[str, ...],
     web: WebFlags,
+    scrape: _ScrapeFlags,
     interval: float | None,
-    window: float,
-    scrape_timeout: float,
-    max_payload: float,
-    sample_limit: int,
-    group_limit: int,
-    label_value_length_limit: int,
-    kv_events: tuple[str, ...],
-    kv_events_replay: tuple[str, ...],
-    kv_events_dp: int,
-    kv_events_topic: str,
-    kv_events_sample_rate: float,
-    kv_events_sample_budget: int | None,
-    state_dir: str | None,
-    state_interval: float,
-    host_memory_cgroup: str,
-    advice_warmup: float,
-    advice_dwell: float,
     world_size: int,
     memory_limit: float | None,
     kv_bytes_per_token: float | None,
@@ -266,9 +277,6 @@ def serve(
 ) -> None:
     """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
     (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
-    from kvoffload.analysis.stability import StabilityRules
-    from kvoffload.sidecar.service import ScrapeLimits, Sidecar, SidecarConfig
-
     if bool(targets) == (prometheus_url is not None):
         raise InputError("give --target URL (repeatable) or --prometheus URL, one of them")
     ctx = click.get_current_context()
@@ -282,27 +290,49 @@ def serve(
         _serve_fleet(api, fixed, range_seconds, selector, step, interval, settings, web)
         return
     _refuse(ctx, _PROMETHEUS_ONLY, "only with --prometheus")
-    interval = interval if interval is not None else 5.0
+    _serve_targets(targets, scrape, interval if interval is not None else 5.0, settings, web)
+
+
+def _serve_targets(
+    targets: tuple[str, ...],
+    scrape: _ScrapeFlags,
+    interval: float,
+    settings: Settings,
+    web: WebFlags,
+) -> None:
+    """`serve --target`: the sidecar scraping the targets every `interval` seconds.
+
+    Why: the scrape-only options become the sidecar's config here, and nowhere else.
+    """
+    from kvoffload.analysis.stability import StabilityRules
+    from kvoffload.sidecar.service import ScrapeLimits, Sidecar, SidecarConfig
+
     sources = _kv_events_sources(
-        targets, kv_events, kv_events_replay, kv_events_dp, kv_events_topic, state_dir
+        targets,
+        scrape.kv_events,
+        scrape.kv_events_replay,
+        scrape.kv_events_dp,
+        scrape.kv_events_topic,
+        scrape.state_dir,
     )
-    limits = ScrapeLimits(sample_limit, group_limit, label_value_length_limit)
-    rules = StabilityRules(advice_warmup, advice_dwell) if advice_warmup or advice_dwell else None
+    limits = ScrapeLimits(scrape.sample_limit, scrape.group_limit, scrape.label_value_length_limit)
+    warmup, dwell = scrape.advice_warmup, scrape.advice_dwell
+    rules = StabilityRules(warmup, dwell) if warmup or dwell else None
     config = SidecarConfig(
         list(targets),
         interval,
-        window,
-        scrape_timeout,
-        int(max_payload),
+        scrape.window,
+        scrape.scrape_timeout,
+        int(scrape.max_payload),
         settings,
         sources,
-        kv_events_sample_rate,
-        kv_events_sample_budget,
-        state_dir,
-        state_interval,
+        scrape.kv_events_sample_rate,
+        scrape.kv_events_sample_budget,
+        scrape.state_dir,
+        scrape.state_interval,
         limits,
         rules,
-        host_memory_cgroup,
+        scrape.host_memory_cgroup,
     )
     _run(Sidecar(config), f"scraping {', '.join(targets)} every {interval:g} s", web)
 

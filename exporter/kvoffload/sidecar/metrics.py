@@ -16,10 +16,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvoffload import __version__
-from kvoffload.analysis.advisor import ACTIONS, GIB
+from kvoffload.analysis.advisor import ACTIONS, GIB, Recommendation
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
-from kvoffload.sidecar.service import Service
+from kvoffload.sidecar.service import Service, TargetState
 
 GROUP = ("target", "model_name")  # the labels of every per-group series
 GROUP_LABELS = list(GROUP)
@@ -558,87 +558,9 @@ class SidecarCollector(Collector):
         yield build
         if isinstance(sc, ReadsFromPrometheus):
             yield from _fleet_reads(sc)
-
-        up = _gauge("kvoffload_up")
-        duration = _gauge("kvoffload_scrape_duration_seconds")
-        failures = _counter("kvoffload_scrape_failures")
-        payload = _gauge("kvoffload_scrape_payload_bytes")
-        last_ok = _gauge("kvoffload_last_success_timestamp_seconds")
-        rejected = _counter("kvoffload_samples_rejected")
-        over_limit = _counter("kvoffload_scrape_limit_exceeded")
-        resets = _counter("kvoffload_counter_resets")
-        for t in sc.targets:
-            up.add_metric([t.name], 1.0 if t.up else 0.0)
-            failures.add_metric([t.name], t.failures)
-            if t.last_duration_seconds is not None:
-                duration.add_metric([t.name], t.last_duration_seconds)
-                payload.add_metric([t.name], t.payload_bytes)
-            if t.last_success_timestamp is not None:
-                last_ok.add_metric([t.name], t.last_success_timestamp)
-            for reason, count in sorted(t.rejected.items()):
-                rejected.add_metric([t.name, reason], count)
-            for limit, count in sorted(t.limit_exceeded.items()):
-                over_limit.add_metric([t.name, limit], count)
-            for reason, count in sorted(t.counter_resets.items()):
-                resets.add_metric([t.name, reason], count)
-        yield from (up, duration, failures, payload, last_ok, rejected, over_limit, resets)
-
+        yield from _scrape_health(sc.targets)
         groups = sc.groups()
-        offloading = _gauge("kvoffload_offloading_enabled")
-        window = _gauge("kvoffload_window_seconds")
-        families: dict[str, GaugeMetricFamily] = {}
-        for fig in FIGURES:
-            if fig.metric not in families:
-                extra = [k for k, _ in fig.labels]
-                families[fig.metric] = GaugeMetricFamily(
-                    fig.metric,
-                    fig.help + " (windowed, computed by the sidecar)",
-                    labels=GROUP_LABELS + extra,
-                )
-        rec = _gauge("kvoffload_recommendation")
-        size = _gauge("kvoffload_recommended_size_bytes")
-        since = _gauge("kvoffload_recommendation_since_timestamp_seconds")
-        pending = _gauge("kvoffload_recommendation_pending")
-        store_threshold = _gauge("kvoffload_recommended_store_threshold")
-        eviction = _gauge("kvoffload_recommended_eviction_policy")
-        verdict = _TtftFamilies()
-        for g in groups:
-            if g.stale:
-                continue  # its target is down: kvoffload_up says so, old figures would lie
-            key = [g.instance, g.model_name]
-            offloading.add_metric(key, 1.0 if g.offloading else 0.0)
-            window.add_metric(key, g.window_seconds)
-            for fig in FIGURES:
-                value = g.figures.get(fig.key)
-                if value is not None:
-                    families[fig.metric].add_metric(
-                        key + [v for _, v in fig.labels], value * fig.export_scale
-                    )
-            recommendation = g.recommendation
-            for action in ACTIONS:
-                rec.add_metric([*key, action], 1.0 if recommendation.action == action else 0.0)
-            if recommendation.kv_offloading_size_gib is not None:
-                size.add_metric(key, recommendation.kv_offloading_size_gib * GIB)
-            if recommendation.since is not None:
-                since.add_metric(key, recommendation.since)
-            if recommendation.pending is not None:
-                pending.add_metric([*key, str(recommendation.pending["action"])], 1.0)
-            knobs = recommendation.kv_connector_extra_config or {}
-            if isinstance(threshold := knobs.get("store_threshold"), int):
-                store_threshold.add_metric(key, float(threshold))
-            if "eviction_policy" in knobs:
-                eviction.add_metric([*key, str(knobs["eviction_policy"])], 1.0)
-            verdict.add(key, g)
-        yield offloading
-        yield window
-        yield from families.values()
-        yield rec
-        yield size
-        yield since
-        yield pending
-        yield store_threshold
-        yield eviction
-        yield from verdict.families.values()
+        yield from _group_figures(groups)
         yield from self._kv_events(groups)
         yield from _whatif(groups)
 
@@ -710,6 +632,129 @@ class SidecarCollector(Collector):
             achievable,
             predicted,
             provisional,
+        )
+
+
+def _scrape_health(targets: list[TargetState]) -> Iterator[Metric]:
+    """Each target's scrapes: up, duration, size, failures and what they could not read.
+
+    Why: a figure is only as good as the scrapes behind it, so these come first on /metrics.
+    """
+    up = _gauge("kvoffload_up")
+    duration = _gauge("kvoffload_scrape_duration_seconds")
+    failures = _counter("kvoffload_scrape_failures")
+    payload = _gauge("kvoffload_scrape_payload_bytes")
+    last_ok = _gauge("kvoffload_last_success_timestamp_seconds")
+    rejected = _counter("kvoffload_samples_rejected")
+    over_limit = _counter("kvoffload_scrape_limit_exceeded")
+    resets = _counter("kvoffload_counter_resets")
+    for t in targets:
+        up.add_metric([t.name], 1.0 if t.up else 0.0)
+        failures.add_metric([t.name], t.failures)
+        if t.last_duration_seconds is not None:
+            duration.add_metric([t.name], t.last_duration_seconds)
+            payload.add_metric([t.name], t.payload_bytes)
+        if t.last_success_timestamp is not None:
+            last_ok.add_metric([t.name], t.last_success_timestamp)
+        for reason, count in sorted(t.rejected.items()):
+            rejected.add_metric([t.name, reason], count)
+        for limit, count in sorted(t.limit_exceeded.items()):
+            over_limit.add_metric([t.name, limit], count)
+        for reason, count in sorted(t.counter_resets.items()):
+            resets.add_metric([t.name, reason], count)
+    yield from (up, duration, failures, payload, last_ok, rejected, over_limit, resets)
+
+
+def _group_figures(groups: list[GroupAnalysis]) -> Iterator[Metric]:
+    """Each live group's window, figures, advice and TTFT verdict.
+
+    Why: a stale group (its target down) is left out, since its old figures would lie.
+    """
+    offloading = _gauge("kvoffload_offloading_enabled")
+    window = _gauge("kvoffload_window_seconds")
+    figures, advice, verdict = _FigureFamilies(), _AdviceFamilies(), _TtftFamilies()
+    for g in groups:
+        if g.stale:
+            continue  # its target is down: kvoffload_up says so, old figures would lie
+        key = [g.instance, g.model_name]
+        offloading.add_metric(key, 1.0 if g.offloading else 0.0)
+        window.add_metric(key, g.window_seconds)
+        figures.add(key, g)
+        advice.add(key, g.recommendation)
+        verdict.add(key, g)
+    yield offloading
+    yield window
+    yield from figures.families.values()
+    yield from advice.families()
+    yield from verdict.families.values()
+
+
+class _FigureFamilies:
+    """The windowed figures (analysis.signals.FIGURES) of every group, one gauge per metric.
+
+    Why: several figures share a metric apart by their labels, so a family is made once each.
+    """
+
+    def __init__(self) -> None:
+        self.families: dict[str, GaugeMetricFamily] = {}
+        for fig in FIGURES:
+            if fig.metric not in self.families:
+                extra = [k for k, _ in fig.labels]
+                self.families[fig.metric] = GaugeMetricFamily(
+                    fig.metric,
+                    fig.help + " (windowed, computed by the sidecar)",
+                    labels=GROUP_LABELS + extra,
+                )
+
+    def add(self, key: list[str], group: GroupAnalysis) -> None:
+        """Add the group's figures that have a value, in the metric's export unit."""
+        for fig in FIGURES:
+            value = group.figures.get(fig.key)
+            if value is not None:
+                self.families[fig.metric].add_metric(
+                    key + [v for _, v in fig.labels], value * fig.export_scale
+                )
+
+
+class _AdviceFamilies:
+    """The recommendation of every group: its action, size, age, pending change and knobs.
+
+    Why: alerts and dashboards read the advice as series, one family per question they ask.
+    """
+
+    def __init__(self) -> None:
+        self.action = _gauge("kvoffload_recommendation")
+        self.size = _gauge("kvoffload_recommended_size_bytes")
+        self.since = _gauge("kvoffload_recommendation_since_timestamp_seconds")
+        self.pending = _gauge("kvoffload_recommendation_pending")
+        self.store_threshold = _gauge("kvoffload_recommended_store_threshold")
+        self.eviction = _gauge("kvoffload_recommended_eviction_policy")
+
+    def add(self, key: list[str], recommendation: Recommendation) -> None:
+        """Add one group's recommendation (an action is 1, the others 0)."""
+        for action in ACTIONS:
+            self.action.add_metric([*key, action], 1.0 if recommendation.action == action else 0.0)
+        if recommendation.kv_offloading_size_gib is not None:
+            self.size.add_metric(key, recommendation.kv_offloading_size_gib * GIB)
+        if recommendation.since is not None:
+            self.since.add_metric(key, recommendation.since)
+        if recommendation.pending is not None:
+            self.pending.add_metric([*key, str(recommendation.pending["action"])], 1.0)
+        knobs = recommendation.kv_connector_extra_config or {}
+        if isinstance(threshold := knobs.get("store_threshold"), int):
+            self.store_threshold.add_metric(key, float(threshold))
+        if "eviction_policy" in knobs:
+            self.eviction.add_metric([*key, str(knobs["eviction_policy"])], 1.0)
+
+    def families(self) -> tuple[GaugeMetricFamily, ...]:
+        """The families in the order /metrics lists them."""
+        return (
+            self.action,
+            self.size,
+            self.since,
+            self.pending,
+            self.store_threshold,
+            self.eviction,
         )
 
 

@@ -135,37 +135,77 @@ def _version(path: str, key: str, value: object) -> ssl.TLSVersion:
 def parse_web_config(path: str) -> WebConfig:
     """The configuration in `path`; InputError (one line) for anything exporter-toolkit
     would refuse or kvoffload cannot do."""
+    top = _mapping(
+        path,
+        "the file",
+        _load_yaml(path),
+        {"tls_server_config", "http_server_config", "basic_auth_users"},
+    )
+    tls = _mapping(path, "tls_server_config", top.get("tls_server_config"), _TLS_KEYS)
+    cert, key, ca = _tls_files(path, tls)
+    client_auth = _client_auth(path, tls.get("client_auth_type") or "NoClientCert", ca)
+    http = _mapping(path, "http_server_config", top.get("http_server_config"), {"http2", "headers"})
+    headers = _headers(path, http.get("headers"))
+    users = _bcrypt_users(path, top.get("basic_auth_users"))
+    return WebConfig(
+        cert,
+        key,
+        ca,
+        client_auth,
+        _version(path, "min_version", tls.get("min_version", "TLS12")),
+        _version(path, "max_version", tls["max_version"]) if "max_version" in tls else None,
+        users,
+        headers,
+        isinstance(top.get("basic_auth_users"), dict),
+    )
+
+
+def _load_yaml(path: str) -> object:
+    """The file's YAML document; InputError if it cannot be read or parsed.
+
+    Why: the flag's name and the first line of the parser's message say what to fix.
+    """
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            return yaml.safe_load(fh)
     except OSError as exc:
         raise InputError(f"--web.config.file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    top = _mapping(
-        path, "the file", data, {"tls_server_config", "http_server_config", "basic_auth_users"}
-    )
-    base = os.path.dirname(os.path.abspath(path))
 
-    def local(value: object, key: str) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value:
-            raise InputError(f"{path}: tls_server_config.{key} must be a file name")
-        return os.path.join(base, value)
 
-    tls = _mapping(path, "tls_server_config", top.get("tls_server_config"), _TLS_KEYS)
+def _tls_files(path: str, tls: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """The certificate, key and client CA files of tls_server_config, relative to `path`.
+
+    Why: exporter-toolkit resolves them next to the config file, and a half TLS setup is refused.
+    """
     unsupported = [k for k in _UNSUPPORTED_TLS if k in tls]
     if unsupported:
         raise InputError(
             f"{path}: tls_server_config.{unsupported[0]} is not supported by kvoffload "
             "(Python's TLS: give cert_file/key_file, OpenSSL's default ciphers and curves)"
         )
-    cert, key = local(tls.get("cert_file"), "cert_file"), local(tls.get("key_file"), "key_file")
-    ca = local(tls.get("client_ca_file"), "client_ca_file")
+    base = os.path.dirname(os.path.abspath(path))
+
+    def local(key: str) -> str | None:
+        value = tls.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise InputError(f"{path}: tls_server_config.{key} must be a file name")
+        return os.path.join(base, value)
+
+    cert, key, ca = local("cert_file"), local("key_file"), local("client_ca_file")
     if tls and (cert is None or key is None):
         raise InputError(f"{path}: tls_server_config needs both cert_file and key_file")
-    auth_type = tls.get("client_auth_type") or "NoClientCert"
+    return cert, key, ca
+
+
+def _client_auth(path: str, auth_type: str, ca: str | None) -> ssl.VerifyMode:
+    """The client certificate check client_auth_type names, consistent with client_ca_file.
+
+    Why: Python's TLS verifies every certificate it asks for, so two of Go's modes cannot be kept.
+    """
     if auth_type in _UNSUPPORTED_AUTH:
         raise InputError(
             f"{path}: client_auth_type {auth_type} is not supported (Python's TLS verifies "
@@ -178,19 +218,30 @@ def parse_web_config(path: str) -> WebConfig:
         raise InputError(f"{path}: client_ca_file is set but client_auth_type is NoClientCert")
     if ca is None and client_auth != ssl.CERT_NONE:
         raise InputError(f"{path}: client_auth_type {auth_type} needs client_ca_file")
-    http = _mapping(path, "http_server_config", top.get("http_server_config"), {"http2", "headers"})
-    headers = {
-        str(k): str(v) for k, v in _mapping(path, "headers", http.get("headers"), None).items()
-    }
+    return client_auth
+
+
+def _headers(path: str, value: object) -> dict[str, str]:
+    """The response headers http_server_config.headers sets, only those exporter-toolkit allows.
+
+    Why: one file serves every exporter of the node, so it means here what it means there.
+    """
+    headers = {str(k): str(v) for k, v in _mapping(path, "headers", value, None).items()}
     refused = sorted(set(headers) - _HEADERS)
     if refused:
         raise InputError(
             f"{path}: header {refused[0]} cannot be set (allowed: {', '.join(sorted(_HEADERS))})"
         )
+    return headers
+
+
+def _bcrypt_users(path: str, value: object) -> dict[str, bytes]:
+    """basic_auth_users: each name's bcrypt hash, checked for form and cost.
+
+    Why: a hash that is not bcrypt would fail every login, so it is refused at load.
+    """
     users: dict[str, bytes] = {}
-    for user, hashed in _mapping(
-        path, "basic_auth_users", top.get("basic_auth_users"), None
-    ).items():
+    for user, hashed in _mapping(path, "basic_auth_users", value, None).items():
         raw = str(hashed).encode()
         if (
             not raw.startswith((b"$2a$", b"$2b$", b"$2y$"))
@@ -201,17 +252,7 @@ def parse_web_config(path: str) -> WebConfig:
         ):
             raise InputError(f"{path}: basic_auth_users.{user} is not a bcrypt hash")
         users[str(user)] = raw
-    return WebConfig(
-        cert,
-        key,
-        ca,
-        client_auth,
-        _version(path, "min_version", tls.get("min_version", "TLS12")),
-        _version(path, "max_version", tls["max_version"]) if "max_version" in tls else None,
-        users,
-        headers,
-        isinstance(top.get("basic_auth_users"), dict),
-    )
+    return users
 
 
 def tls_context(config: WebConfig) -> ssl.SSLContext:
