@@ -580,5 +580,6 @@ def for_provisioning(d: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(d))
 
 
-def to_json(d: dict[str, Any]) -> str:
-    return json.dumps(d, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+def to_json(d: dict[str, Any], indent: int = 2) -> str:
+    """The dashboard as committed: sorted keys, one value a line (diffs stay readable)."""
+    return json.dumps(d, indent=indent, sort_keys=True, ensure_ascii=False) + "\n"

@@ -61,5 +61,7 @@ def render(cfg: MixinConfig) -> dict[str, str]:
         d = build(cfg)
         types = [p["type"] for p in d["panels"] if p["type"] != "row"]
         out[f"import/kvoffload-{name}.json"] = g.to_json(g.for_import(d, types))
-        out[f"provisioning/kvoffload-{name}.json"] = g.to_json(g.for_provisioning(d))
+        # Indented by one: the provisioning files become ConfigMaps (deploy/kustomize), whose
+        # client-side `kubectl apply` annotation must stay under 256 KiB.
+        out[f"provisioning/kvoffload-{name}.json"] = g.to_json(g.for_provisioning(d), indent=1)
     return out
