@@ -176,8 +176,9 @@ def test_a_real_process_named_vllm_holding_shared_memory(tmp_path: Path) -> None
     # (no "kvoffload" in its command line: that is a sidecar's, never counted as vLLM)
     path = os.path.join(shm_dir, f"shm-holder-{os.getpid()}")
     size = 64 * 2**20
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, path, str(size), "vllm-serve-stand-in"],
+    proc = subprocess.Popen(  # named as vLLM's engine names itself (setproctitle)
+        ["VLLM::EngineCore", "-c", HOLDER, path, str(size)],
+        executable=sys.executable,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -318,3 +319,19 @@ def test_serve_prometheus_refuses_the_flag() -> None:
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert "--host-memory.cgroup" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "runs"),
+    [
+        (b"/usr/bin/python3\0/usr/local/bin/vllm\0serve\0Qwen/Qwen3-8B\0", True),
+        (b"VLLM::EngineCore\0", True),
+        (b"python3\0-m\0vllm.entrypoints.openai.api_server\0--model\0x\0", True),
+        (b"vllm\0serve\0m\0", True),
+        (b"tail\0-f\0/var/log/vllm.log\0", False),
+        (b"bash\0-c\0cd /tmp/vllm-work && make\0", False),
+        (b"python3\0orch.py\0--vllm-args\0x\0", False),
+    ],
+)
+def test_only_vllms_own_processes_are_counted(cmdline: bytes, runs: bool) -> None:
+    assert hostmemory._runs_vllm(cmdline) is runs

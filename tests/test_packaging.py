@@ -82,7 +82,8 @@ def test_the_sidecar_needs_no_extra(tmp_path: Path) -> None:
     )
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.splitlines() == [
-        "kvoffload: error: the dashboards need grafanalib: pip install 'kvoffload[generate]'"
+        "kvoffload: error: the dashboards need grafanalib: pip install 'kvoffload[generate]' "
+        "(from a clone: pip install '.[generate]')"
     ]
 
 
@@ -239,7 +240,8 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
     r = run(str(exe), "generate", "--out", str(tmp_path / "gen"))
     assert r.returncode == 2
     assert r.stderr.strip() == (
-        "kvoffload: error: the dashboards need grafanalib: pip install 'kvoffload[generate]'"
+        "kvoffload: error: the dashboards need grafanalib: pip install 'kvoffload[generate]' "
+        "(from a clone: pip install '.[generate]')"
     )
 
 

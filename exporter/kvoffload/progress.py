@@ -124,9 +124,9 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """3.2 s, 4m05s, 1h02m."""
+    """0.25 s, 3.2 s, 4m05s, 1h02m (three digits below a minute: a 0.25 s interval is not 0.2)."""
     if seconds < 60:
-        return f"{seconds:.1f} s"
+        return f"{seconds:.3g} s"
     minutes, secs = divmod(int(seconds), 60)
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"

@@ -8,6 +8,7 @@ process can see them, say how much of it is theirs.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -245,8 +246,8 @@ def _own_cgroup(root: str, self_cgroup: str) -> str | None:
 
 
 def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
-    """Processes whose command line names vLLM, in any case (the API server's `vllm serve`,
-    its engine's `VLLM::EngineCore`, the workers)."""
+    """Processes that run vLLM, in any case (the API server's `vllm serve`, its engine's
+    `VLLM::EngineCore`, the workers): `_runs_vllm`."""
     me = os.getpid()
     found: list[int] = []
     try:
@@ -262,10 +263,19 @@ def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
                 cmd = fh.read(4096)
         except OSError:
             continue
-        low = cmd.lower()
-        if pattern.encode() in low and b"kvoffload" not in low:
+        if _runs_vllm(cmd, pattern.encode()) and b"kvoffload" not in cmd.lower():
             found.append(pid)
     return found
+
+
+def _runs_vllm(cmdline: bytes, name: bytes = b"vllm") -> bool:
+    """Whether a command line is vLLM's own: its program or script is named vllm* (`vllm serve`
+    runs as `python …/bin/vllm serve`; the engine renames itself `VLLM::EngineCore`), or it is
+    `python -m vllm…`. Not any line that merely mentions vllm (a path, a log file, an editor)."""
+    argv = [a.lower() for a in cmdline.split(b"\0") if a]
+    if any(os.path.basename(a).startswith(name) for a in argv[:2]):
+        return True
+    return any(a == b"-m" and b.startswith(name) for a, b in itertools.pairwise(argv[:4]))
 
 
 def read_processes(pids: list[int], proc: str = "/proc") -> ProcessMemory | None:

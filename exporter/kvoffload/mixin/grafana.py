@@ -24,7 +24,10 @@ try:
     import grafanalib.core as G
     from grafanalib._gen import DashboardEncoder
 except ModuleNotFoundError as exc:  # an extra: the sidecar image does without it
-    raise InputError("the dashboards need grafanalib: pip install 'kvoffload[generate]'") from exc
+    raise InputError(
+        "the dashboards need grafanalib: pip install 'kvoffload[generate]' "
+        "(from a clone: pip install '.[generate]')"
+    ) from exc
 
 SCHEMA_VERSION = 39
 DATASOURCE_VAR = "datasource"

@@ -93,7 +93,8 @@ def promql_parser() -> Any:
         import promql_parser
     except ModuleNotFoundError:
         raise InputError(
-            "generate checks PromQL with promql-parser: pip install 'kvoffload[generate]'"
+            "generate checks PromQL with promql-parser: pip install 'kvoffload[generate]' "
+            "(from a clone: pip install '.[generate]')"
         ) from None
     return promql_parser
 
