@@ -65,6 +65,11 @@ def render_fleet_summary(summary: FleetSummary, errors: dict[str, str] | None = 
             f"per request over {summary.requests:,.0f} requests "
             f"({summary.ttft_seconds_saved_per_second:.3f} s of TTFT saved per second)"
         )
+    if summary.changes_without_ttft:
+        lines.append(
+            f"  {summary.changes_without_ttft} change(s) without a TTFT estimate yet "
+            "(left out of the mean: a longer range, or KV events, would give one)"
+        )
     for instance, error in sorted((errors or {}).items()):
         lines.append(f"  ! not read: {instance}: {error}")
     return lines

@@ -73,6 +73,9 @@ class FleetSummary:
     # faster), and the TTFT seconds saved per second of traffic.
     mean_ttft_change_seconds: float | None
     ttft_seconds_saved_per_second: float
+    # Changes advised without a TTFT estimate (no verdict yet): the mean above leaves them out,
+    # and is None where no change has one (unknown, not zero).
+    changes_without_ttft: int = 0
 
     def to_json(self) -> JsonObject:
         return {
@@ -84,6 +87,7 @@ class FleetSummary:
             "requests": self.requests,
             "mean_ttft_change_seconds": self.mean_ttft_change_seconds,
             "ttft_seconds_saved_per_second": self.ttft_seconds_saved_per_second,
+            "changes_without_ttft": self.changes_without_ttft,
         }
 
 
@@ -93,11 +97,9 @@ def summarize(groups: list[GroupAnalysis]) -> FleetSummary:
         if not g.recommendation.insufficient_data:
             actions[g.recommendation.action] = actions.get(g.recommendation.action, 0) + 1
     requests = sum(_requests(g) for g in groups)
-    weighted = sum(
-        (g.recommendation.ttft_change_seconds or 0.0) * _requests(g)
-        for g in groups
-        if g.recommendation.action in CHANGES
-    )
+    changes = [g for g in groups if g.recommendation.action in CHANGES]
+    known = [g for g in changes if g.recommendation.ttft_change_seconds is not None]
+    weighted = sum((g.recommendation.ttft_change_seconds or 0.0) * _requests(g) for g in known)
     return FleetSummary(
         engines=len(groups),
         actions={k: v for k, v in actions.items() if v},
@@ -107,10 +109,9 @@ def summarize(groups: list[GroupAnalysis]) -> FleetSummary:
         ),
         advised_pinned_bytes=sum(pinned_bytes_advised(g) for g in groups),
         requests=requests,
-        mean_ttft_change_seconds=weighted / requests if requests > 0 else None,
-        ttft_seconds_saved_per_second=sum(
-            ttft_gain_per_second(g) or 0.0 for g in groups if g.recommendation.action in CHANGES
-        ),
+        mean_ttft_change_seconds=weighted / requests if requests > 0 and known else None,
+        ttft_seconds_saved_per_second=sum(ttft_gain_per_second(g) or 0.0 for g in known),
+        changes_without_ttft=len(changes) - len(known),
     )
 
 
