@@ -188,3 +188,22 @@ def test_body_fragment_is_what_the_page_holds():
     for part in ('id="groups"', 'data-model="Qwen/Qwen3-Reranker-0.6B"', 'id="targets"'):
         assert part in body and part in whole
     assert 'href="prefix/metrics"' in body  # relative to the page, as --web.telemetry-path
+
+
+def test_the_warmups_placeholder_is_waiting_in_the_advice_trend(tmp_path: Path) -> None:
+    """During the warm-up the published advice holds the current state (analysis.stability);
+    the trend says "waiting" for it, not a kept or left-off tier (README walk-through)."""
+    import lzma
+    from dataclasses import replace
+
+    from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_recording
+    from kvoffload.sidecar.history import advice_state
+
+    rec = tmp_path / "rec.om"
+    rec.write_bytes(
+        lzma.decompress((FIXTURES / "vllm-0.26-h200-tiering" / "rec.om.xz").read_bytes())
+    )
+    (group,) = analyze_groups(window_from_recording(str(rec))[0], Settings())
+    assert advice_state(group) == group.recommendation.action == "disable"
+    warming = replace(group, recommendation=replace(group.recommendation, decided_by="warmup"))
+    assert advice_state(warming) == "waiting"

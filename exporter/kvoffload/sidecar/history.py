@@ -52,12 +52,13 @@ def _round(value: float | None) -> float | None:
 
 
 def advice_state(group: GroupAnalysis) -> str:
-    """What the group's badge says: its action, or "down" / "waiting" when it has no advice;
-    the same words in the advice trend, so a gap or a wait never reads as a kept tier."""
+    """What the group's badge says: its action, or "down" / "waiting" when it has no advice (no
+    data yet, or still warming up); the same words in the advice trend, so a gap or a wait never
+    reads as a kept tier."""
     if group.stale:
         return "down"
-    if group.recommendation.insufficient_data:
-        return "waiting"
+    if group.recommendation.insufficient_data or group.recommendation.decided_by == "warmup":
+        return "waiting"  # the warm-up's placeholder is no advice (analysis.stability)
     return group.recommendation.action
 
 
