@@ -8,8 +8,9 @@ import csv
 import io
 import socket
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -127,3 +128,46 @@ def certificates(work: Path) -> tuple[Path, Path, Path]:
     ca = tls_ca(work)
     cert, key = tls_cert(work, ca, "srv")
     return ca[0], cert, key
+
+
+def write_simulator_events(
+    path: Path, scenario: str, each_tick: Callable[[Any, float], None] | None = None
+) -> None:
+    """A simulator run's KV events, through vLLM's wire encoding, into an event file (what
+    `record --kv-events` writes); each_tick(sim, t) after every scrape interval's events."""
+    from kvoffload.kvevents.eventfile import EventFileWriter, RawMessage
+    from kvoffload.sim import SimServer, scenarios
+    from kvoffload.sim.kv_events import encode_batch
+
+    sc = scenarios.get(scenario)
+    sim = SimServer(sc, kv_events=True)
+    seqs: dict[int, int] = {}
+    with path.open("wb") as out:
+        writer = EventFileWriter(out)
+        t = 0.0
+        while t <= sc.duration_s:
+            sim.advance_to(t)
+            for rank, ts, events in sim.drain_kv_events():
+                seq = seqs.get(rank, 0)
+                seqs[rank] = seq + 1
+                writer.write(RawMessage(rank, seq, ts, b"kv", encode_batch(ts, events, rank)))
+            if each_tick is not None:
+                each_tick(sim, t)
+            t += sc.scrape_interval_s
+
+
+# Counter figures of a tier that pays (test_advisor, test_knobs): sums over the window.
+PAYING_FIGURES: dict[str, float | None] = {
+    "prompt_tokens_per_second": 1000.0,
+    "gpu_prefix_hit_ratio": 0.3,
+    "speedup": 5.0,
+    "reuse_ratio": 0.5,
+    "cpu_fill_seconds": 600.0,
+    "cpu_capacity_tokens": 40_000.0,
+    "gpu_capacity_tokens": 10_000.0,
+    "cpu_capacity_bytes": 4 * 2**30,
+    "gpu_capacity_bytes": 1 * 2**30,
+    "gpu_turnover_seconds": 30.0,
+    "cpu_fill_ratio_since_start": 3.0,
+    "offload_hit_ratio": 0.4,
+}

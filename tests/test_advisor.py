@@ -19,6 +19,8 @@ from kvoffload.ingest.parse import parse_text
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.thresholds import Thresholds
 
+from helpers import PAYING_FIGURES
+
 
 def advise(
     figures: dict,
@@ -102,20 +104,7 @@ def test_two_models_in_one_process_are_judged_apart():
     assert states == [False, True]
 
 
-BASE = {
-    "prompt_tokens_per_second": 1000.0,
-    "gpu_prefix_hit_ratio": 0.3,
-    "speedup": 5.0,
-    "reuse_ratio": 0.5,
-    "cpu_fill_seconds": 600.0,
-    "cpu_capacity_tokens": 40_000.0,
-    "gpu_capacity_tokens": 10_000.0,
-    "cpu_capacity_bytes": 4 * GIB,
-    "gpu_capacity_bytes": 1 * GIB,
-    "gpu_turnover_seconds": 30.0,
-    "cpu_fill_ratio_since_start": 3.0,
-    "offload_hit_ratio": 0.4,
-}
+BASE = dict(PAYING_FIGURES)
 
 
 def test_thin_data_keeps_the_current_state():

@@ -18,11 +18,11 @@ from kvoffload.analysis.window import Window
 from kvoffload.cli.report import render_report
 from kvoffload.ingest.catalog import WANTED_FAMILIES, extract, wanted
 from kvoffload.ingest.parse import parse_text
-from kvoffload.kvevents.eventfile import EventFileWriter, RawMessage
 from kvoffload.kvevents.replay import load_event_file
 from kvoffload.sidecar.metrics import WHATIF_METRICS, SidecarCollector
 from kvoffload.sim import SimServer, scenarios
-from kvoffload.sim.kv_events import encode_batch
+
+from helpers import write_simulator_events
 
 INSTANCE = "sim:8000"
 
@@ -31,22 +31,14 @@ def analyzed(name: str, tmp: Path) -> GroupAnalysis:
     """A scenario scraped over its whole length, its KV events written to a file and
     analyzed with it, as `kvoffload analyze FILE --events FILE.kvev` does."""
     sc = scenarios.get(name)
-    sim = SimServer(sc, kv_events=True)
     window = Window(None)
     path = tmp / f"{name}.kvev"
-    seqs: dict[int, int] = {}
-    with path.open("wb") as out:
-        writer = EventFileWriter(out)
-        t = 0.0
-        while t <= sc.duration_s:
-            sim.advance_to(t)
-            for rank, ts, events in sim.drain_kv_events():
-                seq = seqs.get(rank, 0)
-                seqs[rank] = seq + 1
-                writer.write(RawMessage(rank, seq, ts, b"kv", encode_batch(ts, events, rank)))
-            body = parse_text(sim.render(), wanted, WANTED_FAMILIES)
-            window.update(extract(body, sc.start_epoch + t, INSTANCE))
-            t += sc.scrape_interval_s
+
+    def scrape(sim: SimServer, t: float) -> None:
+        body = parse_text(sim.render(), wanted, WANTED_FAMILIES)
+        window.update(extract(body, sc.start_epoch + t, INSTANCE))
+
+    write_simulator_events(path, name, scrape)
     events = {INSTANCE: load_event_file(str(path))}
     (group,) = analyze_groups(window, Settings(), events=events)
     return group

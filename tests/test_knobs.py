@@ -17,20 +17,10 @@ from kvoffload.analysis.intervals import Coefficient
 from kvoffload.analysis.knobs import WhatIfRows
 from kvoffload.thresholds import Thresholds
 
-# A paying tier on the counters (as in test_advisor.BASE).
-FIGURES: dict[str, float | None] = {
-    "prompt_tokens_per_second": 1000.0,
-    "gpu_prefix_hit_ratio": 0.3,
-    "speedup": 5.0,
-    "reuse_ratio": 0.5,
-    "cpu_fill_seconds": 600.0,
-    "cpu_capacity_tokens": 40_000.0,
-    "gpu_capacity_tokens": 10_000.0,
-    "cpu_capacity_bytes": 4 * GIB,
-    "gpu_capacity_bytes": 1 * GIB,
-    "gpu_turnover_seconds": 30.0,
-    "cpu_fill_ratio_since_start": 3.0,
-}
+from helpers import PAYING_FIGURES
+
+# A paying tier on the counters, its hit ratio left to each case.
+FIGURES = {k: v for k, v in PAYING_FIGURES.items() if k != "offload_hit_ratio"}
 
 
 def observed(mean_queue: float = 0.004) -> ttft.Observed:

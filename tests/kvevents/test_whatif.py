@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import vllm_tier_oracle as oracle
 
-from kvoffload.kvevents.eventfile import EventFileWriter, RawMessage
 from kvoffload.kvevents.whatif import POLICIES, THRESHOLDS, Config, replay_configs, whatif_for_file
-from kvoffload.sim import SimServer, scenarios
-from kvoffload.sim.kv_events import encode_batch
+
+from helpers import write_simulator_events
 
 SETS = Path(__file__).parents[1] / "fixtures" / "vllm-0.26-h200-ttft"
 CAPTURES = ("E/E-cpu4", "B/B-cpu10", "live/cpu4g")
@@ -103,21 +102,9 @@ def test_analyze_json_carries_the_whatif_rows(tmp_path: Path) -> None:
 
 
 def _simulator_event_file(tmp_path: Path, scenario: str) -> str:
-    """A simulator run's KV events, through vLLM's wire encoding, into an event file."""
-    sc = scenarios.get(scenario)
-    sim = SimServer(sc, kv_events=True)
+    """A simulator run's KV events in an event file."""
     path = tmp_path / f"{scenario}.kvev"
-    seqs: dict[int, int] = {}
-    with path.open("wb") as out:
-        writer = EventFileWriter(out)
-        t = 0.0
-        while t <= sc.duration_s:
-            sim.advance_to(t)
-            for rank, ts, events in sim.drain_kv_events():
-                seq = seqs.get(rank, 0)
-                seqs[rank] = seq + 1
-                writer.write(RawMessage(rank, seq, ts, b"kv", encode_batch(ts, events, rank)))
-            t += 15.0
+    write_simulator_events(path, scenario)
     return str(path)
 
 
