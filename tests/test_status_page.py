@@ -207,3 +207,23 @@ def test_the_warmups_placeholder_is_waiting_in_the_advice_trend(tmp_path: Path) 
     assert advice_state(group) == group.recommendation.action == "disable"
     warming = replace(group, recommendation=replace(group.recommendation, decided_by="warmup"))
     assert advice_state(warming) == "waiting"
+
+
+def test_the_card_shows_the_knobs_whatifs(tmp_path: Path) -> None:
+    """The what-if rows of the KV events (here a real vLLM 0.26 capture's, replayed) become a
+    table on the group's card: store_threshold 1-4 and ARC at the current size, with the basis."""
+    import lzma
+
+    from kvoffload.kvevents.whatif import whatif_for_file
+    from kvoffload.sidecar.page_group import whatif_block
+
+    events = tmp_path / "E-cpu4.kvev"
+    source = FIXTURES / "vllm-0.26-h200-ttft" / "E" / "E-cpu4.kvev.xz"
+    events.write_bytes(lzma.decompress(source.read_bytes()))
+    rows = whatif_for_file(str(events), 2_359_296.0, 16, {"current": 4 * 2**30}).to_json()
+    html = str(whatif_block({"kv_events": {"whatif": rows}}))
+    assert html.count("<tr>") == 1 + 4 + 1  # the head, N = 1..4, ARC
+    n2 = next(r for r in rows["store_threshold"] if r["store_threshold"] == 2)
+    assert fmt(n2["cpu_hit_ratio"], "pct") in html and fmt(n2["stored_bytes"], "bytes") in html
+    assert "eviction_policy arc" in html and "exact replay of vLLM 0.26.0" in html
+    assert whatif_block({"kv_events": {}}) is None and whatif_block({}) is None

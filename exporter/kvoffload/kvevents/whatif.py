@@ -30,6 +30,7 @@ DEFAULT_MAX_BLOCKS) stops and reports itself omitted, so memory stays bounded.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -442,9 +443,10 @@ class LiveWhatIf:
 
 
 def _live_basis(since: float, blocks: int) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
     return (
         f"live replay of vLLM 0.26.0's store_threshold and lru/arc rules over the {blocks:,} "
-        f"GPU-missed blocks looked up since {since:.0f} (Unix time: the tier's size known), at "
+        f"GPU-missed blocks looked up since {started} (when the tier's size was known), at "
         "the current size; transfers taken as instantaneous"
     )
 

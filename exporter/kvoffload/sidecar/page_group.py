@@ -299,5 +299,63 @@ def group_card(g: Group, h: dict[str, Any] | None, interval: object) -> Html:
             tag("div", {"class": "grid"}, join(verdict, figures_table(g))),
             trends_block(g, h, interval),
             curve_block(g),
+            whatif_block(g),
+        ),
+    )
+
+
+def _whatif_row(label: str, r: dict[str, Any]) -> Html:
+    if r.get("omitted"):
+        cells = [tag("td", {"class": "num", "colspan": "3"}, "omitted (tier over the budget)")]
+    else:
+        cells = [
+            tag("td", {"class": "num"}, fmt(r.get("cpu_hit_ratio"), "pct")),
+            tag("td", {"class": "num"}, fmt(r.get("stored_bytes"), "bytes")),
+            tag("td", {"class": "num"}, fmt(r.get("stored_never_loaded_bytes"), "bytes")),
+        ]
+    return tag("tr", {}, join(tag("td", {}, label), *cells))
+
+
+def whatif_block(g: Group) -> Html | None:
+    """The knobs' what-ifs at the current size (KV events): store_threshold 1-4, LRU vs ARC.
+
+    Why: the advice quotes them only where a knob pays; the table shows what each would have
+    done, so an operator sees how far from paying the others are."""
+    whatif = (g.get("kv_events") or {}).get("whatif")
+    if not isinstance(whatif, dict):
+        return None
+    rows = [
+        _whatif_row(f"store_threshold {r['store_threshold']}", r)
+        for r in whatif.get("store_threshold") or []
+        if r.get("size") == "current"
+    ]
+    rows += [
+        _whatif_row(f"eviction_policy {r['policy']}", r)
+        for r in whatif.get("eviction") or []
+        if r.get("size") == "current" and r.get("policy") == "arc"
+    ]
+    if not rows:
+        return None
+    head = tag(
+        "thead",
+        {},
+        tag(
+            "tr",
+            {},
+            join(
+                *(
+                    tag("th", {}, x)
+                    for x in ("at the current size", "hit", "stored", "never loaded")
+                )
+            ),
+        ),
+    )
+    return tag(
+        "div",
+        {"class": "whatif", "id": "whatif"},
+        join(
+            tag("h3", {}, "What-ifs: vLLM's store_threshold and eviction_policy on these lookups"),
+            tag("table", {"class": "figures"}, join(head, tag("tbody", {}, join(*rows)))),
+            tag("p", {"class": "muted"}, str(whatif.get("basis") or "")),
         ),
     )
