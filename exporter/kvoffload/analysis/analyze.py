@@ -1,5 +1,5 @@
-"""From a window of scrapes to the typed analysis of every group (`result.GroupAnalysis`), whose
-JSON is the contract shared by `analyze --json` and the sidecar."""
+"""Turns a window of scrapes into each group's typed analysis (`result.GroupAnalysis`). Its JSON is
+the contract of `analyze --json` and the sidecar."""
 
 from __future__ import annotations
 
@@ -78,15 +78,12 @@ def analyze_groups(
     event_baselines: dict[GroupKey, dict[str, float]] | None = None,
     fleet: bool = True,
 ) -> list[GroupAnalysis]:
-    """One analysis per (instance, model_name) group that has at least two points.
+    """One analysis per (instance, model_name) group with at least two points.
 
-    lifetime: the figures are totals since the engine started (one snapshot, no clock), so
-    per-second rates are undefined and only the amount of traffic says whether it is enough.
-    events: KV-event state per instance; the curve and exact figures join the group, and the
-    advisor sizes from the curve. event_baselines: counter totals when the events started
-    (live); without them the window's increases are the events' period (a recording).
-    fleet=False leaves out the comparison of replicas (`add_fleet_evidence`), for a caller
-    that analyzes a fleet in parts and compares them once all are in.
+    lifetime: the figures are totals since the engine started, so rates are undefined. events:
+    KV-event state per instance; its curve joins the group and sizes the advice. event_baselines:
+    counter totals when the events started (live); without them the window is the events' period.
+    fleet=False skips the replica comparison, for a caller that compares parts later.
     """
     settings = settings or Settings()
     groups: list[GroupAnalysis] = []
@@ -103,9 +100,8 @@ def analyze_groups(
 def add_before_after(
     window: Window, groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
 ) -> None:
-    """Where the window spans a change of an engine's tier (vLLM restarted with another
-    --kv-offloading-size, or none), its measured TTFT before and after re-decides the advice
-    (basis "before_after"), when the load matched; otherwise the reasons say why not."""
+    """Re-decides the advice from measured TTFT before and after a tier change in the window (basis
+    "before_after"). It applies only when the load matched; otherwise the reasons say why."""
     if window.timeline is None:
         return
     for i, entry in enumerate(groups):
@@ -137,8 +133,8 @@ def analyze_group(
     events: dict[str, TargetEvents] | None = None,
     event_baselines: dict[GroupKey, dict[str, float]] | None = None,
 ) -> GroupAnalysis | None:
-    """One group of `analyze_groups`, without the comparison of replicas: it reads only this
-    group's part of the window and its instance's events (None: an instance-level group)."""
+    """One group of `analyze_groups`, without the replica comparison. events: its instance's KV
+    events (None for an instance-level group)."""
     if not group[1]:
         return None  # instance-level series only (cache_config_info); no model to judge
     entry, ctx = _group_entry(window, group, settings, lifetime)
@@ -166,9 +162,9 @@ def predicted_effect(
     size_bytes: float,
     events: TargetEvents | None = None,
 ) -> ttft.Effect | None:
-    """The TTFT model's effect of a tier of `size_bytes` per engine against none, for one
-    group: at the KV-event curve's hit ratio for that size, or without events at the best
-    case (every GPU-missed token reloaded). What-ifs and the accuracy benchmark use it."""
+    """The TTFT model's effect of a `size_bytes` tier per engine against none, for one group. It
+    uses the event curve's hit ratio, or without events the best case; what-ifs and the accuracy
+    benchmark use it."""
     entry, ctx = _group_entry(window, group, settings, False)
     if ctx is None:
         return None
@@ -189,8 +185,8 @@ def _curve_evidence(
     baselines: dict[GroupKey, dict[str, float]] | None,
     settings: Settings,
 ) -> _EventFound | None:
-    """The KV-event evidence joins the entry; returns what it found, or None without events
-    of this group (or without a curve)."""
+    """Adds the KV-event evidence to the entry. Returns it, or None without this group's events or
+    curve."""
     if events is None or not events.messages():
         return None
     if not _events_belong_to(window, group, entry.offloading):
@@ -202,10 +198,9 @@ def _curve_evidence(
 def add_fleet_evidence(
     groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
 ) -> None:
-    """Replicas of one model with and without a tier, compared (analysis.replicas): where there
-    are some, their measured difference decides (basis "fleet"). copy_changed: the entries are
-    shared (the sidecar keeps each group's analysis until its next scrape), so an entry the
-    fleet changes is replaced in `groups` by a copy, and the shared one stays as analyzed."""
+    """Compares replicas of one model with and without a tier; their measured difference decides
+    (basis "fleet"). copy_changed: entries are shared with the sidecar, so a changed entry is
+    replaced in `groups` by a copy."""
     effects = fleet_effects(groups)
     for i, entry in enumerate(groups):
         fleet = effects.get(entry.key)
@@ -228,8 +223,8 @@ def _decide_with(
     measured: tuple[Measured, ...] = (),
     notes: tuple[str, ...] = (),
 ) -> None:
-    """The advice decided again from all of the entry's evidence plus what came in later (a
-    measured A/B, a note on one that could not be made): nothing patches the earlier advice."""
+    """Re-decides the advice from all the entry's evidence plus later evidence (an A/B, or why
+    none). Why: nothing patches the earlier advice."""
     ev = entry.evidence
     if ev is None:
         return
@@ -299,8 +294,8 @@ def _ttft_evidence(
     curve: CurveEvidence | None,
     proposed: float | None,
 ) -> TtftEvidence | None:
-    """The TTFT effect (analysis.ttft) now and at any size: it joins the figures and the
-    entry's verdict (predicted at the `proposed` size), and is returned as evidence."""
+    """Adds the TTFT effect (analysis.ttft), now and at any size, to the figures and verdict.
+    Returns it as evidence."""
     figures = entry.figures
     obs = ttft.observe(ctx, figures.get("kv_bytes_per_token"))
     figures["offload_ttft_effect_seconds"] = None
@@ -338,9 +333,8 @@ def _ttft_evidence(
 
 
 class _HitAt:
-    """The curve's hit ratio at a size per engine, as of this analysis: a later decision from
-    the same evidence (an A/B joining it) reads the same numbers, not the live events as they
-    have moved on. A class, not a closure, so the evidence pickles (fleet worker processes)."""
+    """The curve's hit ratio at a size per engine, frozen at this analysis. Why: a later decision
+    reads the same numbers; a class so the evidence pickles."""
 
     def __init__(self, curve: Curve, events: TargetEvents) -> None:
         self.curve, self.events = curve, events
@@ -354,8 +348,8 @@ class _HitAt:
 
 @dataclass(frozen=True)
 class _EffectAt:
-    """The TTFT model's effect of a tier of a size against none: at the curve's hit ratio,
-    else the best case (every GPU-missed token reloaded)."""
+    """The TTFT model's effect of a sized tier against none: at the curve's hit ratio, else the best
+    case."""
 
     obs: ttft.Observed
     k: ttft.Constants
@@ -368,8 +362,7 @@ class _EffectAt:
 
 @dataclass(frozen=True)
 class _EffectWith:
-    """The TTFT model's effect of a tier reloading a share of the GPU-missed tokens and storing
-    a share of what store_threshold 1 stores (the knobs' what-ifs)."""
+    """The TTFT model's effect of a tier reloading and storing given shares (knobs' what-ifs)."""
 
     obs: ttft.Observed
     k: ttft.Constants
@@ -390,8 +383,8 @@ def ttft_constants(t: Thresholds) -> ttft.Constants:
 
 @dataclass(frozen=True)
 class _EventFound:
-    """What the KV events gave one group: the curve as evidence, warnings about it, and the
-    raw pieces the what-ifs replay (the events, their evidence, the curve)."""
+    """What the KV events gave one group: the curve as evidence, its warnings, and the pieces the
+    what-ifs replay."""
 
     curve: CurveEvidence
     warnings: list[str]
@@ -407,8 +400,8 @@ def _add_event_evidence(
     missed: float | None,
     settings: Settings,
 ) -> _EventFound | None:
-    """The curve and the exact figures join the entry; returns the curve as evidence for the
-    advice, with the warnings a provisional or sampled curve carries."""
+    """Adds the curve and exact figures to the entry. Returns the curve as evidence, with warnings
+    for a provisional or sampled curve."""
     figures = entry.figures
     ev = event_evidence(events, static, figures, missed)
     entry.kv_events = ev.json
@@ -462,10 +455,9 @@ def _add_event_evidence(
 def _event_whatif(
     entry: GroupAnalysis, found: _EventFound, proposed: float | None
 ) -> WhatIfRows | None:
-    """The predicted hit ratio at the proposed (else current) size joins the entry, and the
-    store_threshold and eviction what-ifs where the events came from a file (a second pass
-    over it): at the current and proposed sizes, the eviction rows at the curve's sizes up
-    to four times the larger of them. Returns the rows as evidence for the knobs."""
+    """Adds the predicted hit ratio at the proposed (else current) size to the entry. For events
+    from a file it also adds store_threshold and eviction what-ifs; returns those rows as knob
+    evidence."""
     events, ev, curve = found.events, found.info, found.raw
     current = ev.json.get("predicted_offload_hit_ratio_current")
     entry.predicted_offload_hit_ratio = (
@@ -503,8 +495,8 @@ def _event_whatif(
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:
-    """KV events name no model: they belong to the instance's only model, or, when one process
-    serves several, to its only model with offloading on."""
+    """Whether KV events (which name no model) belong to this group. They go to the instance's only
+    model, or its only model with offloading on."""
     siblings = [g for g in window.groups() if g[0] == group[0] and g[1]]
     if len(siblings) <= 1:
         return True
@@ -542,11 +534,10 @@ def window_from_expositions(
     window_seconds: float | None = None,
     instance: str = "",
 ) -> tuple[Window, int, bool]:
-    """Feed a stream of scrapes into a window. Returns (window, scrapes, lifetime).
+    """Feeds a stream of scrapes into a window. Returns (window, scrapes, lifetime).
 
-    A single scrape (a plain /metrics snapshot) has no earlier point to subtract: its counters
-    are taken from zero at the process start (`lifetime` = True); without a timestamp its
-    time span is unknown, so per-second figures stay undefined.
+    A single scrape has no earlier point, so its counters count from process start (`lifetime`
+    True). Without a timestamp its span is unknown and rates stay undefined.
     """
     return window_from_extracts(
         (extract(expo, expo.timestamp or 0.0, instance) for expo in expositions), window_seconds
@@ -558,8 +549,7 @@ def window_from_recording(
     window_seconds: float | None = None,
     report: Callable[[int | None], None] | None = None,
 ) -> tuple[Window, int, bool]:
-    """window_from_expositions of a recording file, read by `recording.read` (it picks the
-    reader; docs/performance.md)."""
+    """window_from_expositions of a recording file, read by `recording.read`."""
     return recording.read(
         path, lambda scrapes: window_from_extracts(scrapes, window_seconds), report
     )
@@ -568,8 +558,8 @@ def window_from_recording(
 def window_from_extracts(
     extracts: Iterable[Extract], window_seconds: float | None = None
 ) -> tuple[Window, int, bool]:
-    """window_from_expositions for scrapes already in the catalog's terms (the Prometheus
-    reader makes them directly)."""
+    """window_from_expositions for scrapes already in the catalog's terms (from the Prometheus
+    reader)."""
     skipped = [0]
 
     def believable(stream: Iterable[Extract]) -> Iterator[Extract]:
