@@ -1,19 +1,12 @@
-"""The advice, decided once: the evidence gathered into one value, then one function picks.
+"""The advice, decided once: all evidence in one value, then one function picks.
 
-What: `Evidence` holds everything the advice may lean on (the counter figures, the KV-event
-miss-ratio curve, the TTFT effect with its range, the memory budget's inputs, the store_threshold
-and eviction what-ifs, measured A/Bs); `decide` picks the action, its size and its reasons.
-Why: each rule reads the evidence it needs and the stronger evidence is consulted last
-(counters < curve < TTFT estimate < knobs < measured A/B), so no caller patches the advice
-after another (docs/advisor.md).
+`Evidence` holds what the advice may lean on (counters, KV-event curve, TTFT effect, memory budget,
+knob what-ifs, measured A/Bs); `decide` picks the action, size and reasons. Why: stronger evidence
+is consulted last (counters < curve < TTFT < knobs < A/B), so no caller patches the advice
+(docs/advisor.md).
 
-Counters cannot show reuse distances; the counter rules lean on what they do show:
-- GPU turnover (GPU KV capacity ÷ rate of tokens written into it) says how long an idle prefix
-  survives on the GPU: reuse slower than that is lost without a CPU tier, and a CPU tier is
-  pointless when the GPU keeps blocks longer than the reuse horizon;
-- stores vs loads (reuse ratio) over windows longer than the CPU tier's fill time;
-- the tier's size against the GPU's (the CPU tier must exceed it to add hits) and
-  bytes stored since start (under the tier's size, it has never been full).
+Counters cannot show reuse distances, so the counter rules use GPU turnover, the reuse ratio, and
+the tier's size against the GPU's and the bytes stored (docs/advisor.md).
 """
 
 from __future__ import annotations
@@ -94,8 +87,8 @@ class CurveEvidence:
 
 @dataclass(frozen=True)
 class Evidence:
-    """Everything one group's advice may lean on; `warnings` are about the data itself
-    (anomalies, a provisional or sampled curve) and join whatever advice is picked."""
+    """Everything one group's advice may lean on. `warnings` are about the data (anomalies, a
+    provisional or sampled curve) and join any advice."""
 
     counters: Counters
     curve: CurveEvidence | None = None
@@ -107,10 +100,11 @@ class Evidence:
 
 
 def decide(ev: Evidence, t: Thresholds | None = None) -> Recommendation:
-    """The advice from all of the evidence at once, each rule in order of its strength.
+    """The advice from all the evidence, each rule in order of strength.
 
-    Why: a rule sees the weaker rules' proposal and either confirms it or says what stronger
-    evidence changes, and the trace keeps every step, so the advice is explained end to end."""
+    Why: each rule confirms or revises the weaker rules' proposal and the trace keeps every step, so
+    the advice is explained end to end.
+    """
     t = t or Thresholds()
     c = ev.counters
     rec = _by_counters(c, t)
@@ -131,11 +125,11 @@ def decide(ev: Evidence, t: Thresholds | None = None) -> Recommendation:
 def _add_secondary_tier(
     rec: Recommendation, figures: dict[str, float | None], ttft_ev: TtftEvidence | None
 ) -> None:
-    """Whether the tiers below the CPU pay, as reasons beside the CPU tier's advice.
+    """Adds whether the tiers below the CPU pay, as reasons beside the CPU tier's advice.
 
-    Why: a secondary tier is configured apart from --kv-offloading-size, so its verdict joins the
-    advice without changing the action; the TTFT fit's cost of a recomputed token is the fairer
-    yardstick (batching makes recompute cheaper than prefill time / tokens)."""
+    Why: a secondary tier is configured apart from --kv-offloading-size, so its verdict leaves the
+    action alone.
+    """
     if figures.get("tier_hit_ratio") is None and figures.get("tier_lookup_wait_seconds") is None:
         return
     now = ttft_ev.now if ttft_ev is not None else None
@@ -173,8 +167,8 @@ EVIDENCE_KEYS = (
 
 
 def _by_counters(c: Counters, t: Thresholds) -> Recommendation:
-    """`figures` are sums over the group's engines; sizes are per engine (each DP engine
-    gets its own --kv-offloading-size), so byte figures are divided by `engines` for them."""
+    """Advice from the counters. `figures` are sums over engines; sizes are per engine, so byte
+    figures are divided by `engines`."""
     figures, offloading, requests = c.figures, c.offloading, c.requests
     current = "keep" if offloading else "leave_off"
     too_short = c.window_seconds < t.min_window_seconds and not c.lifetime
@@ -354,8 +348,8 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -
 
 
 def curve_size_gib(c: Counters, curve: CurveEvidence, t: Thresholds) -> tuple[float, list[str]]:
-    """The size the curve gives per engine (95% of the achievable hit ratio, never below the
-    GPU floor), capped by the memory budget; with the cap's warning where it bit."""
+    """The curve's size per engine (95% of the achievable hit ratio, at least the GPU floor), capped
+    by the memory budget. Returns it with the cap's warning where it bit."""
     assert curve.right_size_bytes is not None
     floor = curve.gpu_bytes * t.gpu_floor_ratio if curve.gpu_bytes else 0.0
     size = round_size_gib(max(curve.right_size_bytes, floor))
@@ -377,8 +371,8 @@ def curve_size_gib(c: Counters, curve: CurveEvidence, t: Thresholds) -> tuple[fl
 def _by_curve(
     rec: Recommendation, c: Counters, curve: CurveEvidence, t: Thresholds
 ) -> Recommendation:
-    """enable/grow/shrink/keep from the exact miss-ratio curve (KV events); whether the tier
-    pays at that size is the TTFT rule's question. Sizes are per engine."""
+    """enable/grow/shrink/keep from the KV-event miss-ratio curve, sizes per engine. Whether the
+    tier pays is the TTFT rule's question."""
     achievable, current_bytes = curve.achievable, curve.current_bytes
     curve_note = (
         f"the KV-event curve decided: achievable offload hit ratio "
@@ -431,8 +425,8 @@ def _by_curve(
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """What the container's memory limit leaves the pinned tier: the limit, what the rest of
-    the container cannot give back, and the host bytes a tier byte takes."""
+    """What the container's memory limit leaves the pinned tier. Holds the limit, what the rest
+    cannot give back, and host bytes per tier byte."""
 
     limit_bytes: float
     other_bytes: float  # unreclaimable memory besides the tier (anon + shmem less the tier)
@@ -456,8 +450,8 @@ class MemoryBudget:
 def memory_budget(
     limit: float | None, host: HostMemory | None, tier_bytes: float | None
 ) -> MemoryBudget | None:
-    """The budget from `--memory-limit` (else the limit the cgroup shows) and the reading;
-    None without a limit. `tier_bytes`: the tier configured now (None when off)."""
+    """The budget from `--memory-limit` (else the cgroup's limit), or None without a limit.
+    `tier_bytes`: the tier configured now (None when off)."""
     cgroup = host.cgroup if host is not None else None
     if limit is None and cgroup is not None:
         limit = cgroup.limit_bytes
@@ -480,7 +474,7 @@ def _memory_check(
     engines: int = 1,
     host: HostMemory | None = None,
 ) -> None:
-    """Every engine of the container pins its own tier: the total is what the limit sees."""
+    """Checks the engines' summed tiers against the limit, since each engine pins its own."""
     tier_now = figures.get("cpu_capacity_bytes") if offloading else None
     budget = memory_budget(limit, host, tier_now)
     if budget is None:
@@ -520,12 +514,9 @@ def read_cgroup_memory_limit(
 ) -> float | None:
     """vLLM's memory limit as the sidecar's cgroups (v2) show it, or None.
 
-    The sidecar's own limit is not vLLM's (256 MiB in the example pod), so it is never the
-    answer. Where the pod's cgroup is visible (the parent of the sidecar's own, with no cgroup
-    namespace), its `memory.max` is the sum of its containers' limits: less the sidecar's own
-    it is the vLLM container's, exactly in a pod of the two. In a cgroup namespace (the default
-    for containers on cgroup v2) the sidecar sees only its own cgroup: None, and the manifests
-    give `--memory-limit` (KVOFFLOAD_MEMORY_LIMIT from the Downward API) instead."""
+    It is the pod cgroup's `memory.max` less the sidecar's own, visible only without a cgroup
+    namespace; otherwise None, and the manifests pass `--memory-limit` instead (docs/exporter.md).
+    """
     try:
         with open(self_cgroup) as fh:
             own = next((line.strip()[3:] for line in fh if line.startswith("0::")), "")

@@ -1,12 +1,9 @@
-"""Before/after: the same engine's TTFT before and after its CPU tier changed, at matched load.
+"""Before/after: one engine's TTFT before and after its CPU tier changed, at matched load.
 
-What: `TierTimeline` watches every scrape a window takes in and cuts each (instance, model)
-into segments of one tier (off, or on at one `kv_offloading_size`), interval by interval;
-`before_after` compares the latest change's two sides: mean TTFT with the tier − without, a
-range of ±2σ (sampling over 5 s blocks and the run-to-run noise), and whether the load matched
-(requests per second, prompt tokens per request, GPU prefix-cache hit ratio).
-Why: a vLLM restarted with another `--kv-offloading-size` (or none) is an A/B on the one server
-that matters; measured TTFT outranks any estimate (advisor.judge_ab, basis "before_after").
+`TierTimeline` cuts each (instance, model) into segments of one tier; `before_after` compares the
+latest change's two sides, with a ±2σ range and a load-match check. Why: a restart with another
+`--kv-offloading-size` is an A/B on the server that matters, and it outranks any estimate (basis
+"before_after").
 """
 
 from __future__ import annotations
@@ -81,9 +78,8 @@ class Segment:
 
 
 def _tiers(ex: Extract) -> dict[str, str]:
-    """Each instance's tier in this scrape, in one pass over its cache configs: vLLM's own
-    word where it gives one (cache_config_info's kv_offloading_size: "None" without a tier;
-    0.26 declares the kv_offload families either way), else the families."""
+    """Each instance's tier in this scrape, in one pass over its cache configs. Uses vLLM's
+    cache_config_info kv_offloading_size where given, else the kv_offload families."""
     sizes: dict[str, set[str]] = {}
     for (instance, _engine), labels in ex.cache_config.items():
         size = labels.get("kv_offloading_size", "")
@@ -193,8 +189,8 @@ def _load(seg: Segment) -> dict[str, float | None]:
 
 
 def before_after(segments: list[Segment]) -> BeforeAfter | None:
-    """The latest change between no tier and a tier (either way), if both sides are long
-    enough to compare; None otherwise (no change seen, or too little on one side)."""
+    """The latest change between no tier and a tier, either way. None if no change was seen or one
+    side is too short."""
     if len(segments) < 2:
         return None
     a, b = segments[-2], segments[-1]
