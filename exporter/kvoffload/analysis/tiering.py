@@ -1,10 +1,7 @@
 """Whether a secondary tier below the CPU tier pays, from a window's figures alone.
 
-A chunk found in a secondary tier is promoted into the CPU tier and then loaded to the GPU
-(vLLM's TieringOffloadingSpec has no direct path), so a secondary tier pays only where (1) the
-CPU tier misses chunks the secondary tier then finds, and (2) reading a token from it and
-loading it to the GPU is faster than recomputing it. This module says so with its numbers;
-the advisor (analysis.advisor) decides what to do with the verdict.
+A secondary-tier hit goes through the CPU tier to the GPU, so it pays only where the CPU tier misses
+what it finds and the reload beats recompute. The advisor decides what to do with the verdict.
 """
 
 from __future__ import annotations
@@ -21,8 +18,8 @@ PRIMARY_ALL_HITS = 0.99
 
 @dataclass(frozen=True)
 class TierVerdict:
-    """pays: True / False, or None where the window cannot tell (no secondary-tier lookups,
-    no bandwidth or recompute figure); reasons: one sentence each, with the numbers."""
+    """pays: True, False, or None where the window cannot tell. reasons: one sentence each, with
+    numbers."""
 
     pays: bool | None
     reasons: list[str] = field(default_factory=list)
@@ -71,10 +68,9 @@ def secondary_tier_verdict(
 ) -> TierVerdict:
     """Whether the secondary tiers pay over the window of `figures` (signals.compute_figures).
 
-    `recompute_seconds_per_token` replaces the prefill throughput's cost of a token where the
-    caller has a better one (the TTFT verdict's fitted marginal cost: batching makes a
-    recomputed token cheaper than prefill time / tokens). Pure: the same inputs give the same
-    verdict, so it can be tested and re-run offline."""
+    `recompute_seconds_per_token` overrides the prefill throughput's cost per token (e.g. the TTFT
+    fit's). Pure, so it can be tested and re-run offline.
+    """
     hit = figures.get("tier_hit_ratio")
     if hit is None:
         return TierVerdict(None, [_without_hits(figures)])
@@ -122,10 +118,11 @@ def secondary_tier_verdict(
 
 
 def _without_hits(figures: Mapping[str, float | None]) -> str:
-    """Why no verdict without per-tier hits, with the lookup wait where vLLM exports it.
+    """Why there is no verdict without per-tier hits, with the lookup wait where exported.
 
-    vLLM 0.26.0's tiering spec exports its lookup delays but no per-tier hits or bytes, so the
-    wait is all there is: it says what the tiers cost, not what they return."""
+    vLLM 0.26.0's tiering spec exports lookup delays but no per-tier hits, so the wait shows cost,
+    not return.
+    """
     wait = figures.get("tier_lookup_wait_seconds")
     if wait is None:
         return "no secondary tier was looked up in the window"

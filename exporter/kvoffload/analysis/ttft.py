@@ -1,30 +1,20 @@
 """The TTFT verdict: what the CPU tier does to mean time-to-first-token, now or at another size.
 
-Hit ratio is not payoff. What vLLM 0.26.0 does with a CPU hit (its source and the H200 runs in
-../shared/reference agree): the request waits in WAITING_FOR_REMOTE_KVS for the copy and is
-promoted a few scheduling passes later, so the whole wait lands in `request_queue_time`; the
-compute it saves shows as shorter prefill time. Per request, x = tokens reloaded from CPU:
+Hit ratio is not payoff: in vLLM 0.26.0 a CPU hit waits for its copy in the queue
+(`request_queue_time`), and the compute it saves shows as shorter prefill. Per request, with x
+tokens reloaded from CPU (derivation in docs/advisor.md):
 
     effect = W + store − x · c_compute
 
-    W        the reload wait. Measured (tier on): queue time less capacity queueing, which a
-             server without a tier has too (Little's law: mean requests waiting for capacity ÷
-             request rate). Predicted: reloads × (copy + one idle scheduling pass) when the
-             request is alone; about one prefill time when the engine is busy with others.
-    c        the prefill time one more computed token costs (analysis.intervals: fitted over
-             scrape intervals on what is counted together at request finish; batching and
-             convoys included). Measured only at t ≥ 2, shrunk by its noise; else 0 ("not
-             measured": recompute costs nothing this server can show).
-    store    the offload path's stall of other requests: on an engine bound by per-step launch
-             overhead (a step costs as much as 400 computed tokens, or recompute costs
-             nothing measurable) each stored token costs bytes ÷ `store_critical_bytes_per_second`,
-             in proportion to how often another request is in flight. On a tier-on server c
-             includes the store (every computed block is copied out): c_compute = c − store.
+    W        the reload wait: measured (tier on) as queue time less capacity queueing,
+             else predicted.
+    c        prefill time per computed token, fitted over scrape intervals (analysis.intervals);
+             0 when not measured (the fit's t < 2).
+    store    the offload path's stall of other requests, on launch-bound engines;
+             c_compute = c − store on a tier-on server.
 
-Negative = faster with the tier. Every effect has a range: ±2σ of the fitted cost, the store
-split (±50%), a predicted wait (±30%), and the run-to-run noise of one short run
-(`ttft_run_to_run_seconds`, measured on the reference sets), so that an effect under about
-10 ms reads as "not measurable" rather than as a verdict.
+Negative = faster with the tier. Each effect has a range (fit ±2σ, store split, predicted wait,
+run-to-run noise), so a small effect reads as "not measurable" rather than as a verdict.
 """
 
 from __future__ import annotations
@@ -114,9 +104,8 @@ _GAUGES_READ = frozenset({"running", "waiting_capacity"})
 
 
 def observe(ctx: Context, bytes_per_token: float | None) -> Observed | None:
-    """None when the window holds no finished request (nothing to judge by), when a gauge it
-    reads was not believed in the window, or when a figure of it is not finite (counters that
-    overflow its quotients: nothing to believe)."""
+    """The window's per-request figures. None without a finished request, with a gauge not believed
+    in the window, or with a non-finite figure."""
     obs = _observe(ctx, bytes_per_token)
     if obs is None:
         return None
@@ -212,8 +201,7 @@ def _costs(obs: Observed, k: Constants) -> _Costs:
 
 
 def _combine(point: float, sds: dict[str, float], parts: dict[str, float]) -> Effect | None:
-    """The effect, or None when a part is not finite (counters so large or so near zero
-    that their quotients overflow): no effect is better than a NaN one."""
+    """The effect, or None when a part is not finite. Why: no effect is better than a NaN one."""
     sigma = math.sqrt(sum(v * v for v in sds.values()))
     parts = {**parts, **{f"sd_{name}_seconds": v for name, v in sds.items()}}
     effect = Effect(point, point - 2 * sigma, point + 2 * sigma, parts)
@@ -230,11 +218,9 @@ def effect_now(obs: Observed, k: Constants) -> Effect | None:
 def predict(
     obs: Observed, reloaded_tokens: float, k: Constants, stored_share: float = 1.0
 ) -> Effect | None:
-    """The effect per request of a tier that reloads `reloaded_tokens` per request, against no
-    tier at all. On a tier-on server the wait and tokens per reload are its own; without a
-    tier a reload waits copy + an idle pass alone, about the new prefill time when busy.
-    stored_share: the share of the computed blocks stored (a store_threshold stores fewer).
-    None when the numbers overflow (see _combine)."""
+    """The effect per request of a tier reloading `reloaded_tokens` per request, against no tier. On
+    a tier-on server the wait is its own, else predicted (docs/advisor.md); stored_share: the share
+    of computed blocks stored; None on overflow."""
     x = max(reloaded_tokens, 0.0)
     costs = _costs(obs, k)
     computed_after = max(obs.missed_tokens - x, 0.0)
