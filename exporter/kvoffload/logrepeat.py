@@ -1,8 +1,8 @@
-"""Repeated log lines, rate-limited: the first is written, the same line again within the
-interval is counted, and the next one written says how many were held back.
+"""Rate-limits repeated log lines: the first is written, repeats within the interval are counted,
+the next written says how many.
 
-A target that is down (vLLM still starting, say) fails every scrape: one line per scrape
-interval drowned the log in identical warnings (86 while one vLLM started)."""
+Why: a target that is down fails every scrape, which drowned the log in identical warnings.
+"""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class RepeatFilter(logging.Filter):
 def install(
     interval_seconds: float = 60.0, handlers: list[logging.Handler] | None = None
 ) -> RepeatFilter:
-    """Rate-limit repeats on `handlers` (default: every handler of the root logger, where
-    basicConfig writes)."""
+    """Rate-limits repeats on `handlers` (default: every root-logger handler, where basicConfig
+    writes)."""
     flt = RepeatFilter(interval_seconds)
     for handler in logging.getLogger().handlers if handlers is None else handlers:
         handler.addFilter(flt)

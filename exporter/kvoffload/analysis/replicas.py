@@ -1,13 +1,9 @@
 """Fleet A/B: replicas of one model with and without a CPU tier, compared directly.
 
-Where a recording (or the sidecar) sees several instances serving the same `model_name`, some
-with offloading and some without, under comparable load, the difference of their mean TTFT is
-the strongest evidence there is: measured, not modelled. It outranks the per-server estimate
-(`ttft_change_basis` = "fleet").
-
-Comparable: prompt tokens per request within 25% and request rates within a factor of 1.5 of
-the other side's pool (the same model on the same kind of engine is assumed: what the labels
-cannot show, the operator must know).
+Where several instances serve one `model_name`, some with a tier, under comparable load, their
+measured TTFT difference outranks the per-server estimate (`ttft_change_basis` = "fleet").
+Comparable: prompt tokens per request within 25% and request rates within 1.5× of the other pool;
+same engine kind is assumed.
 """
 
 from __future__ import annotations
@@ -78,8 +74,8 @@ def _comparable(one: Replica, pool: list[Replica]) -> list[Replica]:
 
 
 def fleet_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
-    """Per replica: the mean TTFT change per request a tier causes (negative = faster), from
-    the comparable replicas of the same model on the other side."""
+    """Per replica: the mean TTFT change per request a tier causes (negative = faster). Compared
+    against comparable replicas on the other side."""
     replicas = [r for r in (replica(g) for g in groups) if r is not None]
     # Each side of each model, in the replicas' order: a fleet of one model is not compared
     # replica by replica against every other (1,000 replicas would be a million checks).

@@ -1,20 +1,14 @@
 """Per-series history with counter-reset handling, and increases over a sliding window.
 
-Each counter series keeps an *adjusted total* that only grows: a decrease, a changed
-`_created`, or a series that vanished and came back is a restart, and then the new raw value
-is the increase since the restart (Prometheus' `increase()` semantics, without its
-extrapolation). Group totals are sums of adjusted totals, stored once per scrape, so the
-increase of a group over any window is a subtraction — a window spanning a vLLM restart gives
-the same figures as one without it.
+Each counter series keeps an *adjusted total* that only grows: after a restart (a decrease, a
+changed `_created`, a series back from gone) the new raw value is the increase, as Prometheus'
+`increase()` without extrapolation. Group totals are sums of these, so a window's increase is a
+subtraction, the same across a vLLM restart.
 
-A counter cannot be believed everywhere: one that went down while its engine did not restart
-(its `_created` unchanged, or its sibling counters still growing) is taken as a reset all the
-same — as `increase()` would — and counted (`resets`, reason "decrease"), and a value outside
-its catalog row's range (NaN, infinite, negative: `Extract.unknown`) is not a value (the series
-is there, unknown). Either way the counter's increase over a window holding that scrape is not
-known: it is left out of `Delta.inc`, so every figure that reads it is absent (never a hit
-ratio of 533) until the scrape leaves the window, and `anomalies` says why. A gauge outside
-its range (a KV-cache usage of 7) is left out of `Delta.gauge_avg` the same way.
+A counter that went down without a restart is a reset all the same, counted in `resets` (reason
+"decrease"); a value outside its catalog range (`Extract.unknown`) is not a value. Either way its
+increase is left out of `Delta.inc` while that scrape is in the window, and `anomalies` says why; a
+gauge out of range leaves `Delta.gauge_avg` the same way.
 """
 
 from __future__ import annotations
@@ -51,9 +45,8 @@ RESTART_SETTLES_SCRAPES = 2
 
 
 class _SeriesState(NamedTuple):
-    """A counter series' state, as its fields are named. `update` keeps it as a plain tuple in
-    this order (a tuple of numbers is nothing the cyclic garbage collector walks: a sidecar
-    holds 20 per target)."""
+    """A counter series' state, as its fields are named. `update` keeps it as a plain tuple in this
+    order, which the cyclic garbage collector does not walk."""
 
     raw: float
     created: float | None
@@ -76,8 +69,8 @@ class _GroupPlan:
 
 
 class _Latest:
-    """A group's (counter key, engine, raw) of a scrape, made only if asked (GroupStatic.latest:
-    once per analysis, while the window takes every scrape)."""
+    """A group's (counter key, engine, raw) of a scrape, made only when asked. Why:
+    GroupStatic.latest reads it once per analysis, the window takes every scrape."""
 
     __slots__ = ("plan", "raws")
 
@@ -110,9 +103,8 @@ def _learn_plan(layout: tuple[CounterKey, ...]) -> dict[GroupKey, _GroupPlan]:
 def _aligned(
     created: dict[CounterKey, float], layout: tuple[CounterKey, ...]
 ) -> list[float | None]:
-    """Each counter's `_created` (None where it has none), in the counters' order (`layout`):
-    the values as they are when both have the same series in the same order (a scrape of
-    vLLM does)."""
+    """Each counter's `_created` (None where it has none), in `layout`'s order. Fast path when both
+    list the same series in the same order, as vLLM does."""
     if len(created) == len(layout) and tuple(created) == layout:
         return list(created.values())
     return list(map(created.get, layout))
@@ -133,8 +125,8 @@ def _none(created: tuple[float | None, ...] | None) -> bool:
 
 @dataclass
 class _Columns:
-    """A group's counter series as `_count_fast` keeps them: in its plan's order, all last
-    seen at `seen_at` (what `_series` holds per series, as columns)."""
+    """A group's counter series as `_count_fast` keeps them: columns in the plan's order, all last
+    seen at `seen_at`."""
 
     plan: _GroupPlan
     raws: tuple[float, ...]
@@ -234,8 +226,8 @@ class GroupStatic:
 
     @property
     def lifetime(self) -> dict[str, float]:
-        """Raw counter sums of the latest scrape: totals since the engines (re)started (not
-        to be changed: the next caller gets the same dict until the next scrape)."""
+        """Raw counter sums of the latest scrape: totals since the engines (re)started. Do not
+        mutate: callers share the dict until the next scrape."""
         if self._lifetime is not None and self._lifetime[0] is self.latest:
             return self._lifetime[1]
         sums: dict[str, float] = {}
@@ -272,8 +264,8 @@ def _by_group(
     dict[str, list[dict[str, str]]],
     dict[GroupKey, list[dict[str, str]]],
 ]:
-    """The scrape's gauges by group and key, its cache configs by instance and its offload
-    configs by group (each in engine order)."""
+    """The scrape's gauges by group and key, cache configs by instance, offload configs by group
+    (each in engine order)."""
     gauge_now: dict[GroupKey, dict[str, list[float]]] = {}
     for (key, instance, model, _engine), value in ex.gauges.items():
         gauge_now.setdefault((instance, model), {}).setdefault(key, []).append(value)
@@ -339,11 +331,8 @@ class Window:
 
     # -- ingest ---------------------------------------------------------------------------
     def update(self, ex: Extract) -> None:
-        """One scrape in. Linear in its samples: everything is grouped in one pass first, so
-        the work per group does not scan the whole scrape (thousands of models per target
-        would otherwise cost the square). A scrape with the same counter series as one before
-        it (in the same order: a target renders them so) is grouped by that scrape's plan,
-        and a group whose series all just grew goes through `_count_fast`."""
+        """One scrape in, linear in its samples. Why: everything is grouped in one pass, and a
+        scrape laid out like the last one reuses its plan and `_count_fast`."""
         if self.timeline is not None:
             self.timeline.observe(ex)
         values = list(ex.counters.values())
@@ -468,8 +457,8 @@ class Window:
     def _unknown_gauges(
         self, ex: Extract, gauge_now: dict[GroupKey, dict[str, list[float]]]
     ) -> set[GroupKey]:
-        """The Extract's unknown gauges: suspect with their reason, and out of this scrape's
-        gauges (the other engines' alone would make a wrong sum). Returns their groups."""
+        """Marks the Extract's unknown gauges suspect and drops them from this scrape's gauges (a
+        partial sum would be wrong). Returns their groups."""
         groups: set[GroupKey] = set()
         for (key, instance, model, _engine), why in ex.unknown.items():
             if key not in _GAUGE_SET:
@@ -483,8 +472,8 @@ class Window:
     def _grouped(
         self, ex: Extract, unknown: dict[GroupKey, list[tuple[str, str, str]]]
     ) -> dict[GroupKey, list[tuple[str, str, float]]]:
-        """group → [(counter key, engine, raw)] in one pass; NaN and infinite values, and the
-        Extract's unknown counter series, go to `unknown` instead (with why)."""
+        """group → [(counter key, engine, raw)] in one pass. NaN, infinite and unknown counter
+        series go to `unknown` with why."""
         by_group: dict[GroupKey, list[tuple[str, str, float]]] = {}
         for (key, instance, model, engine), raw in ex.counters.items():
             if raw - raw != 0.0:  # NaN or infinite (a reader that let it through)
@@ -506,11 +495,9 @@ class Window:
     def _plan(
         self, ex: Extract, values: list[float]
     ) -> tuple[tuple[CounterKey, ...], dict[GroupKey, _GroupPlan]] | None:
-        """The counter series of a scrape whose counters are all numbers, in order, and their
-        grouping: the one learnt from the target's last scrape when its series are the same,
-        in the same order (a target renders them so), else learnt from this one. None when a
-        value is NaN or infinite or a series unknown: those scrapes are grouped one sample at
-        a time."""
+        """The scrape's counter series in order and their grouping, reusing the target's last plan
+        when the series match. None when a value is NaN, infinite or unknown: those scrapes are
+        grouped one sample at a time."""
         if ex.unknown or not all(map(math.isfinite, values)):
             return None
         layout = tuple(ex.counters)
@@ -529,8 +516,8 @@ class Window:
         return {pair: _SeriesState(*state) for pair, state in _states(columns)}
 
     def _series_of(self, g: GroupKey) -> dict[tuple[str, str], _State]:
-        """A group's series as a dict by (key, engine), taken out of its columns if it has
-        them (the slow path edits series one by one)."""
+        """A group's series as a dict by (key, engine), taken out of its columns if any (the slow
+        path edits them one by one)."""
         columns = self._columns.pop(g, None)
         if columns is not None:
             self._series[g] = dict(_states(columns))
@@ -540,8 +527,8 @@ class Window:
         return series
 
     def _to_columns(self, g: GroupKey, group_plan: _GroupPlan, scrape_no: int) -> None:
-        """Keep a group's series as columns when they are exactly the plan's, all seen in
-        this scrape: the next scrape like it goes through `_count_fast`."""
+        """Keeps a group's series as columns when they are exactly the plan's, all seen in this
+        scrape. Why: the next such scrape goes through `_count_fast`."""
         series = self._series.get(g)
         if series is None or len(series) != len(group_plan.pairs):
             return
@@ -568,10 +555,8 @@ class Window:
         scrape_no: int,
         running: dict[str, float],
     ) -> bool:
-        """`_count` for a group whose series are the same as in its previous scrape (the one
-        right before: no gap), none gone down, no `_created` changed: every increase is the
-        difference, added in the same order (the same sums to the last bit). False, and
-        nothing changed, when that is not the case."""
+        """`_count` for a group whose series match its previous scrape: no gap, none down, no
+        `_created` changed. Returns False, changing nothing, otherwise."""
         columns = self._columns.get(g)
         if columns is None or columns.plan is not group_plan or columns.seen_at != scrape_no - 1:
             return False
@@ -602,8 +587,8 @@ class Window:
         unknown: dict[GroupKey, list[tuple[str, str, str]]] | None,
         ex: Extract,
     ) -> float | None:
-        """A group's counters of one scrape, one series at a time: resets, decreases, gaps and
-        unknown values judged, increases added to `running`. Returns the earliest `_created`."""
+        """A group's counters of one scrape, one series at a time: resets, gaps and unknowns judged,
+        increases added to `running`. Returns the earliest `_created`."""
         instance, model = g
         created_of = ex.created
         series = self._series_of(g)
@@ -662,12 +647,12 @@ class Window:
         t: float,
         scrape_no: int,
     ) -> None:
-        """Count the counters of a scrape that reset (went down, or their `_created` moved):
-        a restart when the series' `_created` moved or, without `_created` (Prometheus does
-        not keep it), more of its engine's counters went down than up — a restarted process
-        starts every counter over, though one sampled late may already be past its old value
-        (a 15 s step); else a decrease a counter must not make — its figures are not to be
-        believed while the scrape is in the window."""
+        """Counts the scrape's counters that reset (went down, or `_created` moved).
+
+        It is a restart when `_created` moved or, without `_created`, when more of the engine's
+        counters went down than up; otherwise a decrease, whose figures are not believed while the
+        scrape is in the window.
+        """
         counts = self.resets.setdefault(g[0], {})
         down: dict[str, int] = {}
         for _key, engine, moved in decreased:
@@ -695,9 +680,9 @@ class Window:
         scrape_no: int,
         t: float,
     ) -> None:
-        """Counter series there but unknown (NaN, infinite, negative): kept as they were (seen,
-        so their next value continues from the last one believed), their figures absent
-        meanwhile, `why` kept for `anomalies`."""
+        """Counter series present but unknown (NaN, infinite, negative): kept as they were, figures
+        absent meanwhile, `why` kept for `anomalies`. Why: the next value continues from the last
+        one believed."""
         suspect = self._suspect.setdefault(g, {})
         for key, engine, why in keys:
             suspect[key] = (t, why)
@@ -709,9 +694,8 @@ class Window:
                 series[(key, engine)] = (raw, created, adjusted, scrape_no)
 
     def forget(self, instance: str, now: float) -> list[GroupKey]:
-        """Drop the groups of `instance` whose latest scrape is over a window before `now`
-        (models gone from the target): they leave the window, and the caller's views. A
-        whole-history window forgets nothing."""
+        """Drops the groups of `instance` last scraped over a window before `now` (models gone from
+        the target). A whole-history window forgets nothing."""
         if self.window_seconds is None:
             return []
         groups = self._groups_of.get(instance)
@@ -737,8 +721,8 @@ class Window:
         return gone
 
     def anomalies(self, group: GroupKey) -> list[str]:
-        """Why counters or gauges of the group are left out of its window's figures (one line
-        each, naming the series and its value where one was not believed)."""
+        """Why the group's counters or gauges are left out of its figures, one line each naming the
+        series and value."""
         suspect = self._suspect.get(group)
         points = self._points.get(group)
         if not suspect or not points:
