@@ -1,9 +1,7 @@
 """Where the documentation lives, as absolute URLs.
 
-The wheel carries no docs/, so everything shown to a user outside this repository — the CLI's
-`--help`, the generated rules' `runbook_url`, the dashboards' panel descriptions — links here.
-pyproject.toml's `[project.urls]` holds the same addresses (tests/test_packaging.py checks that
-they agree).
+Why: the wheel carries no docs/, so `--help`, rules' `runbook_url` and dashboard panels link here.
+pyproject.toml's `[project.urls]` must agree (tests/test_packaging.py).
 """
 
 from __future__ import annotations
@@ -22,6 +20,6 @@ def doc(page: str, anchor: str = "") -> str:
 
 
 def docs_epilog(*pages: str) -> str:
-    """A command's `--help` epilog listing these pages' URLs, one a line and never re-wrapped
-    (click would cut a URL longer than the help column in two)."""
+    """A command's `--help` epilog of these pages' URLs, one a line. Why: never re-wrapped, since
+    click would cut a long URL."""
     return "\b\nDocs:\n" + "\n".join(f"  {doc(page)}" for page in pages)

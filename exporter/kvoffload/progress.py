@@ -1,9 +1,7 @@
-"""Progress of long work on stderr, never stdout (reports and JSON stay clean).
+"""Progress of long work on stderr, never stdout, so reports and JSON stay clean.
 
-On a terminal one line is rewritten in place; elsewhere (a log, a pipe, CI) nothing is written
-until the end, and then one final line, or nothing for a short run. `analyze --prometheus`
-(instances read), `record` (scrapes written and failed) and `analyze FILE` (bytes of the file
-read, `FileReadProgress`) use it.
+On a terminal one line is rewritten in place; elsewhere only one final line is written, and none for
+a short run.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ _CLEAR_TO_END = "\x1b[K"
 class Progress:
     """One status line on stderr.
 
-    every: seconds between two rewrites on a terminal. show_after: on a terminal, nothing is
-    shown before the work has run this long (a short run prints nothing). final_after: off a
-    terminal, the final line is written only for work that ran at least this long.
+    every: seconds between rewrites on a terminal. show_after: on a terminal, seconds before
+    anything shows. final_after: off a terminal, the least run time that writes the final line.
     """
 
     def __init__(
@@ -80,16 +77,15 @@ class Progress:
                 self._write(message + "\n")
 
     def clear(self) -> None:
-        """Take the line off the terminal (before an error message, or a final line of the
-        caller's own)."""
+        """Takes the line off the terminal, before an error or the caller's own final line."""
         with self._lock:
             if self.tty and self.shown:
                 self._write("\r" + _CLEAR_TO_END)
             self.shown = False
 
     def finish(self, line: str | None = None) -> None:
-        """The final line: left on a terminal if progress was shown (else nothing), written
-        off a terminal if the work took at least `final_after` seconds."""
+        """The final line: kept on a terminal if progress was shown, written elsewhere if the work
+        took at least `final_after` seconds."""
         with self._lock:
             final = line if line is not None else self._line
             if final and self.tty:
@@ -124,7 +120,7 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """0.25 s, 3.2 s, 4m05s, 1h02m (three digits below a minute: a 0.25 s interval is not 0.2)."""
+    """0.25 s, 3.2 s, 4m05s, 1h02m: three digits below a minute, so 0.25 s is not 0.2."""
     if seconds < 60:
         return f"{seconds:.3g} s"
     minutes, secs = divmod(int(seconds), 60)
@@ -135,15 +131,11 @@ def format_seconds(seconds: float) -> str:
 
 
 class FileReadProgress:
-    """How far a reader has got through a file it opened itself, from outside the reader.
+    """How far a reader has got through a file it opened itself, watched from outside.
 
-    A thread looks at the file's descriptor in this process every `every` seconds: the offset
-    of the open file (os.lseek on the descriptor whose device and inode are the file's) is how
-    many bytes have been read, to within the reader's buffer. The reader needs no hook; where no
-    descriptor shows any (no /proc and no /dev/fd, or a reader that maps the file instead of
-    reading it: the mapping keeps its descriptor at 0), only the items counted by `count` are
-    shown, never a made-up 0 %. A reader that goes through the file again (a layout check
-    first) shows as a second pass; a look at its head before reading does not.
+    A thread reads the offset of the file's descriptor every `every` seconds, so the reader needs no
+    hook. Where no descriptor shows it (no /proc or /dev/fd, a mapped file) only `count`'s items are
+    shown; a second pass over the file shows as one.
     """
 
     def __init__(self, path: str, progress: Progress, what: str = "scrapes") -> None:
@@ -167,8 +159,8 @@ class FileReadProgress:
 
     # -- the reader's side ------------------------------------------------------------------
     def reached(self, offset: int | None) -> None:
-        """A reader that maps the file says how far it got (its descriptor cannot); None: it
-        gave up, and the reader taking over is followed by its descriptor again."""
+        """Reports how far a reader that maps the file got, which its descriptor cannot show. None:
+        it gave up, and the descriptor is followed again."""
         self.told = offset is not None
         self.offset = offset or 0
 
@@ -217,7 +209,7 @@ class FileReadProgress:
 
     # -- the watching thread ----------------------------------------------------------------
     def poll(self) -> None:
-        """Look at the descriptor once and update the line."""
+        """Looks at the descriptor once and updates the line."""
         offset = self.offset if self.told else self._offset()
         if offset is not None:
             if offset < self.offset and self.offset >= self.size / 2:
@@ -253,8 +245,8 @@ class FileReadProgress:
         return (st.st_dev, st.st_ino) == self._ident
 
     def _find(self) -> int | None:
-        """The lowest-numbered descriptor open on the file: the reader's (a brief second
-        opening, e.g. to look at the end, comes later and gets a higher number)."""
+        """The lowest-numbered descriptor open on the file: the reader's, since a brief second
+        opening gets a higher number."""
         for fd in sorted(_open_fds()):
             if fd > 2 and self._is_ours(fd):
                 return fd

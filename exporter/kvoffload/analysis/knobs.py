@@ -1,11 +1,9 @@
-"""The CPU tier's two knobs, advised from their exact what-ifs: store_threshold and eviction.
+"""The CPU tier's two knobs, store_threshold and eviction, advised from their exact what-ifs.
 
-What: from the what-if rows (kvevents/whatif.py: each threshold 1–4 and LRU against ARC,
-replayed over the KV events at the current and advised sizes), `store_threshold: N` where it
-stores fewer bytes without losing TTFT, `eviction_policy: arc` where ARC wins by a margin.
-Why: the verdict's model (analysis.ttft) prices both: a stored byte costs its store, a lost hit
-costs its reload saving, so a knob that saves PCIe and pinned bytes is advised only where the
-hits it gives up were not worth their stores.
+From the what-if rows (kvevents/whatif.py) it advises `store_threshold: N` where it stores fewer
+bytes without losing TTFT, and `eviction_policy: arc` where ARC wins by a margin. Why: the TTFT
+model prices a stored byte and a lost hit alike, so a knob is advised only where the hits it gives
+up were not worth their stores.
 """
 
 from __future__ import annotations
@@ -80,8 +78,8 @@ class WhatIfRows:
         return cls(sizes) if sizes else None
 
     def at(self, rec: Recommendation, offloading: bool) -> tuple[str, SizeRows] | None:
-        """The rows at the size the advice leaves the tier: the advised size where it names
-        one (and the what-if ran there), else the current tier."""
+        """The rows at the size the advice leaves the tier: the advised size if the what-if ran
+        there, else the current one."""
         size = rec.kv_offloading_size_gib
         advised = self.sizes.get("advised")
         if size is not None and advised is not None and abs(advised.cpu_gib - size) < 1e-6:
@@ -117,8 +115,8 @@ def judge_knobs(
     rows: WhatIfRows,
     effect_with: EffectWith | None,
 ) -> Recommendation:
-    """store_threshold and eviction_policy where their what-ifs pay at the size the advice
-    leaves; the action becomes store_threshold where it was keep."""
+    """Adds store_threshold and eviction_policy where their what-ifs pay at the size the advice
+    leaves. The action becomes store_threshold where it was keep."""
     if rec.insufficient_data or effect_with is None or rec.action not in _WITH_A_TIER:
         return rec
     picked = rows.at(rec, offloading)
@@ -158,8 +156,7 @@ def judge_knobs(
 
 
 def _change(effect_with: EffectWith, row: Row, base: Row) -> Effect | None:
-    """The TTFT change of `row`'s tier against `base`'s, both through the same model (its
-    bias cancels in the difference)."""
+    """The TTFT change of `row`'s tier against `base`'s, through one model so its bias cancels."""
     share = row.stored_bytes / base.stored_bytes if base.stored_bytes > 0 else 1.0
     after, before = effect_with(row.hit_ratio, share), effect_with(base.hit_ratio, 1.0)
     if after is None or before is None:
@@ -173,9 +170,8 @@ def _change(effect_with: EffectWith, row: Row, base: Row) -> Effect | None:
 
 
 def _best_threshold(at: SizeRows, effect_with: EffectWith) -> tuple[int, Row, Effect] | None:
-    """Among the thresholds cutting the stored bytes by MIN_STORE_SAVING with no TTFT lost by
-    the model (point estimate at most zero), the one the model gives the best TTFT (on a
-    tie, the one storing fewer bytes)."""
+    """The threshold with the best modelled TTFT among those cutting stored bytes by
+    MIN_STORE_SAVING and losing no TTFT. Ties go to fewer bytes stored."""
     base = at.thresholds.get(1)
     if base is None or base.stored_bytes <= 0:
         return None

@@ -1,8 +1,8 @@
-"""The analysis of one (instance, model_name) group, typed: what `analysis` produces and the
-exposition (/metrics), the report, the fleet comparison and the JSON API consume.
+"""The typed analysis of one (instance, model_name) group: what `analysis` produces and every output
+consumes.
 
-`to_json()` is the JSON contract of `analyze --json` and `/api/v1/status` (docs/metrics.md);
-the typed fields are what code reads, so no consumer digs through untyped dicts.
+`to_json()` is the JSON contract of `analyze --json` and `/api/v1/status` (docs/metrics.md); code
+reads the typed fields, never untyped dicts.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ class TtftVerdict:
 
 @dataclass(frozen=True)
 class ReuseHistogram:
-    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative: the bucket at
-    `le` bytes counts the tokens a tier of that size per engine would have served; the last
-    bucket (`le` = inf) counts every GPU-missed token. `sum_bytes`: Σ distance × tokens."""
+    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative. The bucket at `le`
+    counts what a tier of that size per engine would serve (`le` = inf: all); `sum_bytes`: Σ
+    distance × tokens."""
 
     buckets: tuple[tuple[float, float], ...]
     sum_bytes: float
