@@ -1,10 +1,9 @@
-"""Advisor rules as conditions on figures, defined once: the advisor evaluates them over the
-sidecar's figures, the alerts render them over the recording rules.
+"""Advisor rules as conditions on figures, defined once: the advisor evaluates them, the alerts
+render them.
 
-A threshold is named, not copied: `thresholds.Thresholds` and `promql.MixinConfig` carry it under
-the same name (`kvoffload generate --thresholds FILE` reads the sidecar's YAML), so the value
-the sidecar judges with is the value the alert fires at. An undefined figure satisfies no
-comparison, in both renderings (None in Python, no sample in PromQL).
+A threshold is named, not copied (`thresholds.Thresholds` and `promql.MixinConfig` share the name),
+so the sidecar judges at the value the alert fires at. An undefined figure satisfies no comparison
+in either rendering.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ class Condition:
 @dataclass(frozen=True)
 class Compare(Condition):
     """figure <op> threshold; `threshold` names a field of Thresholds and MixinConfig, or is a
-    constant. PromQL reads the figure's recording rule at its first window."""
+    constant. PromQL reads the figure's rule at its first window."""
 
     figure: str
     op: str
@@ -66,9 +65,8 @@ class Compare(Condition):
 
 @dataclass(frozen=True)
 class AtMost(Condition):
-    """figure ≤ other figure. PromQL: both are capacities (label values, so the sidecar's
-    gauges), compared as a ratio ≤ 1 so the alert's value is the ratio, joined to the vLLM
-    labels (`target` copied into `instance`)."""
+    """figure ≤ other figure. PromQL compares the two capacity gauges as a ratio ≤ 1, joined to the
+    vLLM labels, so the alert's value is the ratio."""
 
     figure: str
     other: str
@@ -122,8 +120,8 @@ class AllOf(Condition):
 
 @dataclass(frozen=True)
 class Unless(Condition):
-    """`kept` holds and `excluded` does not (PromQL `unless`: an absent right side excludes
-    nothing, as an undefined figure satisfies no comparison)."""
+    """`kept` holds and `excluded` does not, as PromQL `unless` (an absent right side excludes
+    nothing)."""
 
     kept: Condition
     excluded: Condition
@@ -139,8 +137,8 @@ class Unless(Condition):
 
 
 class Limits:
-    """Thresholds plus what a rule compares with that is not a setting (the window judged):
-    the advisor passes its window's length, MixinConfig its slow window."""
+    """Thresholds plus the window judged, which is not a setting: the advisor's window or
+    MixinConfig's slow one."""
 
     def __init__(self, thresholds: object, **extra: float) -> None:
         self._thresholds = thresholds

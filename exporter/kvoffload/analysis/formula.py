@@ -1,22 +1,15 @@
 """One formula per figure, two renderings: Python over a window, PromQL over a scope.
 
-A figure is an expression tree of a few nodes — Rate/Increase of catalog counters, Total
-(raw counters since start), GaugeMean, Ratio, Product, FirstOf, OrZero, Minus, ClampMin,
-Positive, PerSecond, TimesWorldSize, gates on offloading, Sidecar (a figure PromQL reads from
-the sidecar) and PythonOnly (what PromQL cannot compute, with the reason). Each node evaluates in
-Python over a window's `signals.Context` and renders PromQL over a `Scope` (the mixin config)
-and a range, so the sidecar, the recording rules and the dashboards share one definition.
+A figure is a small expression tree (Rate, Increase, Total, GaugeMean, Ratio, FirstOf, Sidecar,
+PythonOnly, …). Each node evaluates over a window's `signals.Context` and renders PromQL over a
+`Scope`, so the sidecar, recording rules and dashboards share one definition.
 
-vLLM's spellings live only in the metric catalog (`vllm.py`): a catalog key renders as its
-sample name under both of Prometheus's spellings (`vllm:x` and escaped `vllm_x`), with its
-label filter; an offload transfer key as the flat family `or` the deprecated `transfer_type`
-series (flat preferred, the two never added).
+vLLM's spellings live only in the catalog (`vllm.py`): a key renders under both `vllm:x` and
+`vllm_x`, and an offload transfer key as the flat family `or` the deprecated `transfer_type` series
+(never added).
 
-Conventions, the same in both renderings:
-- undefined is absent: None in Python, no sample in PromQL — a zero denominator (`den > 0`),
-  a missing series, offloading off;
-- ratios are ratios of sums over engines `by (<target labels>, model_name)`; a ratio of two
-  counters is the same over increases (Python) and rates (PromQL).
+Conventions in both renderings: undefined is absent (None in Python, no sample in PromQL); ratios
+are of sums over engines by target labels and `model_name`.
 """
 
 from __future__ import annotations
@@ -135,9 +128,8 @@ def _core_selector(keys: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
 
 def counter_series(keys: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
     """The series of catalog counter keys, most preferred first, as (name without `vllm:`,
-    label matchers): one for a core key (several keys of one name share a regex matcher);
-    for an offload transfer key the flat family, then the deprecated `transfer_type` mirror
-    (used with `or`, which keeps the left side wherever it exists: never added together)."""
+    matchers). An offload transfer key gives the flat family, then the deprecated `transfer_type`
+    mirror, joined with `or`, never added."""
     if len(keys) == 1 and keys[0] in OFFLOAD_COUNTERS:
         _direction, (flat, _fl, _fv), (legacy, label, value) = OFFLOAD_COUNTERS[keys[0]]
         return [(_bare(flat), ()), (_bare(legacy), (f'{label}="{value}"',))]
@@ -151,8 +143,8 @@ def counter_sum(
     window: str | None,
     extra_by: tuple[str, ...] = (),
 ) -> str:
-    """`sum by (...) (fn(series[window]))` of catalog counter keys, alternatives joined with
-    `or` (window None: the raw counters, totals since start)."""
+    """`sum by (...) (fn(series[window]))` of catalog counter keys, alternatives joined with `or`.
+    window None: the raw totals since start."""
     by = ", ".join((*cfg.target_labels, "model_name", *extra_by))
     parts = []
     for name, matchers in counter_series(keys):
@@ -165,8 +157,8 @@ def counter_sum(
 
 # -- the nodes ---------------------------------------------------------------------------------
 class Expr:
-    """A figure's formula. `value` is its Python rendering, `promql` its PromQL rendering
-    (bare: a parent adds parentheses where precedence needs them)."""
+    """A figure's formula. `value` renders it in Python, `promql` in bare PromQL (a parent adds
+    parentheses)."""
 
     # An operator at the top of the rendering: parenthesised inside another operator.
     always_composite: ClassVar[bool] = False
@@ -196,8 +188,7 @@ def _words(e: Expr) -> str:
 
 
 def _series_words(keys: tuple[str, ...]) -> str:
-    """`name{label="a|b"}` of catalog keys (an offload key: its flat name, the deprecated
-    mirror implied)."""
+    """`name{label="a|b"}` of catalog keys; an offload key gives its flat name (mirror implied)."""
     name, matchers = counter_series(keys)[0]
     shown = name.removesuffix("_total")
     if matchers and not (len(keys) == 1 and keys[0] in OFFLOAD_COUNTERS):
@@ -212,8 +203,8 @@ def _operand(e: Expr, cfg: Scope, w: str) -> str:
 
 @dataclass(frozen=True)
 class Rate(Expr):
-    """Catalog counters: their increase over the window in Python, `rate` in PromQL — equal
-    inside a ratio; wrap in PerSecond for a per-second figure. Absent when no key is."""
+    """Catalog counters: increase over the window in Python, `rate` in PromQL, equal inside a ratio.
+    Wrap in PerSecond for a per-second figure; absent when no key is."""
 
     keys: tuple[str, ...]
 
@@ -275,8 +266,8 @@ class Total(Expr):
 
 @dataclass(frozen=True)
 class GaugeMean(Expr):
-    """A vLLM gauge averaged over the window; engines summed (request counts) or averaged
-    (ratios), as the catalog says — the sidecar does the same at each scrape."""
+    """A vLLM gauge averaged over the window; engines summed or averaged as the catalog says, as the
+    sidecar does."""
 
     key: str
 
@@ -300,8 +291,8 @@ class GaugeMean(Expr):
 
 @dataclass(frozen=True)
 class Ratio(Expr):
-    """num ÷ den, absent when den is absent or not positive. A Sidecar operand joins on the
-    vLLM side's labels (its `target` copied into `instance`)."""
+    """num ÷ den, absent when den is absent or not positive. A Sidecar operand joins on the vLLM
+    labels (`target` copied into `instance`)."""
 
     num: Expr
     den: Expr
@@ -401,8 +392,8 @@ class Positive(Expr):
 
 @dataclass(frozen=True)
 class FirstOf(Expr):
-    """The first operand that exists (PromQL `or`: per series, the left side wins).
-    PythonOnly operands are skipped in PromQL."""
+    """The first operand that exists (PromQL `or`: per series, the left wins). PythonOnly operands
+    are skipped in PromQL."""
 
     options: tuple[Expr, ...]
     always_composite: ClassVar[bool] = True
@@ -432,8 +423,8 @@ class FirstOf(Expr):
 
 @dataclass(frozen=True)
 class OrZero(Expr):
-    """`inner`, or 0 where `like` exists: vLLM creates some series on first use (loads,
-    allocation failures), so "none yet" is 0 wherever the family's sibling exists."""
+    """`inner`, or 0 where `like` exists. Why: vLLM creates some series on first use, so "none yet"
+    is 0 beside a sibling."""
 
     inner: Expr
     like: Expr
@@ -454,8 +445,7 @@ class OrZero(Expr):
 
 @dataclass(frozen=True)
 class PerSecond(Expr):
-    """Counters' increase per second of the window (PromQL's rate already is): a Rate, or an
-    OrZero of rates (allocation failures: lazily created, 0 where stores exist)."""
+    """Counters' increase per second of the window: a Rate, or an OrZero of rates."""
 
     inner: Rate | OrZero
 
@@ -500,9 +490,8 @@ class TimesWorldSize(Expr):
 
 @dataclass(frozen=True)
 class WhenOffloading(Expr):
-    """Undefined unless the target has offloading. In PromQL the offload series' presence is
-    the gate already, unless `gate` asks for the explicit one (series that exist without
-    offloading, like the external prefix-cache counters)."""
+    """Undefined unless the target has offloading. In PromQL the offload series gate already; `gate`
+    asks for an explicit gate for series that exist without offloading."""
 
     inner: Expr
     gate: bool = False
@@ -529,8 +518,8 @@ class WhenOffloading(Expr):
 
 @dataclass(frozen=True)
 class PythonOnly(Expr):
-    """What PromQL cannot compute (a label value turned into a number, a user's setting),
-    with the reason; the figure's PromQL uses the other options, or the sidecar's gauge."""
+    """What PromQL cannot compute, with the reason. The figure's PromQL uses the other options or
+    the sidecar's gauge."""
 
     compute: Callable[[Context], float | None]
     why: str
@@ -566,8 +555,8 @@ class Sidecar(Expr):
 
 
 def share_family(cfg: Scope, w: str, shares: list[Ratio], label: str) -> str:
-    """Several figures `Rate(key_i) / Rate(den)` whose keys differ only in one label's value,
-    rendered as one rule with that label kept: one query instead of one per value."""
+    """Figures `Rate(key_i) / Rate(den)` whose keys differ in one label's value, as one rule keeping
+    that label. Why: one query instead of one per value."""
     keys: list[str] = []
     den = shares[0].den
     for share in shares:
