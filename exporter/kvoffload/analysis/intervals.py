@@ -1,20 +1,16 @@
 """Marginal costs from the variation between scrape intervals.
 
-Totals cannot say what one more recomputed token costs: `prefill_time_sum ÷ computed tokens`
-is dominated by per-step overhead on small models. Between scrapes the mix changes (some
-intervals recompute whole documents, others hit a cache) and the prefill time moves with it.
-A least-squares fit over the intervals of a window, one row per scrape interval,
+Totals cannot say what one more recomputed token costs (per-step overhead dominates small models),
+but the mix varies between scrapes. A least-squares fit, one row per scrape interval,
 
     Δprefill_time_sum = a · Δfinished + c · Δcomputed_tokens
 
-gives c: the prefill time one more computed prompt token costs, batching, convoys and (with a
-CPU tier) its store included. Both sides are counted together, at request finish
-(`request_prefill_time_seconds` and `request_prefill_kv_computed_tokens`), so a reload's wait
-(queue time) and requests still running do not leak in. Where vLLM has no computed-tokens
-histogram, the prompt tokens by source stand in (counted at scheduling, a little earlier).
+gives c: the prefill time per computed prompt token, batching and stores included. Both sides are
+counted at request finish, so reload waits and running requests do not leak in (without a
+computed-tokens histogram, prompt tokens by source stand in).
 
-The fit is kept as running sums (XᵀX, Xᵀy, yᵀy, row count) in every window point, so any
-window's fit is a subtraction of two points and memory does not grow with the window.
+The fit is kept as running sums in every window point, so any window's fit is a subtraction and
+memory does not grow with the window.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ FIT_SIZE = _YY + len(_Y) + 1
 def add_interval(
     fit: tuple[float, ...], before: dict[str, float], after: dict[str, float]
 ) -> tuple[float, ...]:
-    """The running sums with one more interval (between two scrapes' adjusted totals).
-    Intervals with no finished request carry no information and are skipped."""
+    """The running sums with one more interval between two scrapes' adjusted totals. Intervals with
+    no finished request are skipped."""
     x = [max(after.get(k, 0.0) - before.get(k, 0.0), 0.0) for k in _X]
     if "computed_tokens" not in after:
         x[_TOKENS] = max(after.get(_TOKENS_FALLBACK, 0.0) - before.get(_TOKENS_FALLBACK, 0.0), 0.0)
@@ -76,10 +72,8 @@ class Coefficient:
         return self.value / self.standard_error
 
     def shrunk(self, z: float = 3.0) -> float:
-        """The estimate pulled towards zero as much as its noise warrants: value · t²/(t² +
-        z²), t = value ÷ its standard error (zero is the conservative prior: it never promises
-        what the data does not show; 7 intervals at t = 1.1 keep 12%, 23 at t = 4.8 keep 72%).
-        Negative values count as zero."""
+        """The estimate shrunk towards zero by its noise: value · t²/(t² + z²), negatives as zero.
+        Why: zero is the conservative prior, never promising what the data does not show."""
         value = max(self.value, 0.0)
         se2 = self.standard_error**2
         return value**3 / (value * value + z * z * se2) if value > 0 else 0.0
@@ -162,6 +156,6 @@ def _fit(
 
 
 def marginal_recompute_cost(fit: tuple[float, ...]) -> Coefficient | None:
-    """c: seconds of prefill time per computed prompt token; None when the window has too
-    few intervals or no variation in the mix."""
+    """c: seconds of prefill time per computed prompt token. None with too few intervals or no
+    variation in the mix."""
     return _fit(fit, 0, (_REQUESTS, _TOKENS), _TOKENS)

@@ -1,13 +1,9 @@
 """Stable advice: the published action and size change only when a new one has held.
 
-What: `AdviceHolder` sits between each fresh judgement and what the sidecar publishes. The
-first `warmup` seconds of data after a start or a change of the tier are not judged; a new
-action or size is published only once it has held for `dwell` seconds of data, and a size only
-counts as new when it differs by more than the margin (hysteresis). An advice published while
-the estimate was within its noise yields at once to the first judgement that clears it.
-Why: one server's estimate moves with its window; operators act on the advice, and an advice
-that alternates every few seconds (as `enable 12 GiB` / `leave_off` did) cannot be acted on.
-Times are the data's own (scrape timestamps), so the simulator's virtual time works as real.
+`AdviceHolder` skips `warmup` seconds after a start or tier change, publishes a new action or size
+only after `dwell` seconds, and ignores size moves within the margin; an advice published within
+the noise yields at once to one that clears it. Why: operators cannot act on advice that
+alternates every few seconds. Times are the data's own, so simulated time works too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The TTFT rules: the advice judged by what the tier does to time-to-first-token.
 
-Why: hit ratio is not payoff; the estimate (analysis.ttft) and a measured A/B (replicas, or this
-engine before and after its tier changed) say whether a tier pays, and outrank the counters.
+Why: hit ratio is not payoff, so the estimate (analysis.ttft) and measured A/Bs outrank the
+counters.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from kvoffload.thresholds import Thresholds
 class TtftEvidence:
     """The TTFT model's evidence (analysis.ttft): the effect now and at any size against none.
 
-    effect_with(hit ratio, stored share): a tier reloading that share of the GPU-missed tokens
-    and storing that share of what store_threshold 1 stores (the knobs' what-ifs);
-    best_case_only: no KV events, so effect_at is the bound where every GPU-missed token
-    reloads."""
+    effect_with(hit ratio, stored share): the knobs' what-ifs. best_case_only: no KV events, so
+    effect_at is the bound where every GPU-missed token reloads.
+    """
 
     mean_ttft: float
     now: Effect | None
@@ -43,8 +42,7 @@ class TtftEvidence:
 
 @dataclass(frozen=True)
 class Measured:
-    """A measured A/B of the tier: basis "fleet" (replicas with and without one) or
-    "before_after" (this engine across a tier change)."""
+    """A measured A/B of the tier: basis "fleet" (replicas) or "before_after" (a tier change)."""
 
     effect: Effect
     mean_ttft: float
@@ -102,8 +100,7 @@ class _Bar:
 class _TierOn:
     """Offloading on: the effect now, at the advised size, and the model's own at the current size.
 
-    Why: the rules for a running tier compare the same effects, and a size change is priced as
-    the difference of two predictions so that the model's bias cancels.
+    Why: a size change is priced as the difference of two predictions, so the model's bias cancels.
     """
 
     now: Effect
@@ -148,14 +145,13 @@ class _TierOn:
 def judge_ttft(
     rec: Recommendation, offloading: bool, ev: TtftEvidence, t: Thresholds
 ) -> Recommendation:
-    """Re-decide by the TTFT the tier saves or costs (analysis.ttft), not by its hit ratio.
+    """Re-decides by the TTFT the tier saves or costs (analysis.ttft), not by its hit ratio.
 
-    now: the tier's effect on this server (offloading on). effect_at(size in bytes): the
-    effect of a tier of that size against none, predicted. A change (enable, grow, disable
-    for TTFT) is advised only when the effect's range clears the threshold, max(
-    min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT); an effect within its noise
-    is said so, and the other costs decide. best_case_only: effect_at is the bound where every
-    GPU-missed token reloads (no KV events): it can rule a tier out, not size its gain."""
+    now: the tier's effect here (offloading on); effect_at(size in bytes): a sized tier's predicted
+    effect against none. A change is advised only when the effect's range clears
+    max(min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT). best_case_only: effect_at can
+    rule a tier out, not size its gain.
+    """
     if rec.insufficient_data:
         return rec
     bar = _Bar(max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * ev.mean_ttft))
@@ -192,8 +188,8 @@ def judge_ttft(
 
 
 def _judge_on_no_saving(rec: Recommendation, tier: _TierOn, t: Thresholds) -> Recommendation:
-    """Offloading on, no saving beyond the floor now: grow a tier too small to show one, or
-    judge it unmeasurable. Why: a tier that reloads almost nothing cannot show its effect."""
+    """Offloading on, no saving beyond the floor: grow a tier too small to show one, else judge it
+    unmeasurable."""
     now, at_size = tier.now, tier.at_size
     barely_reloads = tier.hit_ratio is not None and tier.hit_ratio < t.low_reuse_ratio
     if rec.action == "grow" and barely_reloads and at_size is not None and at_size.seconds < 0:
@@ -209,9 +205,9 @@ def _judge_on_no_saving(rec: Recommendation, tier: _TierOn, t: Thresholds) -> Re
 
 
 def _judge_on_saving(rec: Recommendation, tier: _TierOn) -> Recommendation:
-    """Offloading on, a saving beyond the floor now: keep the tier, and price a size change.
+    """Offloading on, a saving beyond the floor: keep the tier and price a size change.
 
-    Why: a tier that pays stays, but growing it must save beyond the range again to be advised.
+    Why: growing must again save beyond the range to be advised.
     """
     now, at_size, bar = tier.now, tier.at_size, tier.bar
     rec.reasons.append(
@@ -338,9 +334,8 @@ def judge_ab(
     basis: str,
     seen: str,
 ) -> Recommendation:
-    """Re-decide from a measured A/B (basis "fleet": replicas with and without a tier;
-    "before_after": this engine before and after its tier changed). Measured TTFT outranks
-    the estimate; an A/B within its noise says so and leaves the estimate's advice."""
+    """Re-decides from a measured A/B (basis "fleet" or "before_after"), which outranks the
+    estimate. An A/B within its noise says so and keeps the estimate's advice."""
     floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
     note = (
         f"with a tier, mean TTFT is {ms_text(ab.seconds)} "
