@@ -1,7 +1,7 @@
-"""Click callbacks that read a flag's duration or size, shared by every command's options.
+"""Click callbacks that read a duration or size flag, shared by every command.
 
-One place, so `30s`, `2m` and `128MiB` mean the same and fail with the same one line everywhere
-(cli/ and fleet/ both take them; this sits below both)."""
+Why: `30s`, `2m` and `128MiB` mean the same and fail with the same one line in cli/ and fleet/.
+"""
 
 from __future__ import annotations
 

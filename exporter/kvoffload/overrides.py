@@ -1,8 +1,7 @@
 """KEY=VALUE settings on the command line (`serve`/`analyze --threshold`, `generate --set`).
 
-One parser for both options, so they split, check keys and read numbers the same way and
-refuse a bad pair with the same kind of one-line InputError: the option, the pair as typed,
-and what to write instead.
+Why: one parser, so both options split, check and read numbers alike and refuse a bad pair with the
+same one-line InputError.
 """
 
 from __future__ import annotations
@@ -31,10 +30,8 @@ def split_pair(
 ) -> tuple[str, str, str]:
     """`KEY=VALUE` → (KEY, "", VALUE), KEY one of `keys`.
 
-    With `entries`, `KEY.ENTRY=VALUE` (an entry of a mapping setting) → (KEY, ENTRY, VALUE);
-    without, a dotted key is just an unknown key. `strip` trims blanks around KEY and VALUE.
-    `usage` starts the message that lists the keys ("use"/"expected", as each option has
-    always said it).
+    With `entries`, `KEY.ENTRY=VALUE` → (KEY, ENTRY, VALUE); without, a dotted key is unknown.
+    `strip` trims blanks around KEY and VALUE; `usage` starts the message listing the keys.
     """
     key, sep, value = pair.partition("=")
     if strip:

@@ -1,7 +1,7 @@
 """The advisor's thresholds: one dataclass that the advisor and the rules' config both read.
 
-In a module of its own, below `analysis/` and `mixin/`, so neither has to import the other to
-agree on a default (docs/advisor.md documents each).
+Why: a module below `analysis/` and `mixin/` lets both agree on defaults without importing each
+other (docs/advisor.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The advice's value and its words: a Recommendation, the actions, the sizes an operator types.
+"""The advice's value and words: a Recommendation, the actions, the sizes an operator types.
 
-Why: the rules that decide (advisor, verdict, knobs) and those that read the advice (stability,
-/metrics, the report) share one shape and one way of writing numbers.
+Why: the deciding rules and the advice's readers share one shape and one way of writing numbers.
 """
 
 from __future__ import annotations

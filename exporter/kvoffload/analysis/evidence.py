@@ -65,9 +65,8 @@ def bytes_per_block(
 def _bytes_per_block(
     static: GroupStatic, figures: dict[str, float | None], events: TargetEvents
 ) -> float | None:
-    """_block_bytes when it is believable (in catalog.BYTES_PER_BLOCK: a size outside comes
-    from labels or figures that cannot be believed), else None: no curve, no byte figure from
-    the events."""
+    """_block_bytes when believable (within catalog.BYTES_PER_BLOCK), else None: no curve and no
+    byte figure from the events."""
     size = _block_bytes(static, figures, events)
     return size if size is not None and BYTES_PER_BLOCK.holds(size) else None
 
@@ -75,8 +74,8 @@ def _bytes_per_block(
 def _block_bytes(
     static: GroupStatic, figures: dict[str, float | None], events: TargetEvents
 ) -> float | None:
-    """From kv_offload_config_info (page-aligned, as the tier allocates it), else KV bytes
-    per token × block size."""
+    """From kv_offload_config_info (page-aligned, as allocated), else KV bytes per token × block
+    size."""
     for labels in static.offload_config:
         size = label_number(labels, "cpu_kv_cache_size_bytes")
         chunks = label_number(labels, "cpu_num_chunks")

@@ -1,11 +1,8 @@
 """The signal catalog: every derived figure, defined once (docs/architecture.md).
 
-A figure is one formula (`kvoffload.analysis.formula`) that the sidecar evaluates over a group's
-window — its `Delta` (counter increases), gauge means and static facts (config-info labels) —
-and that the recording rules and dashboards render as PromQL (`promql.RENDERINGS`). What PromQL
-cannot compute (label values turned into numbers) is a `PythonOnly` part with its reason.
-"Undefined" (zero denominator, offloading off, too little data) is None: absent from /metrics,
-null in JSON — never 0 or NaN.
+A figure is one formula (`analysis.formula`) that the sidecar evaluates over a group's window and
+the rules and dashboards render as PromQL; what PromQL cannot compute is a `PythonOnly` part.
+Undefined is None: absent from /metrics, null in JSON, never 0 or NaN.
 """
 
 from __future__ import annotations
@@ -234,8 +231,8 @@ def loaded_tokens(c: Context) -> float:
 class Figure:
     """One derived figure: its JSON key, how it is exported, and its one formula.
 
-    The formula gives the metric's base unit; `export_scale` is how many base units one JSON
-    unit is (GB/s in JSON, bytes/s in /metrics: 1e9).
+    The formula gives the base unit; `export_scale` is base units per JSON unit (1e9 for GB/s in
+    JSON, bytes/s in /metrics).
     """
 
     key: str
