@@ -20,8 +20,8 @@ _CLEAR_TO_END = "\x1b[K"
 class Progress:
     """One status line on stderr.
 
-    every: seconds between rewrites on a terminal. show_after: on a terminal, seconds before
-    anything shows. final_after: off a terminal, the least run time that writes the final line.
+    `every`: seconds between rewrites on a terminal. `show_after`: on a terminal, seconds before
+    anything shows. `final_after`: off a terminal, the least run time that writes the final line.
     """
 
     def __init__(

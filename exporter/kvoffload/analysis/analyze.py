@@ -80,10 +80,11 @@ def analyze_groups(
 ) -> list[GroupAnalysis]:
     """One analysis per (instance, model_name) group with at least two points.
 
-    lifetime: the figures are totals since the engine started, so rates are undefined. events:
-    KV-event state per instance; its curve joins the group and sizes the advice. event_baselines:
-    counter totals when the events started (live); without them the window is the events' period.
-    fleet=False skips the replica comparison, for a caller that compares parts later.
+    `lifetime`: the figures are totals since the engine started, so rates are undefined.
+    `events`: KV-event state per instance; its curve joins the group and sizes the advice.
+    `event_baselines`: counter totals when the events started (live); without them the window is
+    the events' period. `fleet=False` skips the replica comparison, for a caller that compares
+    parts later.
     """
     settings = settings or Settings()
     groups: list[GroupAnalysis] = []
@@ -199,7 +200,7 @@ def add_fleet_evidence(
     groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
 ) -> None:
     """Compares replicas of one model with and without a tier; their measured difference decides
-    (basis "fleet"). copy_changed: entries are shared with the sidecar, so a changed entry is
+    (basis "fleet"). `copy_changed`: entries are shared with the sidecar, so a changed entry is
     replaced in `groups` by a copy."""
     effects = fleet_effects(groups)
     for i, entry in enumerate(groups):

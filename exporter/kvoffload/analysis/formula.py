@@ -8,8 +8,8 @@ vLLM's spellings live only in the catalog (`vllm.py`): a key renders under both 
 `vllm_x`, and an offload transfer key as the flat family `or` the deprecated `transfer_type` series
 (never added).
 
-Conventions in both renderings: undefined is absent (None in Python, no sample in PromQL); ratios
-are of sums over engines by target labels and `model_name`.
+Conventions in both renderings. Undefined is absent: None in Python, no sample in PromQL. Ratios
+are of sums over engines, by target labels and `model_name`.
 """
 
 from __future__ import annotations

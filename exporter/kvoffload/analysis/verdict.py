@@ -27,8 +27,8 @@ from kvoffload.thresholds import Thresholds
 class TtftEvidence:
     """The TTFT model's evidence (analysis.ttft): the effect now and at any size against none.
 
-    effect_with(hit ratio, stored share): the knobs' what-ifs. best_case_only: no KV events, so
-    effect_at is the bound where every GPU-missed token reloads.
+    `effect_with(hit ratio, stored share)`: the knobs' what-ifs. `best_case_only`: no KV events,
+    so `effect_at` is the bound where every GPU-missed token reloads.
     """
 
     mean_ttft: float
@@ -147,10 +147,10 @@ def judge_ttft(
 ) -> Recommendation:
     """Re-decides by the TTFT the tier saves or costs (analysis.ttft), not by its hit ratio.
 
-    now: the tier's effect here (offloading on); effect_at(size in bytes): a sized tier's predicted
-    effect against none. A change is advised only when the effect's range clears
-    max(min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT). best_case_only: effect_at can
-    rule a tier out, not size its gain.
+    `now`: the tier's effect here (offloading on). `effect_at(size in bytes)`: a sized tier's
+    predicted effect against none. A change is advised only when the effect's range clears
+    max(min_ttft_saving_seconds, min_ttft_saving_ratio × mean TTFT). `best_case_only`: `effect_at`
+    can rule a tier out, not size its gain.
     """
     if rec.insufficient_data:
         return rec

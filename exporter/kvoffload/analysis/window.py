@@ -281,8 +281,8 @@ def _by_group(
 class Window:
     """Bounded history for one or more targets.
 
-    window_seconds=None keeps only the first and the latest point (a whole-recording
-    analysis that streams). origin_zero=True starts every group from zero at the process
+    `window_seconds=None` keeps only the first and the latest point (a whole-recording
+    analysis that streams). `origin_zero=True` starts every group from zero at the process
     start (lifetime figures from a single snapshot).
     """
 
