@@ -1,12 +1,12 @@
 """The advice, decided once: all evidence in one value, then one function picks.
 
-`Evidence` holds what the advice may lean on (counters, KV-event curve, TTFT effect, memory budget,
-knob what-ifs, measured A/Bs); `decide` picks the action, size and reasons. Why: stronger evidence
+`Evidence` holds what the advice may lean on (counters, KV-event curve, TTFT effect, memory
+budget, knob what-ifs, A/Bs). `decide` picks the action, size and reasons. Why: stronger evidence
 is consulted last (counters < curve < TTFT < knobs < A/B), so no caller patches the advice
 (docs/advisor.md).
 
-Counters cannot show reuse distances, so the counter rules use GPU turnover, the reuse ratio, and
-the tier's size against the GPU's and the bytes stored (docs/advisor.md).
+Counters cannot show reuse distances. The counter rules use GPU turnover, the reuse ratio, the
+tier's size against the GPU's, and the bytes stored (docs/advisor.md).
 """
 
 from __future__ import annotations
@@ -515,7 +515,7 @@ def read_cgroup_memory_limit(
     """vLLM's memory limit as the sidecar's cgroups (v2) show it, or None.
 
     It is the pod cgroup's `memory.max` less the sidecar's own, visible only without a cgroup
-    namespace; otherwise None, and the manifests pass `--memory-limit` instead (docs/exporter.md).
+    namespace. Otherwise None, and the manifests pass `--memory-limit` (docs/exporter.md).
     """
     try:
         with open(self_cgroup) as fh:

@@ -6,8 +6,8 @@ but the mix varies between scrapes. A least-squares fit, one row per scrape inte
     Δprefill_time_sum = a · Δfinished + c · Δcomputed_tokens
 
 gives c: the prefill time per computed prompt token, batching and stores included. Both sides are
-counted at request finish, so reload waits and running requests do not leak in (without a
-computed-tokens histogram, prompt tokens by source stand in).
+counted at request finish, so reload waits do not leak in. Without a computed-tokens histogram,
+prompt tokens by source stand in.
 
 The fit is kept as running sums in every window point, so any window's fit is a subtraction and
 memory does not grow with the window.

@@ -1,9 +1,9 @@
 """The CPU tier's two knobs, store_threshold and eviction, advised from their exact what-ifs.
 
-From the what-if rows (kvevents/whatif.py) it advises `store_threshold: N` where it stores fewer
-bytes without losing TTFT, and `eviction_policy: arc` where ARC wins by a margin. Why: the TTFT
-model prices a stored byte and a lost hit alike, so a knob is advised only where the hits it gives
-up were not worth their stores.
+From the what-if rows (kvevents/whatif.py): `store_threshold: N` where it stores fewer bytes without
+losing TTFT, `eviction_policy: arc` where ARC wins by a margin. Why: the TTFT model prices stores
+and lost hits alike, so a knob is advised only where the hits it gives up were not worth their
+stores.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Fleet A/B: replicas of one model with and without a CPU tier, compared directly.
 
-Where several instances serve one `model_name`, some with a tier, under comparable load, their
-measured TTFT difference outranks the per-server estimate (`ttft_change_basis` = "fleet").
-Comparable: prompt tokens per request within 25% and request rates within 1.5× of the other pool;
-same engine kind is assumed.
+Where instances of one `model_name`, some with a tier, see comparable load, their measured TTFT
+difference outranks the estimate (`ttft_change_basis` = "fleet"). Comparable: prompt tokens per
+request within 25% and request rates within 1.5× of the other pool; same engine kind is assumed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The signal catalog: every derived figure, defined once (docs/architecture.md).
 
-A figure is one formula (`analysis.formula`) that the sidecar evaluates over a group's window and
-the rules and dashboards render as PromQL; what PromQL cannot compute is a `PythonOnly` part.
+A figure is one formula (`analysis.formula`): the sidecar evaluates it over a group's window,
+the rules and dashboards render it as PromQL. What PromQL cannot compute is a `PythonOnly` part.
 Undefined is None: absent from /metrics, null in JSON, never 0 or NaN.
 """
 

@@ -1,8 +1,8 @@
 """Stable advice: the published action and size change only when a new one has held.
 
-`AdviceHolder` skips `warmup` seconds after a start or tier change, publishes a new action or size
-only after `dwell` seconds, and ignores size moves within the margin; an advice published within
-the noise yields at once to one that clears it. Why: operators cannot act on advice that
+`AdviceHolder` skips `warmup` seconds after a start or tier change. A new action or size is
+published after `dwell` seconds; size moves within the margin are ignored. An advice published
+within the noise yields at once to one that clears it. Why: operators cannot act on advice that
 alternates every few seconds. Times are the data's own, so simulated time works too.
 """
 

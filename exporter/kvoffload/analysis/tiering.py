@@ -1,6 +1,6 @@
 """Whether a secondary tier below the CPU tier pays, from a window's figures alone.
 
-A secondary-tier hit goes through the CPU tier to the GPU, so it pays only where the CPU tier misses
+A secondary-tier hit goes through the CPU tier to the GPU. So it pays only where the CPU tier misses
 what it finds and the reload beats recompute. The advisor decides what to do with the verdict.
 """
 

@@ -1,7 +1,7 @@
 """The TTFT verdict: what the CPU tier does to mean time-to-first-token, now or at another size.
 
-Hit ratio is not payoff: in vLLM 0.26.0 a CPU hit waits for its copy in the queue
-(`request_queue_time`), and the compute it saves shows as shorter prefill. Per request, with x
+Hit ratio is not payoff. In vLLM 0.26.0 a CPU hit waits for its copy in the queue
+(`request_queue_time`); the compute it saves shows as shorter prefill. Per request, with x
 tokens reloaded from CPU (derivation in docs/advisor.md):
 
     effect = W + store − x · c_compute

@@ -1,14 +1,14 @@
 """Per-series history with counter-reset handling, and increases over a sliding window.
 
-Each counter series keeps an *adjusted total* that only grows: after a restart (a decrease, a
-changed `_created`, a series back from gone) the new raw value is the increase, as Prometheus'
-`increase()` without extrapolation. Group totals are sums of these, so a window's increase is a
-subtraction, the same across a vLLM restart.
+Each counter series keeps an *adjusted total* that only grows, as Prometheus' `increase()` without
+extrapolation. After a restart (a decrease, a changed `_created`, a series back from gone) the new
+raw value is the increase. Group totals are sums of these, so a window's increase is a subtraction,
+the same across a vLLM restart.
 
-A counter that went down without a restart is a reset all the same, counted in `resets` (reason
-"decrease"); a value outside its catalog range (`Extract.unknown`) is not a value. Either way its
-increase is left out of `Delta.inc` while that scrape is in the window, and `anomalies` says why; a
-gauge out of range leaves `Delta.gauge_avg` the same way.
+A counter that went down without a restart is still a reset, counted in `resets` (reason
+"decrease"). A value outside its catalog range (`Extract.unknown`) is not a value. Either way its
+increase leaves `Delta.inc` while that scrape is in the window, and `anomalies` says why. A gauge
+out of range leaves `Delta.gauge_avg` the same way.
 """
 
 from __future__ import annotations
@@ -649,9 +649,9 @@ class Window:
     ) -> None:
         """Counts the scrape's counters that reset (went down, or `_created` moved).
 
-        It is a restart when `_created` moved or, without `_created`, when more of the engine's
-        counters went down than up; otherwise a decrease, whose figures are not believed while the
-        scrape is in the window.
+        A restart: `_created` moved or, without `_created`, more of the engine's counters went
+        down than up. Otherwise a decrease, whose figures are not believed while the scrape is in
+        the window.
         """
         counts = self.resets.setdefault(g[0], {})
         down: dict[str, int] = {}
