@@ -1,8 +1,7 @@
 """The recording rules that render the signal catalog in PromQL, one `Rendering` per family.
 
-Each figure of `signals.FIGURES` is one formula (`formula.py`); a rendering names its rule and
-windows and the formula gives its PromQL, so rules, alerts and dashboards read the same figure.
-"""
+Each figure of `signals.FIGURES` is one formula (`formula.py`). A rendering names its rule and
+windows, the formula gives its PromQL, so rules, alerts and dashboards read the same figure."""
 
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ def offload_configured(cfg: MixinConfig) -> str:
 class Rendering:
     """One recording rule family: `level:metric:<op><window>` for each window it is needed at.
 
-    `keys` are the signal catalog figures it renders (empty for helper rules that only feed
-    alerts and dashboards); `labels` are static labels that tell series of one name apart.
-    """
+    `keys` are the catalog figures it renders (empty for helper rules feeding alerts and
+    dashboards). `labels` are static labels that tell series of one name apart."""
 
     keys: tuple[str, ...]
     metric: str
