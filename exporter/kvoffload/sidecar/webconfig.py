@@ -108,8 +108,9 @@ class WebConfig:
         return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
 
     def dummy_hash(self) -> bytes:
-        """A hash no password matches, at the cost most users' hashes have (the highest of
-        those as common): an unknown name then takes as long as a known one."""
+        """A hash no password matches, at the highest cost common among users' hashes.
+
+        An unknown name then takes as long as a known one."""
         costs = Counter(int(h[4:6]) for h in self.users.values())
         cost = max(costs, key=lambda c: (costs[c], c)) if costs else 10
         return b"$2b$%02d$" % cost + _DUMMY_TAIL
@@ -293,8 +294,10 @@ def _stamp(paths: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
 
 
 class WebSecurity:
-    """The web configuration in force for one server: its TLS context and a middleware for
-    basic auth and headers, both following changes to the files."""
+    """The web configuration in force for one server: a TLS context and a basic-auth/headers
+    middleware.
+
+    Both follow changes to the files."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -313,8 +316,10 @@ class WebSecurity:
         return "https" if self._context is not None else "http"
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The server's context: each handshake first re-reads what changed, then runs on
-        the newest context that loaded (a swap OpenSSL allows in the ClientHello callback)."""
+        """The server's context; each handshake first re-reads what changed.
+
+        The handshake then runs on the newest context that loaded (OpenSSL allows the swap in the
+        ClientHello callback)."""
         if self._context is None:
             return None
         self._context.sni_callback = self._on_hello
