@@ -197,8 +197,8 @@ def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
     "KV offloading stores blocks that are almost never loaded back.",
 )
 def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
-    """The advisor's `store_threshold` condition (conditions.STORES_WITHOUT_LOADS) with a store-
-    traffic floor.
+    """The advisor's `store_threshold` condition (conditions.STORES_WITHOUT_LOADS) with a
+    store-traffic floor.
 
     Quiet while the fill time is known to exceed the window, since loads may still come."""
     expr = "\n".join(
