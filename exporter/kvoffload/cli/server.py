@@ -52,7 +52,7 @@ TLS_READ_BYTES = 16 * 1024  # one TLS record's payload; asyncio's default is 256
 class _ServerTLS(sslproto.SSLProtocol):
     """asyncio's TLS protocol with a read buffer of one record's size.
 
-    asyncio's own 256 KiB buffer per connection was most of what a stalled handshake cost."""
+    The default 256 KiB buffer per connection was most of what a stalled handshake cost."""
 
     max_size = TLS_READ_BYTES
 

@@ -211,7 +211,7 @@ class _Adapter(HTTPAdapter):
 class _Session(requests.Session):
     """A session that drops the operator's `--header` values on a redirect to another host.
 
-    requests drops Authorization the same way; a tenant or an API key must not leak either."""
+    A tenant or an API key must not leak, just as requests drops Authorization there."""
 
     def __init__(self, private_headers: tuple[str, ...]) -> None:
         super().__init__()
@@ -229,7 +229,7 @@ class _Session(requests.Session):
 def _skip_redirect_body(resp: requests.Response, **_kwargs: Any) -> None:
     """Skip a redirect's body, closing the connection instead of reusing it.
 
-    requests would read the whole body before following it, without a bound."""
+    By default requests reads the whole body before following, without a bound."""
     if resp.is_redirect:
         resp.raw.close()
         resp._content = b""

@@ -106,8 +106,9 @@ class _Stopped(Exception):
 def read_fleet(
     reader: FleetReader, settings: Settings, progress: Callable[[ReadStats], None]
 ) -> FleetRead:
-    """Read and analyze what `reader` covers, as `analyze --prometheus` does (in this thread:
-    the server's other threads make forking worker processes unsafe)."""
+    """Read and analyze what `reader` covers, as `analyze --prometheus` does, in this thread.
+
+    The server's other threads make forking worker processes unsafe."""
     started = time.monotonic()
     result = analyze_from_prometheus(reader, settings, jobs=1, progress=progress)
     errors = dict(result.stats.errors)

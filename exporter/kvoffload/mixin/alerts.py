@@ -168,8 +168,9 @@ def _sidecar_ttft(cfg: MixinConfig) -> str:
     "KVOffloadRecommendEnable", "30m", "info", "KV offloading would likely help this vLLM engine."
 )
 def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
-    """The advisor's `enable` condition (conditions.ENABLE) with a floor on prefix lookups; its
-    value is the GPU prefix hit ratio (ENABLE's first comparison)."""
+    """The advisor's `enable` condition (conditions.ENABLE) with a floor on prefix lookups.
+
+    Its value is the GPU prefix hit ratio (ENABLE's first comparison)."""
     expr = "\n".join(
         (
             paren(ENABLE.promql(cfg)),
@@ -272,8 +273,9 @@ def _buffer_too_small(cfg: MixinConfig) -> tuple[str, str]:
     "The CPU offload tier is much larger than the traffic needs.",
 )
 def _buffer_oversized(cfg: MixinConfig) -> tuple[str, str]:
-    """The advisor's `shrink` condition (conditions.OVERSIZED: never full, slow to fill) with a
-    floor on traffic; its value is the fill time."""
+    """The advisor's `shrink` condition (conditions.OVERSIZED) with a floor on traffic.
+
+    OVERSIZED means never full and slow to fill; the value is the fill time."""
     expr = "\n".join(
         (
             paren(OVERSIZED.promql(cfg)),

@@ -550,8 +550,10 @@ def _normalise(d: dict[str, Any]) -> dict[str, Any]:
 
 # -- variants ----------------------------------------------------------------------------------
 def for_import(d: dict[str, Any], panel_types: Sequence[str]) -> dict[str, Any]:
-    """The "Import dashboard" variant: Grafana asks for the Prometheus data source (input
-    DS_PROMETHEUS) and makes it the default of the `datasource` variable."""
+    """The "Import dashboard" variant of a dashboard.
+
+    Grafana asks for the Prometheus data source (input DS_PROMETHEUS) and makes it the `datasource`
+    variable's default."""
     out = json.loads(json.dumps(d))
     for v in out["templating"]["list"]:
         if v["type"] == "datasource":

@@ -45,8 +45,9 @@ def render(
     cfg: MixinConfig, generated: Iterable[str], alerts: str, dashboards: str
 ) -> dict[str, str]:
     """Relative path → text of alerts/kubernetes/kustomization.yaml and
-    dashboards/kustomization.yaml,
-    given the relative paths of the other generated files and the two folders' names."""
+    dashboards/kustomization.yaml.
+
+    Takes the relative paths of the other generated files and the two folders' names."""
     names = {
         str(PurePosixPath(rel).relative_to(alerts))
         for rel in generated

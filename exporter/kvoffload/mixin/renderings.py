@@ -103,8 +103,9 @@ def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
 
 
 def _fleet_effect(cfg: MixinConfig, w: str) -> str:
-    """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without (seconds;
-    negative = the tier makes TTFT better). Load is not matched: read it next to the rates."""
+    """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without, in seconds.
+
+    Negative means the tier makes TTFT better. Load is not matched: read it next to the rates."""
     mean = f"model_name:vllm_time_to_first_token_seconds:replica_mean_rate{w}"
     return f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n{mean}{{offloading="off"}}'
 

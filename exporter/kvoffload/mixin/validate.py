@@ -60,8 +60,9 @@ def _dashboard_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def expressions(files: Mapping[str, str]) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) of every expression in the generated files, as the parser should see
-    them (dashboard interval variables replaced by a duration)."""
+    """(where, PromQL) of every expression in the generated files, as the parser should see them.
+
+    Dashboard interval variables are replaced by a duration."""
     for rel, text in files.items():
         if rel.endswith((".yaml", ".yml")):
             for group in _rule_groups(yaml.safe_load(text)) or []:

@@ -44,8 +44,7 @@ TRENDS = (
 def badge(g: Group) -> Html:
     """The advice badge, only when the sidecar has advice.
 
-    "target down" (last figures) and "waiting for data" are not advice, and never look like a green
-    "keep"."""
+    "target down" and "waiting for data" are not advice, and never look like a green "keep"."""
     r = g["recommendation"]
     if g.get("stale"):
         title = "the target cannot be scraped: these figures and advice are its last ones"

@@ -116,8 +116,10 @@ class EventCounts(Protocol):
 
 
 class Service(Protocol):
-    """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads: the `Sidecar`
-    scraping its targets, or the fleet read back from Prometheus (`fleet.service`)."""
+    """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads.
+
+    Either the `Sidecar` scraping its targets, or the fleet read back from Prometheus
+    (`fleet.service`)."""
 
     targets: list[TargetState]
     subscribers: list[Subscriber]
@@ -281,7 +283,7 @@ class Sidecar:
     async def _host_memory_loop(self) -> None:
         """Read vLLM's container memory now and then, in a thread.
 
-        smaps_rollup of a process with a large pinned tier walks its pages (tens of ms)."""
+        Reading smaps_rollup of a process with a large pinned tier walks its pages (tens of ms)."""
         every = max(self.config.interval_seconds, HOST_MEMORY_SECONDS)
         while True:
             reading = await asyncio.to_thread(read_host_memory, self.config.host_memory)

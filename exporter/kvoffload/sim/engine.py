@@ -432,7 +432,7 @@ class Engine:
     def _load_copied(self, t: float, r: Request, rank_s: float) -> None:
         """Mark the load's copy done.
 
-        vLLM's scheduler learns it at the end of the running (or next idle) step, and schedules the
+        vLLM's scheduler learns it at the end of the running (or next idle) step and schedules the
         request after that."""
         if self.in_step:
             self.copied.append((r, rank_s))

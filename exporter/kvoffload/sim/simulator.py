@@ -274,8 +274,9 @@ class SimServer:
             self._push(record["t_finished"] + think, -1, self._send, (mi,))
 
     def _send(self, t: float, mi: int) -> None:
-        """A closed-loop client sends its next request; it reaches the engine core after the
-        API server's half of the frontend overhead."""
+        """A closed-loop client sends its next request.
+
+        It reaches the engine core after the API server's half of the frontend overhead."""
         pending = self._closed[mi]
         if not pending and self.endless:
             # the benchmark client starts its request list over, with new questions

@@ -786,8 +786,9 @@ class MetricStore:
 
 
 class StoreCollector:
-    """Registered on the simulator's private CollectorRegistry; reads whatever store is current
-    (a restart swaps the store, so the registry never needs re-registering)."""
+    """A collector on the simulator's private registry that reads whatever store is current.
+
+    A restart swaps the store, so the registry never needs re-registering."""
 
     def __init__(self, get_store: Callable[[], MetricStore]) -> None:
         self._get_store = get_store

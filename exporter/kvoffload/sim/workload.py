@@ -314,8 +314,10 @@ class PromptHasher:
         return state
 
     def block_hashes(self, segments: Segments) -> tuple[int, ...]:
-        """Hashes of every full block. Proper prefixes (system, system+document) are memoised so
-        shared documents hash once; the full prompt with its unique question is not kept."""
+        """Hashes of every full block.
+
+        Proper prefixes (system, system+document) are memoised so shared documents hash once; the
+        full prompt is not kept."""
         if not segments:
             return ()
         return self._extend(self._prefix_state(segments[:-1]), segments[-1])[0]

@@ -101,11 +101,10 @@ def record_restarts(
     instance: str = "sim:8000",
     job: str = "vllm",
 ) -> int:
-    """One recording of one target restarted into each scenario in turn; returns the number of
-    scrapes.
+    """One recording of one target restarted into each scenario in turn; returns the scrape count.
 
-    Counters restart from 0 with `gap_s` of no scrapes between, e.g. vLLM without a tier, then
-    with one, for a before/after A/B. Each scenario runs `duration_s` of virtual time."""
+    Counters restart from 0 with `gap_s` of no scrapes between, e.g. vLLM without a tier, then with
+    one, for a before/after A/B. Each scenario runs `duration_s` of virtual time."""
     from kvoffload.recording.openmetrics import RecordingWriter
 
     if interval_s <= 0 or not scenarios:

@@ -195,8 +195,9 @@ class Scope:
         return "{" + ", ".join(parts) + "}"
 
     def labelled(self, label: str, parts: dict[str, str]) -> str:
-        """Several queries as one, each tagged by `label`: one series set, one legend, and
-        data as soon as any part has some."""
+        """Several queries as one, each tagged by `label`.
+
+        One series set and one legend, with data as soon as any part has some."""
         return "\nor\n".join(
             f'label_replace({expr}, "{label}", "{value}", "", "")' for value, expr in parts.items()
         )
