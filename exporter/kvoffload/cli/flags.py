@@ -192,8 +192,10 @@ class _LineList(click.types.StringParamType):
 
 
 def name_envvars(command: click.Command, command_name: str) -> None:
-    """KVOFFLOAD_<COMMAND>_<FLAG> for each of `command`'s flags, then KVOFFLOAD_<FLAG> for
-    the SHARED_FLAGS; errors about a value from the environment name its variable."""
+    """Give `command`'s flags KVOFFLOAD_<COMMAND>_<FLAG>, then KVOFFLOAD_<FLAG> for the
+    SHARED_FLAGS.
+
+    Errors about a value from the environment then name its variable."""
     prefix = f"{ENV_PREFIX}_{command_name.replace('-', '_').upper()}"
     for param in command.params:
         if not isinstance(param, click.Option) or param.envvar is not None:

@@ -291,8 +291,9 @@ class PrometheusAPI:
         return session
 
     def reopen(self) -> None:
-        """A session of its own (a forked worker must not share its parent's sockets), and
-        questions allowed again after `abort`."""
+        """Allow questions again after `abort`, on a session of its own.
+
+        A forked worker must not share its parent's sockets."""
         self.session = self._session()
         self._stopped = False
         self._watches = set()

@@ -476,8 +476,9 @@ def _panel(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _bargauge(p: dict[str, Any]) -> dict[str, Any]:
-    """Grafana 6's `options.fieldOptions` (calcs, unit, min/max, thresholds) → Grafana 10's
-    `fieldConfig.defaults` and `options.reduceOptions`, which is all Grafana ≥ 10 reads."""
+    """Grafana 6's `options.fieldOptions` (calcs, unit, min/max, thresholds) → Grafana 10's form.
+
+    That is `fieldConfig.defaults` and `options.reduceOptions`, all Grafana ≥ 10 reads."""
     options = dict(p.get("options", {}))
     legacy = options.pop("fieldOptions", {})
     for key in ("showThresholdLabels", "showThresholdMarkers"):  # the gauge's, not the bar's

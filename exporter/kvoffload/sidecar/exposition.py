@@ -98,8 +98,10 @@ class _Writer:
         return text
 
     def lines(self, metric: Metric, out: list[str], apart: dict[str, list[str]] | None) -> None:
-        """The sample lines of a covered family; with `apart` (text format) the `_created`,
-        `_gsum`, `_gcount` samples go there by suffix."""
+        """The sample lines of a covered family.
+
+        With `apart` (text format), the `_created`, `_gsum` and `_gcount` samples go there by
+        suffix."""
         own = {metric.name + sfx: sfx for sfx in _TEXT_APART} if apart is not None else {}
         label_sets, values = self.label_sets, self.values
         append = out.append

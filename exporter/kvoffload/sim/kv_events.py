@@ -248,13 +248,12 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
 
 
 def should_bind(endpoint: str) -> bool:
-    """Bind or connect the PUB socket.
+    """Whether to bind the PUB socket (else connect it).
 
-    vLLM binds when the endpoint contains `*` or `::` (or is ipc/inproc) and connects otherwise.
-    The simulator also binds on this machine's addresses (127.0.0.1, localhost, 0.0.0.0): it plays
-    the server, so `tcp://127.0.0.1:5557` is where subscribers connect. Any other host is a
-    subscriber that bound first, so the publisher connects there. Pass `bind=` to override.
-    """
+    vLLM binds when the endpoint contains `*` or `::` (or is ipc/inproc), and connects otherwise.
+    The simulator also binds on this machine's addresses (127.0.0.1, localhost, 0.0.0.0), since it
+    plays the server. Any other host is a subscriber that bound first, so the publisher connects
+    there. Pass `bind=` to override."""
     if endpoint.startswith(("ipc://", "inproc://")) or "*" in endpoint or "::" in endpoint:
         return True
     rest = endpoint.split("://", 1)[-1]
@@ -320,8 +319,10 @@ class ZmqEventPublisher:
         return self._seq
 
     def publish(self, payload: bytes) -> int:
-        """Send one message; returns its sequence number. Never blocks: like any PUB socket,
-        messages beyond the high-water mark of a slow subscriber are dropped (a sequence gap)."""
+        """Send one message; returns its sequence number.
+
+        Never blocks: like any PUB socket, it drops messages past a slow subscriber's high-water
+        mark (a sequence gap)."""
         seq = self._seq
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
