@@ -1,9 +1,9 @@
 """One view over many engines: what to change first, and what the changes add up to.
 
-The summary counts engines to enable, grow, shrink or disable, the pinned host memory asked against
-configured, and the fleet's mean TTFT change per request. Engines follow in need order: changes
-first, the largest TTFT gain (per-request change × request rate) first; then engines to keep as they
-are; then those with too little data."""
+The summary counts engines to enable, grow, shrink or disable, the pinned host memory the advice
+asks for against what is configured, and the fleet's mean TTFT change per request. Engines follow in
+need order: changes first, largest TTFT gain (per-request change × request rate) first; then engines
+to keep as they are; then those with too little data."""
 
 from __future__ import annotations
 
