@@ -13,11 +13,11 @@ file serves every exporter of a node.
     basic_auth_users:
       prometheus: $2b$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
 
-Like exporter-toolkit, the files are re-read when they change (a renewed certificate, a new
-password) without a restart: checked at each TLS handshake and each request. A change that does
-not load (a half-written key) is logged and the last good configuration stays in force. Nor
-does a reload ever turn basic auth off by accident: a file that is empty or names no users
-(half rewritten, say) keeps the users in force; only `basic_auth_users: {}` turns it off.
+Like exporter-toolkit, changed files (a renewed certificate, a new password) are re-read without
+a restart, checked at each TLS handshake and request. A change that does not load (a half-written
+key) is logged and the last good configuration stays. A reload never turns basic auth off by
+accident: a file that is empty or names no users keeps the users in force; only
+`basic_auth_users: {}` turns it off.
 """
 
 from __future__ import annotations
