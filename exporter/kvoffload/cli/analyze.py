@@ -221,11 +221,10 @@ def _json_report(
 
 
 def _sample_live(url: str, duration: float, interval: float) -> Iterator[Exposition]:
-    """Scrape `url` every `interval` for `duration`, the sidecar's way (kvoffload.ingest.scrape).
+    """Scrape `url` every `interval` for `duration`, as the sidecar does (kvoffload.ingest.scrape).
 
-    A first scrape without vLLM metrics ends it at once (the whole --duration would only say
-    the same); each scrape after it is one progress line on stderr, so a long run is not
-    silent."""
+    A first scrape without vLLM metrics ends it at once. Each later scrape prints one progress line
+    on stderr, so a long run is not silent."""
     from kvoffload.ingest.catalog import extract
     from kvoffload.ingest.scrape import SyncScraper
     from kvoffload.sidecar.service import target_name

@@ -62,8 +62,10 @@ def demo(
     kv_events: bool,
     memory_limit: float | None,
 ) -> None:
-    """The simulator and the sidecar together, with a live summary (the quick start); the
-    sidecar at --web.listen-address (port 0: a free one), the simulator on a free port."""
+    """Run the simulator and the sidecar together, with a live summary (the quick start).
+
+    The sidecar listens at --web.listen-address (port 0: a free one); the simulator on a free
+    port."""
     import asyncio
 
     from kvoffload.cli.demo_runner import run_demo

@@ -1,8 +1,8 @@
-"""What every Prometheus exporter's command line does, for every `kvoffload` subcommand:
-`--log.level`/`--log.format` before or after the subcommand, a `KVOFFLOAD_*` environment
-variable for every flag, and `--web.listen-address`/`--web.telemetry-path`/`--web.config.file`
-for the commands that listen (serve, sim, demo), with one line and exit 2 when the address is
-taken."""
+"""The command-line conventions of a Prometheus exporter, for every `kvoffload` subcommand.
+
+That is: `--log.level`/`--log.format` before or after the subcommand, a `KVOFFLOAD_*` variable for
+every flag, and the `--web.*` flags for the commands that listen (serve, sim, demo), which exit 2
+with one line when the address is taken."""
 
 from __future__ import annotations
 
@@ -149,8 +149,10 @@ def _set_format(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def log_options(defaults: bool) -> list[click.Option]:
-    """--log.level and --log.format: the group's (with defaults, applied first) and each
-    subcommand's (no default: given there, or in the environment, they win)."""
+    """--log.level and --log.format, on the group and on each subcommand.
+
+    The group's have defaults and apply first; a subcommand's have none, so when given there or in
+    the environment they win."""
     return [
         click.Option(
             ["--log.level", "--log-level", "log_level"],
@@ -190,8 +192,10 @@ class _LineList(click.types.StringParamType):
 
 
 def name_envvars(command: click.Command, command_name: str) -> None:
-    """KVOFFLOAD_<COMMAND>_<FLAG> for each of `command`'s flags, then KVOFFLOAD_<FLAG> for
-    the SHARED_FLAGS; errors about a value from the environment name its variable."""
+    """Give `command`'s flags KVOFFLOAD_<COMMAND>_<FLAG>, then KVOFFLOAD_<FLAG> for the
+    SHARED_FLAGS.
+
+    Errors about a value from the environment then name its variable."""
     prefix = f"{ENV_PREFIX}_{command_name.replace('-', '_').upper()}"
     for param in command.params:
         if not isinstance(param, click.Option) or param.envvar is not None:
@@ -207,8 +211,9 @@ def name_envvars(command: click.Command, command_name: str) -> None:
 
 
 def env_source(ctx: click.Context, param: click.Parameter) -> str | None:
-    """The variable `param`'s value came from, None when it did not come from the
-    environment (click takes the first of its names that is set and not empty)."""
+    """The environment variable `param`'s value came from, or None.
+
+    Click takes the first of its names that is set and not empty."""
     if param.name is None or ctx.get_parameter_source(param.name) is not (
         click.core.ParameterSource.ENVIRONMENT
     ):
@@ -218,8 +223,9 @@ def env_source(ctx: click.Context, param: click.Parameter) -> str | None:
 
 
 def describe_option(ctx: click.Context, param: click.Parameter) -> str:
-    """`--flag`, or `--flag (from KVOFFLOAD_…)` when the environment gave it: an error about
-    a variable someone set for another purpose must say which one to unset."""
+    """`--flag`, or `--flag (from KVOFFLOAD_…)` when the environment set it.
+
+    An error caused by a stray variable must name the one to unset."""
     flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
     var = env_source(ctx, param)
     return f"{flag} (from {var})" if var else flag
@@ -232,8 +238,9 @@ def _error_hint(param: click.Parameter, ctx: click.Context) -> str:
 
 
 class ExporterGroup(click.Group):
-    """The group whose subcommands all take the log flags and read the environment; applied
-    to each subcommand when it is looked up, so commands added anywhere get them."""
+    """A group whose subcommands all take the log flags and read the environment.
+
+    Applied to each subcommand when it is looked up, so commands added anywhere get them."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
@@ -331,8 +338,9 @@ def web_options(default_listen: str, *aliases: str) -> Callable[..., Any]:
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (port 0: a free one), or a one-line InputError: bound here,
-    before the server starts, so nothing is announced or started for an address in use."""
+    """A socket bound to host:port (port 0: a free one), or a one-line InputError.
+
+    Bound before the server starts, so nothing is announced for an address in use."""
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(
@@ -361,7 +369,8 @@ def url(scheme: str, sock: socket.socket, path: str) -> str:
 
 
 def run_app(app: Any, web: WebFlags, announce: Callable[[str], None]) -> None:
-    """Serve an aiohttp app at `web` (its web config applied) until SIGTERM or Ctrl-C;
+    """Serve an aiohttp app at `web` (its web config applied) until SIGTERM or Ctrl-C.
+
     `announce` gets the metrics' URL once the address is bound."""
     from kvoffload.cli.server import serve_forever
     from kvoffload.sidecar.webconfig import WebSecurity

@@ -40,8 +40,9 @@ def _serve_env(flag: str) -> list[str]:
 )
 @click.option("--timeout", callback=duration_callback, default="4s", show_default=True)
 def healthcheck(listen: str, config_file: str | None, timeout: float) -> None:
-    """Exit 0 when the sidecar on this host answers /healthz, else 1 (a container's
-    HEALTHCHECK): the address and scheme `serve` uses, from the same flags and variables."""
+    """Exit 0 when the sidecar on this host answers /healthz, else 1 (a container's HEALTHCHECK).
+
+    It reads the address and scheme from the same flags and variables as `serve`."""
     import ssl
     import urllib.error
     import urllib.request

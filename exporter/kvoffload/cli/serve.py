@@ -275,8 +275,9 @@ def serve(
     prometheus_timeout: float,
     **auth: Any,
 ) -> None:
-    """Run the sidecar next to `vllm serve`, or for a whole fleet read from Prometheus
-    (--prometheus: the last --range, or --start/--end, re-read every --interval)."""
+    """Run the sidecar next to `vllm serve`, or for a fleet read from Prometheus.
+
+    With --prometheus it reads the last --range (or --start/--end) every --interval."""
     if bool(targets) == (prometheus_url is not None):
         raise InputError("give --target URL (repeatable) or --prometheus URL, one of them")
     ctx = click.get_current_context()

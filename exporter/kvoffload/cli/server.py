@@ -1,26 +1,19 @@
-"""The HTTP server of every command that listens (serve, sim): aiohttp's request handling
-behind an accept loop of our own, so that clients nobody authenticated cannot take it down.
+"""The HTTP server of every command that listens (serve, sim).
 
-- Out of file descriptors (idle connections held open past the open-file limit): asyncio's
-  accept loop logs each failed accept, with a traceback, and under Linux retries without end
-  (~7,000 a second at a 256 limit; 2,000 connections held under a 1,024 limit: 21 s of CPU,
-  /healthz unanswered while they stay; #12 counted 1.9M log lines in 24 s). Here a failed
-  accept pauses accepting (50 ms, doubling to 1 s while it keeps failing) and closes the idle
-  connections, as nginx does when its connections run out: the ones with no request in
-  progress, accepted more than `IDLE_AGE` ago (a scraper's keep-alive connection
-  reconnects at its next scrape). One warning line, its repeats counted (logrepeat).
-- Idle connections are closed after `KEEPALIVE_SECONDS` anyway (from the accept, or from the
-  last response): longer than Prometheus' scrape interval, so its connections are reused.
-- A rejected request (oversized, malformed, too many headers): one warning line, its status
-  and reason, where aiohttp logs a traceback at error level (a bad method on a connection's
-  first request, TLS sent to plain HTTP: aiohttp's one debug line).
-- TLS handshakes that never finish (connections that send no ClientHello, or half of one):
-  asyncio gives each TLS connection a 256 KiB read buffer at once, and the glibc heap kept it
-  after close: 1,000 such connections took the sidecar from 52 to 352 MB (#25). Here a
-  connection's buffer is `TLS_READ_BYTES`, a handshake has `TLS_HANDSHAKE_SECONDS`, and at most
-  `MAX_HANDSHAKES` go on at once: one more closes the oldest (a stalled one, while an honest
-  client's takes milliseconds).
-"""
+aiohttp's request handling behind our own accept loop, so unauthenticated clients cannot take it
+down (measurements: docs/reliability.md).
+
+- Out of file descriptors: asyncio retries failed accepts without end, logging each. Here a
+  failed accept pauses accepting (50 ms, doubling to 1 s) and closes idle connections (no
+  request in progress, accepted over `IDLE_AGE` ago), as nginx does. One warning line, its
+  repeats counted (logrepeat).
+- Idle connections close after `KEEPALIVE_SECONDS`, longer than Prometheus' scrape interval so
+  its connections are reused.
+- A rejected request (oversized, malformed, too many headers) logs one warning line with its
+  status and reason, not aiohttp's traceback.
+- Stalled TLS handshakes: a connection's read buffer is `TLS_READ_BYTES` (asyncio's is 256 KiB,
+  kept by the heap after close, #25), a handshake has `TLS_HANDSHAKE_SECONDS`, and at most
+  `MAX_HANDSHAKES` run at once; one more closes the oldest."""
 
 from __future__ import annotations
 
@@ -57,8 +50,9 @@ TLS_READ_BYTES = 16 * 1024  # one TLS record's payload; asyncio's default is 256
 
 
 class _ServerTLS(sslproto.SSLProtocol):
-    """asyncio's TLS protocol with a read buffer of one record's size (its own 256 KiB, taken
-    for every connection before its handshake, was most of what a stalled one cost)."""
+    """asyncio's TLS protocol with a read buffer of one record's size.
+
+    The default 256 KiB buffer per connection was most of what a stalled handshake cost."""
 
     max_size = TLS_READ_BYTES
 
@@ -96,8 +90,9 @@ def _file_limit() -> str:
 
 
 class Listener(asyncio.AbstractServer):
-    """Accepts connections on a listening socket for an aiohttp `web.Server`, backing off
-    and shedding idle connections when accepting fails for want of a resource."""
+    """Accepts connections on a listening socket for an aiohttp `web.Server`.
+
+    When accepting fails for want of a resource, it backs off and sheds idle connections."""
 
     def __init__(
         self,
@@ -184,8 +179,10 @@ class Listener(asyncio.AbstractServer):
         self._born[handler] = time.monotonic()
 
     async def _handshake(self, conn: socket.socket, context: ssl.SSLContext) -> Any:
-        """What connect_accepted_socket(ssl=...) does, on `_ServerTLS`: the handler once
-        the handshake is done; the connection closed when it fails, times out or is dropped."""
+        """Do connect_accepted_socket(ssl=...)'s work on `_ServerTLS`.
+
+        The handler starts once the handshake is done; the connection closes when it fails, times
+        out or is dropped."""
         assert self._loop is not None
         handler = self.server()
         done = self._loop.create_future()
@@ -237,8 +234,7 @@ class Listener(asyncio.AbstractServer):
         self._born = {h: t for h, t in self._born.items() if h in alive}
 
     def shed_idle(self) -> int:
-        """Close the connections with no request in progress accepted over IDLE_AGE ago, and
-        the TLS handshakes going on as long; returns how many."""
+        """Close idle connections and TLS handshakes older than IDLE_AGE; return how many."""
         self._forget_closed()
         cutoff = time.monotonic() - IDLE_AGE
         closed = 0
@@ -324,8 +320,9 @@ def runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
 def serve_forever(
     app: web.Application, sock: socket.socket, ssl_context: ssl.SSLContext | None
 ) -> None:
-    """Serve `app` on the bound `sock` until SIGTERM or Ctrl-C, then shut it down (the app's
-    cleanup runs): aiohttp's run_app, with the Listener in place of asyncio's server."""
+    """Serve `app` on the bound `sock` until SIGTERM or Ctrl-C, then run its cleanup.
+
+    aiohttp's run_app, with the Listener in place of asyncio's server."""
 
     async def main() -> None:
         app_runner = runner(app, handle_signals=True)

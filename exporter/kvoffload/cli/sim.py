@@ -106,8 +106,9 @@ def sim(
     record_kv_events: str | None,
     list_scenarios: bool,
 ) -> None:
-    """Run the built-in vLLM simulator: serve /metrics until stopped (the scenario's traffic
-    goes on past its length), or write a recording."""
+    """Run the built-in vLLM simulator: serve /metrics until stopped, or write a recording.
+
+    The scenario's traffic goes on past its length."""
     from kvoffload.sim import SimServer, scenarios
 
     if list_scenarios:

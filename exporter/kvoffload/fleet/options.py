@@ -1,5 +1,6 @@
-"""The command-line face of reading from Prometheus: the options `analyze --prometheus` and
-`serve --prometheus` share, turned into a `PrometheusAPI` and a time range."""
+"""The options `analyze --prometheus` and `serve --prometheus` share.
+
+They become a `PrometheusAPI` and a time range."""
 
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """A small client of the Prometheus HTTP API (`/api/v1`), for `analyze --prometheus`.
 
-It speaks to whatever serves that API: Prometheus 2.x and 3.x, Thanos Query, Mimir/Cortex
-(their `/prometheus` prefix is part of the URL given), VictoriaMetrics. Synchronous on purpose
-(`requests`): the fleet reader asks one question at a time and works on the answer, so there
-is nothing to overlap but the download, and a plain session with keep-alive is the simplest
-thing that does that.
+It speaks to Prometheus 2.x and 3.x, Thanos Query, Mimir/Cortex (their `/prometheus` prefix is part
+of the URL given) and VictoriaMetrics. It is synchronous (`requests`) on purpose: the fleet reader
+asks one question at a time, so a keep-alive session is all it needs.
 
-Every failure becomes a `PromAPIError`, one line naming what was asked and what went wrong
-(HTTP status, the API's `errorType: error`, a timeout, a body that is not the API's JSON);
-the caller decides whether it fails the run or only the engines the question was about.
+Every failure becomes a `PromAPIError`: one line naming the question and what went wrong. The caller
+decides whether it fails the run or only the engines asked about.
 
-A hostile or broken server is bounded (`PromLimits`): each question has a total deadline (a
-watchdog shuts its sockets down, so a drip of one byte a second ends too), answers are read
-as a stream up to a size on the wire and once inflated (gzip inflated here, in bounded steps),
-an answer holds at most so many points, error bodies are read only as far as their first
-kilobytes, everything the server wrote is escaped before it reaches a terminal or a log, and
-`--header` values do not follow a redirect to another host.
-"""
+A hostile or broken server is bounded (`PromLimits`). Each question has a total deadline, enforced
+by a watchdog that shuts its sockets. Answers are read as a stream, capped on the wire and once
+inflated, and in points. Error bodies are read only to their first kilobytes. Server text is escaped
+before a terminal or log sees it. `--header` values do not follow a redirect to another host."""
 
 from __future__ import annotations
 
@@ -52,9 +46,10 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class PromLimits:
-    """What one answer may cost. The reader asks for about 400,000 points a question
-    (`promsource.POINT_BUDGET`, some 40 MB of JSON): these leave room for a plan that was
-    off, and stop a server that answers far more."""
+    """What one answer may cost.
+
+    The reader asks for about `promsource.POINT_BUDGET` points a question; these limits leave room
+    for a plan that was off and stop a server that answers far more."""
 
     max_answer_bytes: int = 128 * MIB  # on the wire and once inflated
     max_points: int = 1_000_000  # points and series (or label sets) in one answer
@@ -62,8 +57,9 @@ class PromLimits:
 
 
 def printable(text: object, limit: int = 300) -> str:
-    """Text from the server made safe for a terminal or a log: control and other unprintable
-    characters (ESC, CR, bidi overrides…) escaped as `\\x1b`, cut to `limit` characters."""
+    """Server text made safe for a terminal or a log, cut to `limit` characters.
+
+    Control and other unprintable characters (ESC, CR, bidi overrides…) are escaped as `\\x1b`."""
     value = str(text)
     if len(value) > limit:
         value = value[:limit] + "…"
@@ -87,9 +83,11 @@ class PromAuth:
 
 
 class Series(msgspec.Struct):
-    """One series of an answer: its labels (with `__name__`) and its (time, value) points in
-    time order. Decoded straight from the JSON by msgspec (values arrive as strings): a
-    fleet's answer holds millions of points, and this is where reading it costs."""
+    """One series of an answer: its labels (with `__name__`) and its (time, value) points in time
+    order.
+
+    Decoded straight from the JSON by msgspec, since reading a fleet's millions of points costs most
+    here."""
 
     metric: dict[str, str]
     values: list[tuple[float, float]] = []
@@ -128,8 +126,9 @@ _TIMEOUTS = (requests.Timeout, URLLib3Timeout, TimeoutError)
 
 
 class _Watch:
-    """The sockets one question uses, shut down by `fire` (its deadline passed, or the client
-    stopped): a blocked read then returns at once, whatever the server dribbles."""
+    """The sockets one question uses, shut down by `fire` (deadline passed, or client stopped).
+
+    A blocked read then returns at once, whatever the server dribbles."""
 
     _current = threading.local()
 
@@ -210,8 +209,9 @@ class _Adapter(HTTPAdapter):
 
 
 class _Session(requests.Session):
-    """A session that drops the operator's extra headers (`--header`, e.g. a tenant or an
-    API key) on a redirect to another host, as requests drops Authorization."""
+    """A session that drops the operator's `--header` values on a redirect to another host.
+
+    A tenant or an API key must not leak, just as requests drops Authorization there."""
 
     def __init__(self, private_headers: tuple[str, ...]) -> None:
         super().__init__()
@@ -227,8 +227,9 @@ class _Session(requests.Session):
 
 
 def _skip_redirect_body(resp: requests.Response, **_kwargs: Any) -> None:
-    """requests reads a redirect's whole body before following it, without a bound: none of it
-    is read (the connection is closed instead of reused)."""
+    """Skip a redirect's body, closing the connection instead of reusing it.
+
+    By default requests reads the whole body before following, without a bound."""
     if resp.is_redirect:
         resp.raw.close()
         resp._content = b""
@@ -290,8 +291,9 @@ class PrometheusAPI:
         return session
 
     def reopen(self) -> None:
-        """A session of its own (a forked worker must not share its parent's sockets), and
-        questions allowed again after `abort`."""
+        """Allow questions again after `abort`, on a session of its own.
+
+        A forked worker must not share its parent's sockets."""
         self.session = self._session()
         self._stopped = False
         self._watches = set()
@@ -457,8 +459,9 @@ class PrometheusAPI:
         deadline: float,
         watch: _Watch,
     ) -> tuple[bytes, bool]:
-        """The body, inflated, at most `limit` bytes on the wire and inflated; past it, an
-        error if the whole body is needed (`whole`), else what was read (truncated)."""
+        """The body, inflated, at most `limit` bytes both on the wire and inflated.
+
+        Past the limit: an error if the whole body is needed (`whole`), else what was read."""
         inflater = _inflater(resp.headers.get("Content-Encoding", ""), what)
         parts: list[bytes] = []
         size = wire = 0  # bytes inflated, bytes received

@@ -1,12 +1,9 @@
 """A fleet read from Prometheus, analyzed on every core.
 
-Reading and analyzing a thousand engines is Python work per sample (decoding the answers,
-the window's counter arithmetic), and Prometheus needs CPU of its own to answer. The reader's
-batches are independent (whole instances each), so worker processes take one batch at a
-time — each reads it, feeds a window of its own and analyzes its groups — while the parent
-only merges: the comparison of replicas across the fleet (`add_fleet_evidence`) runs once all
-groups are in, so the result is what one process would give.
-"""
+Reading a thousand engines is Python work per sample, and Prometheus needs CPU of its own. The
+reader's batches are independent (whole instances each), so each worker process reads, windows and
+analyzes one batch at a time. The parent only merges, running the fleet-wide replica comparison
+(`add_fleet_evidence`) once all groups are in, so the result matches one process."""
 
 from __future__ import annotations
 
@@ -131,8 +128,9 @@ def analyze_from_prometheus(
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: a container's or taskset's CPU set, not the
-    machine's count, so the default number of workers fits what the process is given."""
+    """The cores this process may run on (a container's or taskset's CPU set).
+
+    The default worker count then fits what the process is given, not the machine."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
     return os.cpu_count() or 1

@@ -1,21 +1,17 @@
 """`serve --prometheus`: the sidecar's HTTP face for a whole fleet, read back from Prometheus.
 
-Instead of scraping targets, the service reads every engine's vLLM series from a Prometheus-API
-server every `interval_seconds` with what `analyze --prometheus` runs
-(`fleet.runs.analyze_from_prometheus` over an `fleet.source.FleetReader`) and
-publishes what that prints for the same range: the groups in need order, the fleet summary,
-the per-instance read errors. The range either slides
-(the last `range_seconds`, the default) or is fixed (`--start`/`--end`: a post-mortem).
+Every `interval_seconds` it reads all engines' vLLM series with what `analyze --prometheus` runs
+(`fleet.runs.analyze_from_prometheus` over a `fleet.source.FleetReader`). It publishes the same
+output: groups in need order, the fleet summary, per-instance read errors. The range slides (the
+last `range_seconds`, the default) or is fixed (`--start`/`--end`: a post-mortem).
 
-The read and the analysis are synchronous and can take seconds for a large fleet: they run in
-a thread, and the published analysis is swapped in whole when one is done, so the event loop
-keeps answering /metrics and the page meanwhile. A stop (SIGTERM) aborts the question being
-asked (`PrometheusAPI.abort`) and does not wait for the thread: it is a daemon, so a server
-that never finishes an answer cannot hold the process. An instance whose
-series could not be read is down with its one-line error (its last figures kept, stale); a
-read that fails as a whole (Prometheus down, no vLLM series, no instance readable) keeps the
-last good analysis, every target down and its groups stale, with the error shown.
-"""
+The read and analysis run in a thread and the result is swapped in whole, so the event loop keeps
+answering meanwhile. A stop (SIGTERM) aborts the current question (`PrometheusAPI.abort`) and does
+not wait: the thread is a daemon, so a stuck server cannot hold the process.
+
+An instance that could not be read is down with its one-line error, its last figures kept stale. A
+read that fails as a whole keeps the last good analysis, every target down and its groups stale,
+with the error shown."""
 
 from __future__ import annotations
 
@@ -46,8 +42,10 @@ T = TypeVar("T")
 
 
 async def in_daemon_thread(fn: Callable[..., T], *args: object) -> T:
-    """`asyncio.to_thread`, but in a daemon thread of its own: the default executor's threads
-    are joined at exit, so one stuck in a read would keep a stopped process alive."""
+    """`asyncio.to_thread`, but in a daemon thread of its own.
+
+    The default executor's threads are joined at exit, so one stuck in a read would keep a stopped
+    process alive."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -108,8 +106,9 @@ class _Stopped(Exception):
 def read_fleet(
     reader: FleetReader, settings: Settings, progress: Callable[[ReadStats], None]
 ) -> FleetRead:
-    """Read and analyze what `reader` covers, as `analyze --prometheus` does (in this thread:
-    the server's other threads make forking worker processes unsafe)."""
+    """Read and analyze what `reader` covers, as `analyze --prometheus` does, in this thread.
+
+    The server's other threads make forking worker processes unsafe."""
     started = time.monotonic()
     result = analyze_from_prometheus(reader, settings, jobs=1, progress=progress)
     errors = dict(result.stats.errors)
@@ -258,8 +257,10 @@ class FleetService:
         return self.last.duration_seconds if self.last is not None else None
 
     def snapshot(self) -> FleetService:
-        """Itself: a read replaces the published targets and groups whole (it does not edit
-        the lists), so the HTTP face reads them in a thread as they are."""
+        """Itself, since a read replaces the published targets and groups whole.
+
+        The lists are never edited in place, so the HTTP face reads them from a thread as they
+        are."""
         return self
 
     def status(self) -> dict[str, object]:

@@ -1,26 +1,20 @@
 """vLLM series read back from Prometheus (or Thanos, Mimir…) as the scrapes they came from.
 
-`analyze --prometheus` must give the figures `analyze FILE` gives for the same data, so it
-does not compute them differently: it turns the stored samples back into one `Exposition` per
-(instance, scrape time), in time order per instance, and feeds them to the same window and
-analysis as a recording. What it asks for:
+`analyze --prometheus` must match `analyze FILE` on the same data. So it turns stored samples back
+into one `Exposition` per (instance, scrape time) and feeds the same window and analysis. What it
+asks for:
 
-- only the sample names the catalog reads (`ingest.catalog`), under vLLM's names and under the
-  underscore form some pipelines store (`vllm_…`, read as `vllm:…`), without `_created` (a
-  restart shows as a counter decrease; the series would double the download);
+- only the sample names the catalog reads (`ingest.catalog`), also in the underscore form some
+  pipelines store (`vllm_…`), without `_created`;
 - by default every stored sample, through range selectors (`{…}[D]` at the chunk's end), so
-  the points are the scrapes themselves, with their own times: no step alignment, and an
-  engine that stopped is not repeated for the 5-minute lookback as `query_range` would;
-  with `step`, `query_range` instead (one point per step: less to read over a long range);
-- in batches of whole instances, each at most `point_budget` points (chunked in time when one
-  instance alone is more), so memory does not grow with the fleet.
+  points are the scrapes themselves, unaligned and with no lookback repeats; with `step`,
+  `query_range` instead (less to read over a long range);
+- batches of whole instances, at most `point_budget` points each (one instance alone is
+  chunked in time), so memory does not grow with the fleet.
 
-A question that fails is asked again for half the batch, down to one instance; an instance
-that still fails is reported with its error and left out, and the run goes on. So is an
-instance whose answers are not vLLM's figures (a sample count or a value that is not finite,
-or absurd): what the server says is checked before it reaches the arithmetic. A read that
-would take more than `max_questions` questions is refused before the first of them.
-"""
+A failed question is retried for half the batch, down to one instance. An instance that still fails,
+or whose values are not vLLM's figures (not finite, or absurd), is reported and left out, and the
+run goes on. A read needing more than `max_questions` questions is refused up front."""
 
 from __future__ import annotations
 
@@ -60,8 +54,9 @@ _SELECTOR_RE = re.compile(r"^\{(.*)\}$", re.DOTALL)
 
 
 def selector_matchers(selector: str | None) -> str:
-    """The matchers inside a `{…}` selector (`{job="vllm"}` → `job="vllm"`), checked enough to
-    fail here with a clear line instead of as a server error on the first question."""
+    """The matchers inside a `{…}` selector (`{job="vllm"}` → `job="vllm"`).
+
+    Checked enough to fail here with a clear line, not as a server error later."""
     if not selector or not selector.strip():
         return ""
     m = _SELECTOR_RE.match(selector.strip())
@@ -225,8 +220,9 @@ class FleetReader:
             yield from self.read_batch(batch)
 
     def batches(self) -> list[list[Plan]]:
-        """The plan cut into questions' worth of whole instances (each batch can be read and
-        analyzed on its own: a worker process per batch, `fleet.runs`)."""
+        """The plan cut into questions' worth of whole instances.
+
+        Each batch can be read and analyzed on its own, by one worker process (`fleet.runs`)."""
         plans = self.plan()
         self.stats.instances = len(plans) + len(self.stats.errors)
         if not plans and self.stats.errors:
@@ -332,11 +328,12 @@ class FleetReader:
         asked: set[str],
         failed: set[str],
     ) -> Iterator[Extract]:
-        """Series → one Extract per (instance, time), in time order per instance. A point at or
-        before what was already given for its instance is dropped: the range selectors of
-        Prometheus 2 include both ends, so a sample on a chunk boundary comes twice; so is one
-        after the range, and a series of an instance not asked about. An instance with a value
-        that is not finite or past MAX_VALUE is failed with its reason (added to `failed`)."""
+        """Series → one Extract per (instance, time), in time order per instance.
+
+        A point at or before its instance's last one is dropped (Prometheus 2's range selectors
+        include both ends). So is one after the range, or of an instance not asked about. An
+        instance with a non-finite value or one past MAX_VALUE is added to `failed` with its
+        reason."""
         by_instance: dict[str, tuple[list[Member], list[list[tuple[float, float]]]]] = {}
         for s in series:
             labels = {k: v if v.isprintable() else printable(v, 1000) for k, v in s.labels.items()}

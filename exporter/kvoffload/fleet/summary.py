@@ -1,12 +1,9 @@
 """One view over many engines: what to change first, and what the changes add up to.
 
-An operator with hundreds of engines reads the summary (how many should enable, grow, shrink
-or disable; the pinned host memory the advice asks for against what is configured; the mean
-TTFT change per request across the fleet if every piece of advice were applied) and then the
-engines in order of need: changes first, the largest TTFT gain (seconds of TTFT saved per
-second, i.e. per-request change × request rate) first among them; engines whose advice is to
-keep things as they are next; engines with too little data last.
-"""
+The summary counts engines to enable, grow, shrink or disable, the pinned host memory the advice
+asks for against what is configured, and the fleet's mean TTFT change per request. Engines follow in
+need order: changes first, largest TTFT gain (per-request change × request rate) first; then engines
+to keep as they are; then those with too little data."""
 
 from __future__ import annotations
 
@@ -28,8 +25,9 @@ def _requests(group: GroupAnalysis) -> float:
 
 
 def ttft_gain_per_second(group: GroupAnalysis) -> float | None:
-    """Seconds of TTFT the advice saves per second of traffic (negative: it costs), from the
-    predicted change per request and the group's request rate."""
+    """Seconds of TTFT the advice saves per second of traffic (negative: it costs).
+
+    From the predicted change per request and the group's request rate."""
     change = group.recommendation.ttft_change_seconds
     if change is None or group.window_seconds <= 0:
         return None
@@ -122,9 +120,10 @@ def analyze_fleet(
     left_out: Collection[str] = (),
     events: dict[str, TargetEvents] | None = None,
 ) -> tuple[list[GroupAnalysis], FleetSummary]:
-    """Every group of the window in need order and their summary, without the instances in
-    `left_out` (those whose read failed: what came of them is partial): what `analyze` prints
-    for a recording or a live target (`fleet.runs` does the same for Prometheus)."""
+    """Every group of the window in need order, with their summary: what `analyze` prints.
+
+    Instances in `left_out` (their read failed) are excluded; `fleet.runs` does the same for
+    Prometheus."""
     groups = need_order(
         [
             g

@@ -1,10 +1,9 @@
 """The alert group: each alert declared once, with its name, `for`, severity, PromQL and texts.
 
-Kubernetes-mixin style: an alert and everything it says sit in one place, and the alert
-names and `for` defaults the config checks are read from here. Alerts read the recording
-rules, so a threshold is compared with exactly the figure the dashboards show; traffic floors
-keep idle servers quiet and a `reason` label tells the branches of an `or` apart.
-"""
+Kubernetes-mixin style: an alert and its texts sit in one place, and the config checks read alert
+names and `for` defaults from here. Alerts read the recording rules, so a threshold is compared with
+exactly the figure the dashboards show. Traffic floors keep idle servers quiet; a `reason` label
+tells the branches of an `or` apart."""
 
 from __future__ import annotations
 
@@ -42,8 +41,9 @@ WHERE = "{{ $labels.model_name }} on {{ $labels.instance }}"
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert: what the config needs without a config (name, default `for`, severity,
-    summary) and the builder of the rest; the alerts file is these, in this order."""
+    """One alert: its name, default `for`, severity and summary, and the builder of the rest.
+
+    The config needs the former without a config; the alerts file is these, in this order."""
 
     name: str
     default_for: str
@@ -127,9 +127,10 @@ def _on(cfg: MixinConfig) -> str:
 
 
 def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
-    """Alert text naming the size the sidecar advises for the alert's engine (its
-    kvoffload_recommended_size_bytes, joined on instance and model in the template), or how to
-    get one where no sidecar runs: the on-call gets the fix, not a pointer to it."""
+    """Alert text naming the size the sidecar advises for the engine, or how to get one.
+
+    It joins kvoffload_recommended_size_bytes on instance and model in the template, so the on-call
+    gets the fix, not a pointer to it."""
     matchers = [cfg.sidecar_selector] if cfg.sidecar_selector else []
     matchers += [f'{cfg.sidecar_target_label}="%s"', 'model_name="%s"']
     selector = "kvoffload_recommended_size_bytes{" + ", ".join(matchers) + "}"
@@ -145,9 +146,10 @@ def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
 
 
 def _sidecar_ttft(cfg: MixinConfig) -> str:
-    """Alert text with the mean TTFT change the sidecar predicts if its advice is applied
-    (kvoffload_recommended_ttft_change_seconds, estimate, and what it rests on), joined on
-    instance and model in the template: the on-call weighs the change before making it."""
+    """Alert text with the mean TTFT change the sidecar predicts if its advice is applied.
+
+    It joins kvoffload_recommended_ttft_change_seconds (estimate and basis) on instance and model,
+    so the on-call weighs the change before making it."""
     matchers = [cfg.sidecar_selector] if cfg.sidecar_selector else []
     matchers += [f'{cfg.sidecar_target_label}="%s"', 'model_name="%s"', 'bound="estimate"']
     selector = "kvoffload_recommended_ttft_change_seconds{" + ", ".join(matchers) + "}"
@@ -166,8 +168,9 @@ def _sidecar_ttft(cfg: MixinConfig) -> str:
     "KVOffloadRecommendEnable", "30m", "info", "KV offloading would likely help this vLLM engine."
 )
 def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
-    """The advisor's `enable` condition (conditions.ENABLE) with a floor on prefix lookups; its
-    value is the GPU prefix hit ratio (ENABLE's first comparison)."""
+    """The advisor's `enable` condition (conditions.ENABLE) with a floor on prefix lookups.
+
+    Its value is the GPU prefix hit ratio (ENABLE's first comparison)."""
     expr = "\n".join(
         (
             paren(ENABLE.promql(cfg)),
@@ -195,8 +198,10 @@ def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
     "KV offloading stores blocks that are almost never loaded back.",
 )
 def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
-    """The advisor's `store_threshold` condition (conditions.STORES_WITHOUT_LOADS) with a floor
-    on store traffic; quiet while the fill time is known to exceed the window (loads may come)."""
+    """The advisor's `store_threshold` condition (conditions.STORES_WITHOUT_LOADS) with a
+    store-traffic floor.
+
+    Quiet while the fill time is known to exceed the window, since loads may still come."""
     expr = "\n".join(
         (
             paren(STORES_WITHOUT_LOADS.promql(cfg)),
@@ -222,8 +227,10 @@ def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
     "The CPU offload tier makes time-to-first-token worse than recomputing.",
 )
 def _slower_than_recompute(cfg: MixinConfig) -> tuple[str, str]:
-    """The sidecar's TTFT effect (a fit PromQL cannot do) over the threshold, firing only where
-    the low end of its range is a cost too: honest like the advice, never within the noise."""
+    """The sidecar's TTFT effect (a fit PromQL cannot do) over the threshold.
+
+    It fires only where the low end of its range is a cost too: like the advice, never within the
+    noise."""
     effect = sidecar_as_vllm(cfg, "kvoffload_offload_ttft_effect_seconds", 'bound="estimate"')
     low = sidecar_as_vllm(cfg, "kvoffload_offload_ttft_effect_seconds", 'bound="low"')
     expr = f"{effect}\n> {_num(cfg.min_ttft_saving_seconds)}\nand ignoring(bound)\n{low} > 0"
@@ -266,8 +273,9 @@ def _buffer_too_small(cfg: MixinConfig) -> tuple[str, str]:
     "The CPU offload tier is much larger than the traffic needs.",
 )
 def _buffer_oversized(cfg: MixinConfig) -> tuple[str, str]:
-    """The advisor's `shrink` condition (conditions.OVERSIZED: never full, slow to fill) with a
-    floor on traffic; its value is the fill time."""
+    """The advisor's `shrink` condition (conditions.OVERSIZED) with a floor on traffic.
+
+    OVERSIZED means never full and slow to fill; the value is the fill time."""
     expr = "\n".join(
         (
             paren(OVERSIZED.promql(cfg)),

@@ -1,11 +1,8 @@
 """`kvoffload generate`: write the rule files and dashboards for the user's labels.
 
-Everything Prometheus and Grafana users import comes from the signal catalog through one
-config (`MixinConfig`): recording and alerting rules (plain files and a PrometheusRule) and the
-dashboards (import and provisioning variants). The committed copies under alerts/ and
-dashboards/ are this function's output for the default config; a test regenerates them and
-fails on drift.
-"""
+Everything users import into Prometheus and Grafana comes from the signal catalog through one config
+(`MixinConfig`). The committed copies under alerts/ and dashboards/ are its output for the default
+config; a test fails on drift."""
 
 from __future__ import annotations
 
@@ -90,11 +87,9 @@ def generate(
     """Write every generated file under `out_dir` (alerts/…, dashboards/…); return the paths.
 
     `overrides` are MixinConfig fields: thresholds (`low_reuse_ratio=0.1`), windows
-    (`rate_window="2m"`, `slow_window="2h"`), selectors (`sidecar_selector='job="kvo"'`),
-    `alert_for={...}`. Files are written only when their content changes, and only once every
-    expression in them passed `validate` (promql-parser, and `promtool check rules` with
-    `promtool`: by default the one on the PATH, if any; None skips it).
-    """
+    (`rate_window="2m"`), selectors (`sidecar_selector='job="kvo"'`), `alert_for={...}`. Files are
+    written only when changed, and only after `validate` passed them. `promtool` is the promtool
+    binary: by default the one on the PATH, if any; None skips it."""
     return generate_checked(out_dir, config, selector=selector, promtool=promtool, **overrides)[0]
 
 

@@ -1,15 +1,10 @@
-"""Grafana dashboard JSON through grafanalib — the only module that imports it.
+"""Grafana dashboard JSON through grafanalib, the only module that imports it.
 
-grafanalib (0.7.1, dormant since 2024) still emits the old shape: `schemaVersion` 12, string
-datasources, `rows`/`style`/`sharedCrosshair`, a dozen legacy keys per target and the string
-"null" as the base threshold. Dashboards are built with its panel classes here and the JSON is
-then normalised to what Grafana 10–12 export themselves: object datasource refs
-`{"type": "prometheus", "uid": "${datasource}"}`, schemaVersion 39, no legacy or null keys.
-Panel options are Grafana 10's: grafanalib's bar gauge still writes Grafana 6's
-`options.fieldOptions`, rewritten here to `fieldConfig` and `options.reduceOptions`.
-Swapping grafanalib for another builder (grafana-foundation-sdk, plain dicts) only touches
-this file: dashboards.py speaks in the helpers below.
-"""
+grafanalib (0.7.1, dormant) emits an old shape: `schemaVersion` 12, string datasources, legacy keys,
+Grafana 6's bar gauge options. The JSON is normalised here to what Grafana 10–12 export: object
+datasource refs `{"type": "prometheus", "uid": "${datasource}"}`, schemaVersion 39,
+`fieldConfig`/`options.reduceOptions`, no legacy or null keys. Swapping grafanalib out only touches
+this file."""
 
 from __future__ import annotations
 
@@ -98,8 +93,9 @@ class Panel:
 
 @dataclass
 class Section:
-    """A dashboard row: its title, its panels, and whether it starts collapsed (its panels
-    then live inside the row, as Grafana stores a collapsed row)."""
+    """A dashboard row: its title, its panels, and whether it starts collapsed.
+
+    A collapsed row holds its panels, as Grafana stores one."""
 
     title: str
     panels: Sequence[Panel]
@@ -174,8 +170,10 @@ def timeseries(
     width: int = 12,
     height: int = 8,
 ) -> Panel:
-    """A time series; `lines` are (value, color) reference lines drawn dashed, `colours` fix
-    the colour of the series of that display name (one colour per advice, say)."""
+    """A time series panel.
+
+    `lines` are (value, color) dashed reference lines; `colours` fix a series' colour by display
+    name (one per advice, say)."""
     overrides = [
         {
             "matcher": {"id": "byName", "options": name},
@@ -219,8 +217,10 @@ def stat(
     width: int = 4,
     height: int = 5,
 ) -> Panel:
-    """A single-value panel; text_mode "name" shows the series' legend (a label value), and
-    `mappings` turn a value into a text with its own colour (value_mappings)."""
+    """A single-value panel.
+
+    text_mode "name" shows the series' legend (a label value); `mappings` turn a value into a
+    coloured text."""
     steps = [G.Threshold("blue", 0, 0.0)]
     steps += [G.Threshold(c, i + 1, float(v)) for i, (v, c) in enumerate(thresholds)]
     body = G.Stat(
@@ -378,8 +378,9 @@ def dashboard(
     annotations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The dashboard as Grafana JSON: one row per section, panels packed on the 24-column grid.
-    A collapsed row holds its panels (laid out under it, where Grafana puts them when it is
-    opened) and takes one grid unit; the rows after it follow straight on."""
+
+    A collapsed row holds its panels and takes one grid unit; the rows after it follow straight
+    on."""
     panels: list[Any] = []
     y = 0
     for section in sections:
@@ -475,8 +476,9 @@ def _panel(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _bargauge(p: dict[str, Any]) -> dict[str, Any]:
-    """Grafana 6's `options.fieldOptions` (calcs, unit, min/max, thresholds) → Grafana 10's
-    `fieldConfig.defaults` and `options.reduceOptions`, which is all Grafana ≥ 10 reads."""
+    """Grafana 6's `options.fieldOptions` (calcs, unit, min/max, thresholds) → Grafana 10's form.
+
+    That is `fieldConfig.defaults` and `options.reduceOptions`, all Grafana ≥ 10 reads."""
     options = dict(p.get("options", {}))
     legacy = options.pop("fieldOptions", {})
     for key in ("showThresholdLabels", "showThresholdMarkers"):  # the gauge's, not the bar's
@@ -549,8 +551,10 @@ def _normalise(d: dict[str, Any]) -> dict[str, Any]:
 
 # -- variants ----------------------------------------------------------------------------------
 def for_import(d: dict[str, Any], panel_types: Sequence[str]) -> dict[str, Any]:
-    """The "Import dashboard" variant: Grafana asks for the Prometheus data source (input
-    DS_PROMETHEUS) and makes it the default of the `datasource` variable."""
+    """The "Import dashboard" variant of a dashboard.
+
+    Grafana asks for the Prometheus data source (input DS_PROMETHEUS) and makes it the `datasource`
+    variable's default."""
     out = json.loads(json.dumps(d))
     for v in out["templating"]["list"]:
         if v["type"] == "datasource":

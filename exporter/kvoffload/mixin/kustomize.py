@@ -1,17 +1,13 @@
 """kustomization.yaml files next to the generated rules and dashboards.
 
-They make alerts/ and dashboards/ kustomize bases of their own, so deploy/kustomize/ (or a
-user's overlay) takes the PrometheusRule and the Grafana dashboards ConfigMaps from the very
-files `kvoffload generate` wrote, nothing copied by hand:
+They make alerts/ and dashboards/ kustomize bases, so deploy/kustomize/ or a user's overlay takes
+the files `kvoffload generate` wrote, nothing copied by hand:
 
 - alerts/kubernetes/kustomization.yaml: the PrometheusRule;
 - dashboards/kustomization.yaml: one ConfigMap per provisioning dashboard, labelled
-  `grafana_dashboard: "1"` (what Grafana's dashboard sidecar, e.g. in kube-prometheus-stack,
-  looks for) and annotated with a `grafana_folder`. Names carry no content hash: a
-  changed dashboard replaces its ConfigMap instead of leaving the old one (same uid) behind.
-  One ConfigMap per dashboard keeps each well under the 256 KiB that client-side
-  `kubectl apply` can annotate.
-"""
+  `grafana_dashboard: "1"` (for Grafana's dashboard sidecar) with a `grafana_folder`
+  annotation. Names carry no content hash, so a changed dashboard replaces its ConfigMap.
+  One per dashboard keeps each under client-side `kubectl apply`'s 256 KiB annotation limit."""
 
 from __future__ import annotations
 
@@ -49,8 +45,9 @@ def render(
     cfg: MixinConfig, generated: Iterable[str], alerts: str, dashboards: str
 ) -> dict[str, str]:
     """Relative path → text of alerts/kubernetes/kustomization.yaml and
-    dashboards/kustomization.yaml,
-    given the relative paths of the other generated files and the two folders' names."""
+    dashboards/kustomization.yaml.
+
+    Takes the relative paths of the other generated files and the two folders' names."""
     names = {
         str(PurePosixPath(rel).relative_to(alerts))
         for rel in generated

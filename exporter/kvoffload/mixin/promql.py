@@ -1,10 +1,8 @@
-"""The one config every rule, alert and dashboard reads (the mixin `_config`), and the PromQL
-names rules and dashboards import from here.
+"""The one config every rule, alert and dashboard reads (the mixin `_config`), and shared PromQL
+names.
 
-The renderings of the signal catalog live in renderings.py and the alerts in alerts.py; this
-module checks a config against them (alert names, durations, matchers) so a bad setting
-fails at once, with the setting's name.
-"""
+The catalog's renderings are in renderings.py, the alerts in alerts.py. This module checks a
+config against them (alert names, durations, matchers) so a bad setting fails at once, by name."""
 
 from __future__ import annotations
 
@@ -63,10 +61,11 @@ SELECTOR_SETTINGS = {"vllm_selector": "--selector", "sidecar_selector": "--sidec
 
 
 def check_matchers(what: str, value: str) -> str:
-    """`value` as PromQL label matchers to splice into `{__name__=~"…", <here>, …}`, or
-    InputError (one line) when it is anything else: an unbalanced quote, a bare word, a
-    second selector or operator smuggled in, `__name__`, Prometheus 3's `or` between matcher
-    sets. Surrounding braces and a trailing comma are dropped; "" means no extra matchers."""
+    """`value` as PromQL label matchers to splice into `{__name__=~"…", <here>, …}`.
+
+    Braces around it and a trailing comma are dropped; "" means none. Anything else is a one-line
+    InputError: an unbalanced quote, a bare word, a smuggled selector or operator, `__name__`, or
+    Prometheus 3's `or`."""
     text = value.strip()
     if text.startswith("{") and text.endswith("}"):
         text = text[1:-1].strip()
@@ -97,9 +96,8 @@ def check_matchers(what: str, value: str) -> str:
 class MixinConfig:
     """Selectors, windows, thresholds and names of everything generated (the mixin `_config`).
 
-    Users regenerate with their own values (`kvoffload generate`); every field has a default
-    that suits a plain `job="vllm"` scrape next to a `job="kvoffload"` sidecar.
-    """
+    Users regenerate with their own values (`kvoffload generate`). The defaults suit a `job="vllm"`
+    scrape next to a `job="kvoffload"` sidecar."""
 
     # -- what to read ----------------------------------------------------------------------
     # Matchers added to every vLLM selector; they must be target labels (they also select `up`).
@@ -198,8 +196,9 @@ class MixinConfig:
 
     @property
     def window_seconds(self) -> float:
-        """The window a condition's `window_seconds` means in the alerts (conditions.py): the
-        slow window, which the alerts on reuse and fill time judge over."""
+        """The window a condition's `window_seconds` means in the alerts (conditions.py).
+
+        It is the slow window, over which the reuse and fill-time alerts judge."""
         return self.slow_window_seconds
 
     def record_name(self, key: str) -> str:

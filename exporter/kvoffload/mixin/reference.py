@@ -1,14 +1,13 @@
-"""The generated tables of the docs, rendered from the renderings and the figures' catalog, so
-the docs say what the rules compute, in the words /metrics and docs/metrics.md use:
+"""The generated tables of the docs, rendered from the renderings and the figures' catalog.
 
-- docs/rules.md: every recording rule, its figure, its meaning (the catalog's help text) and
-  its formula;
-- docs/runbooks.md: every rule and sidecar series the runbooks cite, with the same meaning.
-  A citation of a name that no rule or series has fails the generator (and the drift test).
+So the docs say what the rules compute, in the words of /metrics and docs/metrics.md:
 
-`python -m kvoffload.mixin.reference docs/rules.md docs/runbooks.md` rewrites the part between
-each file's two marker lines (`make generate` does).
-"""
+- docs/rules.md: every recording rule, its figure, meaning and formula;
+- docs/runbooks.md: every rule and sidecar series the runbooks cite. Citing a name that no
+  rule or series has fails the generator (and the drift test).
+
+`python -m kvoffload.mixin.reference docs/rules.md docs/runbooks.md` rewrites the part between each
+file's two marker lines (`make generate` does)."""
 
 from __future__ import annotations
 
@@ -91,8 +90,9 @@ def meanings(cfg: MixinConfig | None = None) -> dict[str, tuple[str, str]]:
 
 
 def cited_table(text: str, cfg: MixinConfig | None = None) -> str:
-    """The table of every rule and sidecar series cited in `text` (before the table's
-    markers), in order of first citation, with the meaning the catalog gives it."""
+    """The table of every rule and sidecar series cited in `text`, with the catalog's meaning.
+
+    Rows follow first citation, counting only text before the table's markers."""
     known = meanings(cfg)
     cited = list(dict.fromkeys(_CITED.findall(text.split(CITED_BEGIN, 1)[0])))
     unknown = [name for name in cited if name not in known]

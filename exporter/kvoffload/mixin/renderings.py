@@ -1,8 +1,7 @@
 """The recording rules that render the signal catalog in PromQL, one `Rendering` per family.
 
-Each figure of `signals.FIGURES` is one formula (`formula.py`); a rendering names its rule and
-windows and the formula gives its PromQL, so rules, alerts and dashboards read the same figure.
-"""
+Each figure of `signals.FIGURES` is one formula (`formula.py`). A rendering names its rule and
+windows, the formula gives its PromQL, so rules, alerts and dashboards read the same figure."""
 
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ def offload_configured(cfg: MixinConfig) -> str:
 class Rendering:
     """One recording rule family: `level:metric:<op><window>` for each window it is needed at.
 
-    `keys` are the signal catalog figures it renders (empty for helper rules that only feed
-    alerts and dashboards); `labels` are static labels that tell series of one name apart.
-    """
+    `keys` are the catalog figures it renders (empty for helper rules feeding alerts and
+    dashboards). `labels` are static labels that tell series of one name apart."""
 
     keys: tuple[str, ...]
     metric: str
@@ -105,8 +103,9 @@ def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
 
 
 def _fleet_effect(cfg: MixinConfig, w: str) -> str:
-    """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without (seconds;
-    negative = the tier makes TTFT better). Load is not matched: read it next to the rates."""
+    """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without, in seconds.
+
+    Negative means the tier makes TTFT better. Load is not matched: read it next to the rates."""
     mean = f"model_name:vllm_time_to_first_token_seconds:replica_mean_rate{w}"
     return f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n{mean}{{offloading="off"}}'
 

@@ -1,8 +1,7 @@
 """The rule files: recording rules from the renderings, alerting rules from the alert group.
 
-Recording rules render the signal catalog (`renderings.RENDERINGS`); the alerts (alerts.py)
-read them, so a threshold is compared with exactly the figure the dashboards show.
-"""
+The alerts (alerts.py) read the recording rules (`renderings.RENDERINGS`), so a threshold meets
+exactly the figure the dashboards show."""
 
 from __future__ import annotations
 

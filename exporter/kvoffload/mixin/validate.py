@@ -1,17 +1,15 @@
 """Every expression `generate` writes is checked before any file is written.
 
-Two checks, both on the rendered text (what Prometheus and Grafana will read):
-- promql-parser (the `generate` extra, like grafanalib) parses every rule `expr`, every panel
-  query and every `label_values()` selector of a dashboard variable (Grafana's
-  `$__rate_interval`-style ranges replaced by a duration first; `$var` inside matcher strings
-  parses as it is);
-- `promtool check rules`, where promtool is on the PATH (or given), on both rule files and on
-  the PrometheusRule's groups: Prometheus' own parser and rule checks (duplicate names, label
-  and annotation templates). promtool speaks for the user's Prometheus version: Prometheus 2's
-  refuses Prometheus 3 syntax (quoted label names) that promql-parser accepts.
-A problem is a generator bug or a setting that slipped past MixinConfig's checks; either way
-nothing is written and the user gets one line.
-"""
+Two checks, both on the rendered text:
+
+- promql-parser (the `generate` extra) parses every rule `expr`, panel query and variable's
+  `label_values()` selector, after replacing `$__rate_interval`-style ranges with a duration;
+- `promtool check rules`, where promtool is on the PATH (or given), on both rule files and the
+  PrometheusRule's groups. It speaks for the user's Prometheus version: Prometheus 2's refuses
+  Prometheus 3 syntax (quoted label names) that promql-parser accepts.
+
+A failure is a generator bug or a setting past MixinConfig's checks: nothing is written, and the
+user gets one line."""
 
 from __future__ import annotations
 
@@ -62,8 +60,9 @@ def _dashboard_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def expressions(files: Mapping[str, str]) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) of every expression in the generated files, as the parser should see
-    them (dashboard interval variables replaced by a duration)."""
+    """(where, PromQL) of every expression in the generated files, as the parser should see them.
+
+    Dashboard interval variables are replaced by a duration."""
     for rel, text in files.items():
         if rel.endswith((".yaml", ".yml")):
             for group in _rule_groups(yaml.safe_load(text)) or []:
@@ -159,8 +158,9 @@ def find_promtool() -> str | None:
 
 
 def validate(files: Mapping[str, str], promtool: str | None) -> Checked:
-    """Check every expression of `files` (relative path → text); InputError, one line naming
-    the first problem and how many there are, when any fails."""
+    """Check every expression of `files` (relative path → text).
+
+    When any fails: InputError, one line naming the first problem and how many there are."""
     count, problems = parse_problems(files)
     tool_problems: list[str] = []
     rule_files = 0

@@ -1,16 +1,13 @@
 """The sidecar's /metrics body, written off the event loop and fast.
 
-`render` writes, byte for byte, what prometheus_client's `generate_latest` (text 0.0.4) or its
-OpenMetrics `generate_latest` writes for the same registry; they spend most of their time
-checking every sample's name character by character (OpenMetrics) and re-validating label
-names, which with a thousand targets (50,000 samples) took seconds per request. A family that
-this writer does not cover exactly (other types, exemplars, timestamps, names or label names
-that need escaping) is handed to prometheus_client as it is. tests/test_exposition.py holds
-the two to the same bytes.
+`render` writes byte for byte what prometheus_client's `generate_latest` (text 0.0.4 or OpenMetrics)
+writes for the same registry, without its per-sample name and label checks, which took seconds per
+request at a thousand targets (docs/performance.md). A family this writer does not cover exactly
+(other types, exemplars, timestamps, names needing escapes) goes to prometheus_client as it is;
+tests/test_exposition.py holds the two to the same bytes.
 
-`render_metrics` is what the HTTP face calls in a worker thread: a registry over a snapshot of
-the service (`Service.snapshot`), which the event loop keeps changing meanwhile.
-"""
+`render_metrics` is what the HTTP face calls in a worker thread, on a snapshot of the service
+(`Service.snapshot`)."""
 
 from __future__ import annotations
 
@@ -74,8 +71,10 @@ def _escaped(v: str) -> str:
 
 
 class _Writer:
-    """Sample lines, with what repeats across families made once per body: the label set of
-    a group (`model_name="…",target="…"`) comes back in every family, and so do values."""
+    """Sample lines, with what repeats across families made once per body.
+
+    A group's label set (`model_name="…",target="…"`) comes back in every family, and so do
+    values."""
 
     def __init__(self) -> None:
         self.label_sets: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
@@ -99,8 +98,10 @@ class _Writer:
         return text
 
     def lines(self, metric: Metric, out: list[str], apart: dict[str, list[str]] | None) -> None:
-        """The sample lines of a covered family; with `apart` (text format) the `_created`,
-        `_gsum`, `_gcount` samples go there by suffix."""
+        """The sample lines of a covered family.
+
+        With `apart` (text format), the `_created`, `_gsum` and `_gcount` samples go there by
+        suffix."""
         own = {metric.name + sfx: sfx for sfx in _TEXT_APART} if apart is not None else {}
         label_sets, values = self.label_sets, self.values
         append = out.append
@@ -184,13 +185,11 @@ SWITCH_INTERVAL = 0.0005
 def rendering() -> Iterator[None]:
     """While a body (/metrics, the status JSON) is written in a worker thread:
 
-    - no automatic collection of the cyclic garbage collector. A body for a thousand targets
-      is ~50,000 samples, all alive until it is written; collections meanwhile would move them
-      to the oldest generation, set off a full collection (which walks all of them and holds
-      every thread, the event loop's too) and leave them for the next one. Written and
-      dropped, they go by reference counting: they hold no cycles.
-    - a short switch interval (SWITCH_INTERVAL), so the event loop waits less for the GIL.
-    """
+    - the cyclic garbage collector does not run automatically. The body's tens of thousands of
+      samples stay alive until written; collections would move them to the oldest generation and
+      set off a full collection that holds every thread. They hold no cycles, so reference
+      counting frees them.
+    - the switch interval is short (SWITCH_INTERVAL), so the event loop waits less for the GIL."""
     global _writers, _collecting, _interval
     with _lock:
         if _writers == 0:

@@ -1,14 +1,12 @@
-"""A long, thinned history of each group's headline figures, its TTFT effect and its advice,
-for the status page's trends.
+"""A long, thinned history of each group's headline figures, TTFT effect and advice, for trends.
 
-The status page (sidecar.page) draws its trends from it on the server, so a page opened now
-shows the past at once, with JavaScript off too; /api/v1/history serves the same as JSON. The
-HTTP face samples the service's groups every interval (the scrape interval, or the fleet's read
-interval); a group whose target is down records gaps (its figures are frozen, not new).
-Bounded: at most `points` samples per group, thinned as it fills (every other sample dropped
-and the sampling stride doubled), so the span grows without bound while the memory does not;
-the first `max_groups` groups (a fleet's are in order of need), values to four digits.
-"""
+The status page (sidecar.page) draws its trends from it on the server, so they show at once, with
+JavaScript off too; /api/v1/history serves the same as JSON. The HTTP face samples the groups every
+interval (scrape or fleet read); a group whose target is down records gaps.
+
+Bounded: at most `points` samples per group, thinned as it fills (every other sample dropped, the
+stride doubled), so the span grows while memory does not. Only the first `max_groups` groups are
+kept (a fleet's are in need order), values to four digits."""
 
 from __future__ import annotations
 
@@ -52,9 +50,9 @@ def _round(value: float | None) -> float | None:
 
 
 def advice_state(group: GroupAnalysis) -> str:
-    """What the group's badge says: its action, or "down" / "waiting" when it has no advice (no
-    data yet, or still warming up); the same words in the advice trend, so a gap or a wait never
-    reads as a kept tier."""
+    """What the group's badge says: its action, or "down" / "waiting" when it has no advice.
+
+    The advice trend uses the same words, so a gap or a wait never reads as a kept tier."""
     if group.stale:
         return "down"
     if group.recommendation.insufficient_data or group.recommendation.decided_by == "warmup":

@@ -1,5 +1,6 @@
-"""The sidecar's HTTP face (aiohttp): /metrics, /api/v1/status, the status page, health; the
-same for the scraping sidecar and for the fleet read from Prometheus (`serve --prometheus`)."""
+"""The sidecar's HTTP face (aiohttp): /metrics, /api/v1/status, the status page, health.
+
+The same for the scraping sidecar and for the fleet read from Prometheus (`serve --prometheus`)."""
 
 from __future__ import annotations
 

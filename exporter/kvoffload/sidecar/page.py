@@ -1,11 +1,9 @@
-"""The sidecar's status page, rendered whole on the server: the verdict, its reasons, the
-figures, the trends and the curve of every group, the targets, the fleet and host memory.
+"""The sidecar's status page, rendered whole on the server.
 
-A page opened with JavaScript off, or a plain headless screenshot, shows everything at once;
-the page's small script (web/index.html) only swaps in a freshly rendered body every 5 s
-(GET /?part=body). Read from the status JSON the sidecar already computes (/api/v1/status)
-and its history (sidecar.history): nothing is judged here.
-"""
+It shows every group's verdict, reasons, figures, trends and curve, the targets, the fleet and host
+memory, so JavaScript off or a headless screenshot shows everything. The page's small script
+(web/index.html) only swaps in a fresh body every 5 s (GET /?part=body). It reads /api/v1/status and
+sidecar.history: nothing is judged here."""
 
 from __future__ import annotations
 

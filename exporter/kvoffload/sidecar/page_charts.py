@@ -1,9 +1,8 @@
-"""Inline-SVG trend charts for the status page: a figure over time with its value and time
-axes, the TTFT effect with its range as a band, and the advice as coloured runs.
+"""Inline-SVG trend charts for the status page.
 
-Drawn on the server from the sidecar's history (sidecar.history), so they are there with
-JavaScript off and in a plain screenshot; a gap (a target down) breaks the line.
-"""
+A figure over time with value and time axes, the TTFT effect with its range as a band, and the
+advice as coloured runs. Drawn on the server from sidecar.history, so they show without JavaScript;
+a gap (a target down) breaks the line."""
 
 from __future__ import annotations
 
@@ -71,8 +70,9 @@ def _time_axis(t0: float, t1: float, x: Callable[[float], float], bottom: float)
 
 
 def _value_axis(lo: float, hi: float, unit: str, zero: bool, y: Callable[[float], float]):
-    """Grid lines and labels at the low, middle and high values (the middle at zero where
-    `zero` asks for it and the range spans it: an effect's "no effect")."""
+    """Grid lines and labels at the low, middle and high values.
+
+    The middle is zero (an effect's "no effect") where `zero` asks for it and the range spans it."""
     grid, axis = [], []
     middle = 0.0 if zero and lo < 0 < hi else (lo + hi) / 2
     for v in (lo, middle, hi):
@@ -92,7 +92,8 @@ def trend_chart(
     label: str,
     band: tuple[Sequence[float | None], Sequence[float | None]] | None = None,
 ) -> Html | None:
-    """A figure over time with its value axis (low, middle, high) and its time axis (UTC);
+    """A figure over time with its value axis (low, middle, high) and time axis (UTC).
+
     `band`: a range (lows, highs) drawn behind it. None with fewer than two known values."""
     known = [v for v in values if v is not None]
     if len(known) < 2 or len(t) < 2:
@@ -127,8 +128,10 @@ def trend_chart(
 
 
 def advice_runs(t: Sequence[float], advice: Sequence[str]) -> list[tuple[float, float, str]]:
-    """The advice as runs (start, end, state): each state from its first sample to the next
-    state's first sample (the last to the last sample)."""
+    """The advice as runs (start, end, state).
+
+    Each run lasts from its state's first sample to the next state's first (the last to the last
+    sample)."""
     runs: list[tuple[float, float, str]] = []
     for i, (s, state) in enumerate(zip(t, advice, strict=True)):
         end = t[i + 1] if i + 1 < len(t) else s
@@ -140,8 +143,9 @@ def advice_runs(t: Sequence[float], advice: Sequence[str]) -> list[tuple[float, 
 
 
 def advice_chart(t: Sequence[float], advice: Sequence[str]) -> Html | None:
-    """The advice over time: a coloured bar per run of one action (or down / waiting),
-    labelled where it is wide enough, on a time axis. None with fewer than two samples."""
+    """The advice over time: a coloured bar per run of one action (or down / waiting).
+
+    Bars are labelled where wide enough, on a time axis. None with fewer than two samples."""
     if len(t) < 2:
         return None
     width, height, left, right, bar = 620, 52, 8, 8, 24

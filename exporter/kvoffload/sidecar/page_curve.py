@@ -1,9 +1,8 @@
-"""The status page's predicted hit ratio by CPU tier size (the KV events' curve): a chart
-with the current and advised sizes marked, and a table of the sizes, each once.
+"""The status page's predicted hit ratio by CPU tier size (the KV events' curve).
 
-Rendered on the server from a group's JSON (GroupAnalysis.to_json: `curve`, `kv_events`,
-the advice's size), so it is there without JavaScript.
-"""
+A chart with the current and advised sizes marked, and a table of the sizes, each once. Rendered on
+the server from GroupAnalysis.to_json (`curve`, `kv_events`, the advice's size), so it shows without
+JavaScript."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""One engine group's card on the status page: the verdict (badge, size, since when), the TTFT
-effect, the reasons, the figures table, the trends and the KV events' curve.
+"""One engine group's card on the status page.
 
-Rendered on the server from the group's JSON (GroupAnalysis.to_json) and its history
-(sidecar.history), so all of it is there on the first paint, without JavaScript.
-"""
+Verdict (badge, size, since when), TTFT effect, reasons, figures, trends and the KV events' curve.
+Rendered on the server from GroupAnalysis.to_json and sidecar.history, so all of it is on the first
+paint."""
 
 from __future__ import annotations
 
@@ -43,8 +42,9 @@ TRENDS = (
 
 
 def badge(g: Group) -> Html:
-    """Advice only when the sidecar has it: "target down" (its figures are its last ones) and
-    "waiting for data" are not advice, and never look like a green "keep"."""
+    """The advice badge, only when the sidecar has advice.
+
+    "target down" and "waiting for data" are not advice, and never look like a green "keep"."""
     r = g["recommendation"]
     if g.get("stale"):
         title = "the target cannot be scraped: these figures and advice are its last ones"
@@ -319,8 +319,7 @@ def _whatif_row(label: str, r: dict[str, Any]) -> Html:
 def whatif_block(g: Group) -> Html | None:
     """The knobs' what-ifs at the current size (KV events): store_threshold 1-4, LRU vs ARC.
 
-    Why: the advice quotes them only where a knob pays; the table shows what each would have
-    done, so an operator sees how far from paying the others are."""
+    The advice quotes only a knob that pays; the table shows how far from paying the others are."""
     whatif = (g.get("kv_events") or {}).get("whatif")
     if not isinstance(whatif, dict):
         return None

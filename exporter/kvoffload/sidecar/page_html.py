@@ -1,9 +1,8 @@
 """HTML building and number formatting for the server-rendered status page.
 
-Every text is escaped on the way in (`tag` escapes what is not already `Html`) and an absent
-part is simply left out, so no label or value can inject markup or show up as "null"; the
-formatters round for people (0.117 s, 57.3 GB, 12.5 %), never a float's seventeen digits.
-"""
+Every text is escaped on the way in (`tag` escapes what is not already `Html`) and an absent part is
+left out, so no value can inject markup or show as "null". The formatters round for people (0.117 s,
+57.3 GB, 12.5 %)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
-"""Basic-auth password checks that clients nobody authenticated cannot turn against the server.
+"""Basic-auth password checks that unauthenticated clients cannot turn against the server.
 
-bcrypt is slow on purpose (~50 ms at cost 10, ~0.2 s at 12). Run in the default thread pool, a
-crowd of wrong passwords queued there without bound, in front of the rendering of /metrics:
-96 such clients pushed an authorized scrape to 11–16 s, past Prometheus' 10 s timeout (#25).
-Here checks run on a worker of their own (one thread: exporter-toolkit serialises bcrypt behind
-a mutex too), at most `queue` waiting; beyond that a check is refused at once (the caller
-answers 503) instead of queueing. Results are remembered, keyed by a SHA-256 of the credential
-and the hash it was checked against: a success while it keeps being used (Prometheus sends the
-same credential every scrape, so it never waits behind the crowd again), a failure briefly (a
-client retrying one wrong password costs one check). The two caches are apart, so a flood of
-new wrong passwords cannot push the good credential out.
-"""
+bcrypt is slow on purpose; in the default thread pool, a crowd of wrong passwords once delayed an
+authorized scrape past Prometheus' timeout (#25, docs/reliability.md).
+
+Checks run on one worker thread of their own (exporter-toolkit serialises bcrypt too), with at
+most `queue` waiting; past that a check is refused at once (the caller answers 503). Results are
+cached by a SHA-256 of credential and hash: a success while in use (Prometheus resends it every
+scrape), a failure briefly. The two caches are apart, so new wrong passwords cannot evict the
+good credential."""
 
 from __future__ import annotations
 
@@ -99,8 +96,10 @@ class PasswordChecks:
         self._bad.clear()
 
     async def check(self, user: str, password: bytes, hashed: bytes, known: bool) -> Verdict:
-        """Whether `password` matches `hashed`; for a user that is not `known`, `hashed` is a
-        dummy of the same cost, checked all the same (no timing oracle of names) and BAD."""
+        """Whether `password` matches `hashed`.
+
+        For a user that is not `known`, `hashed` is a dummy of the same cost, checked all the same
+        (no timing oracle of names) and BAD."""
         key = self.key(user, password, hashed)
         if key in self._ok:
             return Verdict.OK if known else Verdict.BAD

@@ -1,11 +1,9 @@
 """The sidecar's engine: one scrape loop per target feeding one bounded window.
 
-The counters need no saving: vLLM's are cumulative, so a restarted sidecar has every rate back
-after two scrapes. The KV-event state does (it is built from every message since the start):
-with `state_dir` it is saved every `state_interval_seconds` and at shutdown, and a restarted
-sidecar resumes from it, asking vLLM to replay what it missed meanwhile. A failing target is
-marked down with its one-line error; the others go on.
-"""
+Counters need no saving: vLLM's are cumulative, so rates are back two scrapes after a restart. The
+KV-event state does: with `state_dir` it is saved every `state_interval_seconds` and at shutdown,
+and a restart resumes from it, asking vLLM to replay what it missed. A failing target is marked down
+with its one-line error; the others go on."""
 
 from __future__ import annotations
 
@@ -118,8 +116,10 @@ class EventCounts(Protocol):
 
 
 class Service(Protocol):
-    """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads: the `Sidecar`
-    scraping its targets, or the fleet read back from Prometheus (`fleet.service`)."""
+    """What the HTTP face (`sidecar.http`, `sidecar.metrics`, the page) reads.
+
+    Either the `Sidecar` scraping its targets, or the fleet read back from Prometheus
+    (`fleet.service`)."""
 
     targets: list[TargetState]
     subscribers: list[Subscriber]
@@ -134,8 +134,9 @@ class Service(Protocol):
     def status(self) -> dict[str, object]: ...
 
     def snapshot(self) -> Service:
-        """The service at this moment, safe to read in another thread while the event loop
-        goes on (the HTTP face renders /metrics and the status JSON off the loop)."""
+        """The service at this moment, safe to read in another thread.
+
+        The HTTP face renders /metrics and the status JSON off the loop while it goes on."""
         ...
 
     @property
@@ -159,12 +160,12 @@ class KVEventsSource:
 
 @dataclass(frozen=True)
 class ScrapeLimits:
-    """What one scrape of one target may hold (Prometheus' `sample_limit`,
-    `label_value_length_limit`, and the groups the analysis makes of it); 0: no limit. Over
-    one, that scrape fails (the target down with the error, counted by limit) and the other
-    targets are untouched. The defaults pass a real vLLM with room to spare (8 engines × 3
-    models: 1,376 samples kept, 24 groups, label values of 24 bytes) and keep one scrape at
-    the limits within tens of milliseconds of the event loop (docs/reliability.md)."""
+    """What one scrape of one target may hold; 0: no limit.
+
+    Like Prometheus' `sample_limit` and `label_value_length_limit`, plus the groups the analysis
+    makes. Over one, that scrape fails (target down, counted by limit) and other targets are
+    untouched. The defaults pass a real vLLM with room to spare and bound one scrape's event-loop
+    time (docs/reliability.md)."""
 
     samples: int = 20_000
     groups: int = 64  # model_name × engine
@@ -280,8 +281,9 @@ class Sidecar:
             self._tasks.append(asyncio.create_task(self._host_memory_loop()))
 
     async def _host_memory_loop(self) -> None:
-        """Read vLLM's container memory now and then, in a thread: smaps_rollup of a process
-        holding a large pinned tier walks its pages (tens of ms)."""
+        """Read vLLM's container memory now and then, in a thread.
+
+        Reading smaps_rollup of a process with a large pinned tier walks its pages (tens of ms)."""
         every = max(self.config.interval_seconds, HOST_MEMORY_SECONDS)
         while True:
             reading = await asyncio.to_thread(read_host_memory, self.config.host_memory)
@@ -507,13 +509,16 @@ class Sidecar:
 
     # -- analysis -----------------------------------------------------------------------------
     def reanalyse(self) -> None:
-        """Analyze every group of the window anew: for a window built elsewhere and put in
-        place (groups are otherwise analyzed as their scrapes land)."""
+        """Analyze every group of the window anew.
+
+        For a window built elsewhere and put in place; groups are otherwise analyzed as scrapes
+        land."""
         self._analyse(set(self.window.groups()))
 
     def _analyse(self, groups: set[GroupKey]) -> None:
-        """(Re-)analyze these groups (what analyze_groups does for each, the replicas'
-        comparison aside): each reads only its own part of the window and its target's events."""
+        """(Re-)analyze these groups as analyze_groups does, without the replicas' comparison.
+
+        Each reads only its own part of the window and its target's events."""
         by_name = self._by_name
         for group in sorted(groups):
             entry = analyze_group(
@@ -537,10 +542,10 @@ class Sidecar:
 
     # -- views ------------------------------------------------------------------------------
     def groups(self) -> list[GroupAnalysis]:
-        """Analysis of every group: each as of its target's latest scrape (and its KV events
-        now), the replicas compared over them. The list and its entries are not changed once
-        returned (a target going down or coming back gets a flagged copy), so the HTTP face
-        reads them in a thread while scrapes go on."""
+        """Analysis of every group as of its target's latest scrape, the replicas compared.
+
+        The list and entries never change once returned (a target going down or back gets a flagged
+        copy), so the HTTP face reads them in a thread while scrapes go on."""
         moved = {
             g
             for g, seen in self._events_seen.items()
@@ -563,8 +568,10 @@ class Sidecar:
         return self._published
 
     def _stable(self, entry: GroupAnalysis) -> GroupAnalysis:
-        """The entry with its advice as the stability rules publish it (a copy: the fresh
-        judgement stays in the cache, so each scrape's is judged against the same holder)."""
+        """The entry with its advice as the stability rules publish it.
+
+        A copy: the fresh judgement stays in the cache, so each scrape is judged against the same
+        holder."""
         rules = self.config.stability
         now = self.window.last_time(entry.key)
         if rules is None or now is None:
@@ -674,9 +681,10 @@ class EventFigures:
 
 
 class SidecarView:
-    """The sidecar at one moment (`Sidecar.snapshot`): copies of its targets and KV-event
-    counts, the published analyses (never changed once published) and the rest of its status;
-    read in a thread, it cannot see a scrape land half-way."""
+    """The sidecar at one moment (`Sidecar.snapshot`).
+
+    Copies of its targets and KV-event counts, the published analyses (never changed) and the rest
+    of its status, so a thread reading it never sees a scrape half-landed."""
 
     def __init__(
         self,

@@ -13,11 +13,11 @@ file serves every exporter of a node.
     basic_auth_users:
       prometheus: $2b$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
 
-Like exporter-toolkit, the files are re-read when they change (a renewed certificate, a new
-password) without a restart: checked at each TLS handshake and each request. A change that does
-not load (a half-written key) is logged and the last good configuration stays in force. Nor
-does a reload ever turn basic auth off by accident: a file that is empty or names no users
-(half rewritten, say) keeps the users in force; only `basic_auth_users: {}` turns it off.
+Like exporter-toolkit, changed files (a renewed certificate, a new password) are re-read without
+a restart, checked at each TLS handshake and request. A change that does not load (a half-written
+key) is logged and the last good configuration stays. A reload never turns basic auth off by
+accident: a file that is empty or names no users keeps the users in force; only
+`basic_auth_users: {}` turns it off.
 """
 
 from __future__ import annotations
@@ -108,8 +108,9 @@ class WebConfig:
         return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
 
     def dummy_hash(self) -> bytes:
-        """A hash no password matches, at the cost most users' hashes have (the highest of
-        those as common): an unknown name then takes as long as a known one."""
+        """A hash no password matches, at the highest cost common among users' hashes.
+
+        An unknown name then takes as long as a known one."""
         costs = Counter(int(h[4:6]) for h in self.users.values())
         cost = max(costs, key=lambda c: (costs[c], c)) if costs else 10
         return b"$2b$%02d$" % cost + _DUMMY_TAIL
@@ -293,8 +294,10 @@ def _stamp(paths: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
 
 
 class WebSecurity:
-    """The web configuration in force for one server: its TLS context and a middleware for
-    basic auth and headers, both following changes to the files."""
+    """The web configuration in force for one server: a TLS context and a basic-auth/headers
+    middleware.
+
+    Both follow changes to the files."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -313,8 +316,10 @@ class WebSecurity:
         return "https" if self._context is not None else "http"
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The server's context: each handshake first re-reads what changed, then runs on
-        the newest context that loaded (a swap OpenSSL allows in the ClientHello callback)."""
+        """The server's context; each handshake first re-reads what changed.
+
+        The handshake then runs on the newest context that loaded (OpenSSL allows the swap in the
+        ClientHello callback)."""
         if self._context is None:
             return None
         self._context.sni_callback = self._on_hello

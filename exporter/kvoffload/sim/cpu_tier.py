@@ -1,18 +1,19 @@
 """The CPU tier of vLLM's native OffloadingConnector (CPUOffloadingSpec).
 
-A fixed number of chunk slots (`cpu_bytes_to_use // aligned chunk bytes`), keyed by the hash
-of the last GPU block of the chunk. As in vLLM's CPU manager:
-* lookups see only chunks whose store has completed;
-* a lookup touches all of the request's chunks (LRU/ARC recency), first blocks most recent;
-* `prepare_store` skips chunks already present, applies `store_threshold` (a chunk is stored
-  only on its Nth offer, counted in an LRU table of `max_tracker_size` keys), then needs
-  free + evictable slots for all new chunks or fails as a whole (one allocation failure);
-  the request's own chunks are never evicted to make room (vLLM's `protected` set), and the
-  new chunks go in first-to-last (so the last is the most recent until the caller's touch);
-* chunks with an in-flight store or load are pinned: not evictable, and they are what the
+A fixed number of chunk slots (`cpu_bytes_to_use // aligned chunk bytes`), keyed by the hash of the
+chunk's last GPU block. As in vLLM's CPU manager:
+
+- lookups see only chunks whose store has completed;
+- a lookup touches all of the request's chunks (LRU/ARC recency), first blocks most recent;
+- `prepare_store` skips chunks already present and applies `store_threshold` (a chunk is
+  stored on its Nth offer, counted in an LRU table of `max_tracker_size` keys);
+- a store needs free + evictable slots for all new chunks or fails whole (one allocation
+  failure); the request's own chunks are never evicted for it (vLLM's `protected` set), and
+  new chunks go in first-to-last;
+- chunks with a store or load in flight are pinned: not evictable, and what the
   `kv_offload_cpu_cache_*usage_perc` gauges report (not occupancy).
-Also keeps the ground truth that /metrics cannot show: bytes stored and never loaded back.
-"""
+
+It also keeps the ground truth /metrics cannot show: bytes stored and never loaded back."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ class _Lru:
 
 
 class _Arc:
-    """Adaptive Replacement Cache: T1 (seen once), T2 (seen again), ghosts B1/B2 steer the
-    target size `p` of T1, as in vLLM's ARC policy."""
+    """Adaptive Replacement Cache, as in vLLM's ARC policy.
+
+    T1 holds chunks seen once, T2 chunks seen again; ghosts B1/B2 steer T1's target size `p`."""
 
     def __init__(self, capacity: int) -> None:
         self.c = max(1, capacity)
@@ -274,11 +276,10 @@ class CpuTier:
 class SecondaryTier:
     """A tier below the CPU tier (TieringOffloadingSpec's `fs` or `obj`), LRU over chunk keys.
 
-    As in vLLM's tiering manager, every chunk whose CPU-tier store completes is cascaded
-    (written) into it, and a lookup the CPU tier misses continues here: the chunks found are
-    promoted (read) into the CPU tier before the CPU-to-GPU load. The simulator moves them
-    through the CPU tier's load path without taking CPU slots (a simplification: the
-    promotion's staging is not modelled, so promotion allocation failures never happen)."""
+    As in vLLM's tiering manager, every chunk whose CPU-tier store completes is cascaded into it. A
+    lookup the CPU tier misses continues here, and the chunks found are promoted into the CPU tier
+    before the load. Promotion moves through the CPU tier's load path without taking slots; its
+    staging is not modelled, so it never fails to allocate."""
 
     def __init__(self, tier_type: str, num_chunks: int) -> None:
         self.tier_type = tier_type

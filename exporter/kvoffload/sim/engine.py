@@ -1,18 +1,17 @@
 """One vLLM engine core (one data-parallel rank) as a discrete-event model.
 
-The engine runs steps. A step admits waiting requests in FIFO order while GPU blocks and the
-token budget allow; each admitted request does a GPU prefix lookup and, with offloading, a
-connector lookup in the CPU tier. A request with CPU hits waits for its load (async, as vLLM's
-default): it sits in WAITING_FOR_REMOTE_KVS, so the copy plus one engine step lands in queue
-time and TTFT, not in prefill time. Requests in the step compute their missing tokens; with
-max_tokens=1 each finishes at the end of its prefill step. Newly computed full chunks are
-prepared for storing when the step is scheduled (pinned, `write_usage`) and copied after the
-step; the store is noticed one engine step after the copy ends, so store counters move about
-one scrape after the request, like real vLLM.
+The engine runs steps. A step admits waiting requests in FIFO order while GPU blocks and the token
+budget allow; each does a GPU prefix lookup and, with offloading, a CPU-tier lookup. A request with
+CPU hits waits in WAITING_FOR_REMOTE_KVS for its async load, so the copy plus one step lands in
+queue time and TTFT, not prefill. With max_tokens=1 a request finishes at the end of its prefill
+step.
 
-Transfers are per TP rank: each rank copies bytes/TP of every block at its own link speed, and
-the counters add bytes and times over the ranks (so Δbytes/Δtime is the per-rank bandwidth).
-"""
+New full chunks are prepared for storing when the step is scheduled (pinned, `write_usage`) and
+copied after it. The store is noticed one step after the copy ends, so store counters move about one
+scrape after the request, like real vLLM.
+
+Transfers are per TP rank: each copies bytes/TP of every block at its own link speed. The counters
+add bytes and times over ranks, so Δbytes/Δtime is the per-rank bandwidth."""
 
 from __future__ import annotations
 
@@ -307,10 +306,10 @@ class Engine:
         return chunks * self.sz.chunk_bytes / (self.s.secondary_read_gbps * 1e9)
 
     def _tier_lookups(self, keys: list[int], w: float) -> tuple[list[int], int]:
-        """TieringOffloadingSpec's lookup, chunk by chunk: the CPU tier first, the secondary
-        tier where it misses, until a chunk is in neither. Returns (the chunks found in the
-        CPU tier, how many were found below it and are promoted), counting both tiers'
-        queries and hits."""
+        """TieringOffloadingSpec's lookup, chunk by chunk, counting both tiers' queries and hits.
+
+        The CPU tier first, the secondary tier where it misses, until a chunk is in neither. Returns
+        (the chunks found in the CPU tier, how many were found below it and are promoted)."""
         assert self.cpu is not None and self.secondary is not None
         in_cpu: list[int] = []
         promoted = primary_q = tier_q = 0
@@ -431,8 +430,10 @@ class Engine:
         return True
 
     def _load_copied(self, t: float, r: Request, rank_s: float) -> None:
-        """The copy is done; vLLM's scheduler learns it from the worker at the end of the step
-        running now (or of the next idle step), and schedules the request after that."""
+        """Mark the load's copy done.
+
+        vLLM's scheduler learns it at the end of the running (or next idle) step and schedules the
+        request after that."""
         if self.in_step:
             self.copied.append((r, rank_s))
         else:

@@ -1,14 +1,14 @@
 """The GPU KV cache with vLLM's prefix caching: a block pool and a free queue.
 
-Mirrors vLLM v1's BlockPool closely enough for the metrics to mean the same thing:
-* block 0 is the null block, so `num_gpu_blocks - 1` blocks are usable;
-* one free queue holds every unreferenced block, cached (hashed) or not; allocation pops from
-  its front, evicting the block's hash if it had one (LRU eviction of unreferenced blocks);
-* a request frees its blocks in reverse order, so a prefix's tail is evicted before its head
-  and a partly evicted prefix still hits on its first blocks;
-* only full blocks get a hash; a prefix hit is whole blocks and at most prompt - 1 tokens.
-Optionally samples blocks for the `--kv-cache-metrics` residency histograms.
-"""
+Close enough to vLLM v1's BlockPool for the metrics to mean the same:
+
+- block 0 is the null block, so `num_gpu_blocks - 1` blocks are usable;
+- one free queue holds every unreferenced block, hashed or not; allocation pops its front,
+  evicting that block's hash (LRU eviction of unreferenced blocks);
+- a request frees its blocks in reverse, so a prefix's tail is evicted before its head;
+- only full blocks get a hash; a prefix hit is whole blocks, at most prompt - 1 tokens.
+
+It can sample blocks for the `--kv-cache-metrics` residency histograms."""
 
 from __future__ import annotations
 
@@ -116,10 +116,9 @@ class GpuPrefixCache:
     ) -> None:
         """Give blocks[start:end] their hashes once their KV is computed or loaded.
 
-        With `runs`, appends the [first, last + 1) index ranges of the blocks that really became
-        cached (what vLLM reports in BlockStored); blocks whose hash is already resident are
-        skipped and split the range, since one hash maps to one GPU block here.
-        """
+        With `runs`, appends the [first, last + 1) ranges of blocks that really became cached
+        (vLLM's BlockStored). A block whose hash is already resident is skipped and splits the
+        range: one hash maps to one GPU block."""
         run_start = -1
         for i in range(start, end):
             h = hashes[i]

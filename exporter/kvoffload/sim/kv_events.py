@@ -1,25 +1,22 @@
 """vLLM's KV cache events from the simulator: the events, their wire encoding, a ZMQ publisher.
 
-Model side (KvEventLog): the engines report what their caches did, as vLLM's scheduler and
+Model side (KvEventLog): engines report what their caches did, as vLLM's scheduler and
 OffloadingConnector do (docs/scenarios.md, "KV events"):
-* GPU `BlockStored`: the blocks a request newly cached (computed, or loaded from the CPU tier:
-  a load makes its own event), one event per contiguous run, with the parent hash and the
-  run's token ids; GPU `BlockRemoved`: one per GPU prefix-cache eviction, as vLLM's block pool;
-* CPU `BlockStored`: one per chunk whose store completed, a placeholder as in vLLM 0.26
-  (block_size 0, no tokens, no parent, the same hash as on the GPU); CPU `BlockRemoved`: one
-  per eviction batch of a store;
-* `AllBlocksCleared`: the first event of a restarted process (its sequence starts at 0 again).
-Events are plain dicts with vLLM's field names plus `"type"` (the class name). Events of one
-engine at one virtual instant form one batch (one engine step), stamped `start_epoch + t`.
 
-Wire side: `encode_batch` encodes a batch exactly as vLLM's msgspec structs do, and
-`ZmqEventPublisher` sends it as vLLM's ZmqEventPublisher does (topic, 8-byte sequence,
-payload; a ROUTER socket answering replay requests). pyzmq is imported only by the publisher.
+- GPU `BlockStored`: one per contiguous run a request newly cached (computed or loaded), with
+  parent hash and token ids; GPU `BlockRemoved`: one per prefix-cache eviction;
+- CPU `BlockStored`: one per completed chunk store, a placeholder as in vLLM 0.26 (block_size
+  0, no tokens or parent, the GPU's hash); CPU `BlockRemoved`: one per eviction batch;
+- `AllBlocksCleared`: the first event of a restarted process (sequence back at 0).
 
-Block hashes are the simulator's chain hashes (Python's 64-bit tuple hashes) masked to unsigned
-64-bit integers, like vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` ints (the low 8 bytes of the
-digest, unsigned); GPU and CPU events carry the same value for the same block.
-"""
+Events are dicts with vLLM's field names plus `"type"` (the class name). One engine's events at one
+virtual instant form one batch, stamped `start_epoch + t`.
+
+Wire side: `encode_batch` encodes a batch as vLLM's msgspec structs do. `ZmqEventPublisher` sends it
+as vLLM's does (topic, 8-byte sequence, payload; a replay ROUTER). Only the publisher imports pyzmq.
+
+Block hashes are the simulator's chain hashes masked to unsigned 64-bit, like vLLM's
+`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` ints; GPU and CPU events carry the same value for a block."""
 
 from __future__ import annotations
 
@@ -62,17 +59,17 @@ def synth_tokens(segments: Sequence[tuple[int, int]], start: int, end: int) -> l
 
 
 def is_restart_batch(events: Sequence[Event]) -> bool:
-    """True for the batch a restarted process opens with (the simulator emits AllBlocksCleared
-    only then): its publisher starts again at sequence 0 with an empty replay buffer."""
+    """True for the batch a restarted process opens with (only then is AllBlocksCleared emitted).
+
+    Its publisher starts again at sequence 0 with an empty replay buffer."""
     return bool(events) and events[0].get("type") == "AllBlocksCleared"
 
 
 class KvEventLog:
     """Collects the events of one simulated process, batched per engine and virtual instant.
 
-    Only engines given this log (the primary model's DP ranks) report; the batches are kept in
-    the order they were opened, which is virtual-time order since the simulator's event loop is.
-    """
+    Only engines given this log (the primary model's DP ranks) report. Batches keep the order they
+    were opened, which is virtual-time order."""
 
     def __init__(self, epoch: float) -> None:
         self.epoch = epoch
@@ -226,12 +223,10 @@ def _to_struct(event: Event) -> _KVCacheEvent:
 def encode_batch(ts: float, events: list[Event], dp_rank: int) -> bytes:
     """One KVEventBatch payload as vLLM 0.33 sends it.
 
-    `[ts, [events...], dp_rank]`: the batch is array-like; each event a map with "type" first and
-    the fields equal to their default (None) left out, except the ones vLLM declares without a
-    default (BlockStored's lora_id, medium, lora_name; BlockRemoved's medium), always present.
-    The rank is always there, 0 included: vLLM's publisher stamps its rank on every batch, and
-    msgspec does not drop trailing defaults of array-like structs anyway.
-    """
+    `[ts, [events...], dp_rank]`, array-like. Each event is a map with "type" first; fields at their
+    default (None) are left out, except those vLLM declares without one (BlockStored's lora_id,
+    medium, lora_name; BlockRemoved's medium). The rank is always there, 0 included, as vLLM's
+    publisher stamps it."""
     return _ENCODER.encode(_EventBatch(ts, [_to_struct(e) for e in events], dp_rank))
 
 
@@ -253,13 +248,12 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
 
 
 def should_bind(endpoint: str) -> bool:
-    """Bind or connect the PUB socket.
+    """Whether to bind the PUB socket (else connect it).
 
-    vLLM binds when the endpoint contains `*` or `::` (or is ipc/inproc) and connects otherwise.
-    The simulator also binds on this machine's addresses (127.0.0.1, localhost, 0.0.0.0): it plays
-    the server, so `tcp://127.0.0.1:5557` is where subscribers connect. Any other host is a
-    subscriber that bound first, so the publisher connects there. Pass `bind=` to override.
-    """
+    vLLM binds when the endpoint contains `*` or `::` (or is ipc/inproc), and connects otherwise.
+    The simulator also binds on this machine's addresses (127.0.0.1, localhost, 0.0.0.0), since it
+    plays the server. Any other host is a subscriber that bound first, so the publisher connects
+    there. Pass `bind=` to override."""
     if endpoint.startswith(("ipc://", "inproc://")) or "*" in endpoint or "::" in endpoint:
         return True
     rest = endpoint.split("://", 1)[-1]
@@ -270,14 +264,13 @@ def should_bind(endpoint: str) -> bool:
 class ZmqEventPublisher:
     """vLLM's ZmqEventPublisher, synchronous: a PUB socket and an optional replay ROUTER.
 
-    Each message is (topic, sequence as 8-byte big-endian, payload); the sequence starts at 0
-    and grows by one per message. The last `buffer_steps` messages are kept for replay: a
-    request `[identity, b"", start_seq]` on the ROUTER is answered with
-    `[identity, b"", topic, seq, payload]` for every buffered seq ≥ start_seq, then the end
-    marker `[identity, b"", b"", -1 (8-byte signed), b""]` (vLLM 0.26's frames; older releases
-    sent no topic). DP rank N uses the endpoints' ports + N.
-    The PUB socket binds or connects by `should_bind` (or `bind`); the ROUTER always binds.
-    """
+    Each message is (topic, sequence as 8-byte big-endian, payload), the sequence counting from 0.
+    The last `buffer_steps` messages are kept for replay. A ROUTER request `[identity, b"",
+    start_seq]` gets `[identity, b"", topic, seq, payload]` for every buffered seq ≥ start_seq. Then
+    comes the end marker `[identity, b"", b"", -1 (8-byte signed), b""]` (vLLM 0.26's frames).
+
+    DP rank N uses the endpoints' ports + N. The PUB socket binds or connects by `should_bind` (or
+    `bind`); the ROUTER always binds."""
 
     END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
@@ -326,8 +319,10 @@ class ZmqEventPublisher:
         return self._seq
 
     def publish(self, payload: bytes) -> int:
-        """Send one message; returns its sequence number. Never blocks: like any PUB socket,
-        messages beyond the high-water mark of a slow subscriber are dropped (a sequence gap)."""
+        """Send one message; returns its sequence number.
+
+        Never blocks: like any PUB socket, it drops messages past a slow subscriber's high-water
+        mark (a sequence gap)."""
         seq = self._seq
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
@@ -335,8 +330,9 @@ class ZmqEventPublisher:
         return seq
 
     def publish_dropped(self, payload: bytes) -> int:
-        """A message the PUB socket dropped (a subscriber over its high-water mark): numbered
-        and kept for replay, never sent — the gap a real slow subscriber sees."""
+        """A message the PUB socket dropped (a subscriber over its high-water mark).
+
+        It is numbered and kept for replay, never sent: the gap a real slow subscriber sees."""
         seq = self._seq
         self._buffer.append((seq, payload))
         self._seq = seq + 1

@@ -1,10 +1,8 @@
 """Model shapes and hardware profiles: the physics the simulator runs on.
 
-Everything timing-related is derived from a handful of numbers so that a scenario can say
-"Qwen3-8B on an H200 with a slow link" and get consistent KV sizes, prefill speed and transfer
-times. The laptop profile is calibrated to the seed article's measurement (see
-tests/sim/test_sim_calibration.py).
-"""
+All timing derives from a handful of numbers, so "Qwen3-8B on an H200 with a slow link" gets
+consistent KV sizes, prefill speed and transfer times. The laptop profile is calibrated to the seed
+article's measurement (tests/sim/test_sim_calibration.py)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,10 @@ TARGET_SHARE = 0.95  # "right size" = smallest size reaching 95% of the achievab
 def run_point(
     scenario: Scenario, cpu_gib: float, seed: int = 0, keep_restart: bool = False
 ) -> dict[str, Any]:
-    """One full run at a CPU tier of `cpu_gib` GiB per engine (0 = offloading off); the
-    scenario's restart is dropped unless keep_restart (then both halves count, as a
-    prediction made from the restarted run's own events should be judged)."""
+    """One full run at a CPU tier of `cpu_gib` GiB per engine (0 = offloading off).
+
+    The scenario's restart is dropped unless keep_restart; then both halves count, as a prediction
+    from the restarted run's events should be judged."""
     s = replace(
         scenario,
         cpu_gib=cpu_gib if cpu_gib > 0 else None,
@@ -44,12 +45,9 @@ def sweep(
 ) -> dict[str, Any]:
     """Hit ratio and mean TTFT at each size, and the smallest size worth having.
 
-    `right_size_gib` is the smallest swept size whose hit ratio reaches 95% of the best hit
-    ratio of the sweep; None when no size gets any hit (nothing to size for: offloading only
-    costs). `best_ttft_gib` is the size with the lowest mean TTFT (a size of 0 = offloading off
-    can win: the recompute-wins case). The restart is dropped unless keep_restart (sizes are
-    then compared on the same interrupted run).
-    """
+    `right_size_gib` is the smallest swept size reaching 95% of the sweep's best hit ratio; None
+    when no size gets a hit (offloading only costs). `best_ttft_gib` is the size with the lowest
+    mean TTFT; 0 (offloading off) can win. The restart is dropped unless keep_restart."""
     points = [run_point(scenario, size, seed, keep_restart) for size in sorted(sizes_gib)]
     best = max((p["hit_ratio"] for p in points), default=0.0)
     right: float | None = None

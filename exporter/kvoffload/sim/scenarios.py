@@ -1,8 +1,7 @@
 """The scenario library: named, documented situations with a known right answer.
 
-docs/scenarios.md describes each one (what it models, its parameters, the action a correct
-advisor takes and why, and the simulator's own measurements of it).
-"""
+docs/scenarios.md describes each: what it models, its parameters, the correct action and why, and
+the simulator's measurements."""
 
 from __future__ import annotations
 

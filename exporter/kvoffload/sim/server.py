@@ -1,26 +1,23 @@
 """Serve a SimServer over HTTP like a vLLM API server: GET /metrics and GET /ground-truth.
 
-Simulated time = speed × wall seconds since the app started. The clock is advanced lazily on
-every request and by a background task (so time-driven state, like stores landing, moves even
-when nobody scrapes).
+Simulated time = speed × wall seconds since the app started. The clock advances on every request
+and in a background task, so time-driven state (stores landing) moves unscraped.
 
-Timestamps depend on the simulator's clock (SimServer's `epoch`/`time_scale`):
-* a wall-clock simulator (`SimServer(..., **SimServer.wall_clock(speed))`, what `kvoffload
-  sim` runs) serves samples without timestamps, like vLLM: Prometheus stamps them at scrape
-  time and ingests every one at any speed; its `_created` and KV event times are real times.
-  The app re-anchors the clock when it starts serving, so t = now is the moment it starts.
-* a simulator on the scenario's virtual calendar (the library default) stamps every sample
-  with it when faster than real time, so an in-process sidecar (it honours target timestamps)
-  sees rates and windows in simulated seconds. Prometheus rejects such samples (far from its
-  own clock); at speed 1 the body is exactly vLLM's, without timestamps.
+Timestamps follow the simulator's clock (SimServer's `epoch`/`time_scale`):
+
+- a wall-clock simulator (`SimServer(..., **SimServer.wall_clock(speed))`, what `kvoffload
+  sim` runs) serves samples without timestamps, like vLLM, so Prometheus ingests them at any
+  speed. The app re-anchors the clock when it starts serving.
+- a simulator on the scenario's virtual calendar (the library default) stamps every sample
+  when faster than real time, so an in-process sidecar sees simulated seconds. Prometheus
+  rejects such samples; at speed 1 the body is exactly vLLM's.
+
 `timestamps=True/False` forces either.
 
-With `kv_events_endpoint`, the app also publishes vLLM's KV cache events over ZMQ like
-`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`: every tick
-drains the simulator's batches (stamped in virtual time) and sends one message per batch on the
-publisher of its DP rank (endpoint port + rank), then answers replay requests. A restart starts
-each rank's sequence at 0 again, as a new vLLM process would.
-"""
+With `kv_events_endpoint` the app also publishes vLLM's KV cache events over ZMQ, like
+`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`. Each tick sends
+one message per batch on its DP rank's publisher (endpoint port + rank) and answers replay
+requests. A restart starts each rank's sequence at 0 again."""
 
 from __future__ import annotations
 
@@ -55,12 +52,13 @@ def make_app(
     clock: Callable[[], float] = time.monotonic,
     metrics_path: str = "/metrics",
 ) -> web.Application:
-    """The HTTP app; with `kv_events_endpoint` (e.g. `tcp://127.0.0.1:5557`, bound; see
-    kv_events.should_bind) it turns the simulator's KV events on and publishes them, with an
-    optional replay ROUTER at `kv_events_replay`. Sockets open at start-up, close at cleanup.
+    """The HTTP app; sockets open at start-up and close at cleanup.
 
-    `clock` is the wall clock (seconds) that simulated time follows: a test passes one it steps
-    itself, so how far the simulation has got never depends on how the machine schedules it."""
+    With `kv_events_endpoint` (e.g. `tcp://127.0.0.1:5557`; see kv_events.should_bind) it publishes
+    the simulator's KV events, with an optional replay ROUTER at `kv_events_replay`.
+
+    `clock` is the wall clock (seconds) simulated time follows; a test passes one it steps itself,
+    so progress never depends on scheduling."""
     if speed <= 0:
         raise ValueError("speed must be positive")
     if kv_events_replay is not None and kv_events_endpoint is None:
@@ -86,8 +84,10 @@ def make_app(
 
 
 class _ServedSim:
-    """The simulator behind the app: simulated time follows `clock` at `speed`, and its KV
-    events (with `events`: endpoint, replay endpoint, topic) go out on one publisher a rank."""
+    """The simulator behind the app: simulated time follows `clock` at `speed`.
+
+    With `events` (endpoint, replay endpoint, topic), its KV events go out on one publisher per
+    rank."""
 
     def __init__(
         self,

@@ -1,20 +1,16 @@
 """SimServer: one simulated vLLM process on a virtual clock.
 
-It owns the event queue, the engines (data-parallel ranks of each served model), the metric
-store behind a private CollectorRegistry, and the ground truth. Time only moves when asked
-(advance_to), so an hour of traffic runs in seconds and every run is deterministic for a seed.
+It owns the event queue, the engines (DP ranks of each model), the metric store on a private
+CollectorRegistry, and the ground truth. Time moves only when asked (advance_to), so an hour of
+traffic runs in seconds, deterministic for a seed.
 
-Two clocks: simulated time `t` (seconds since the process started, what every duration and
-TTFT is measured in) and the wall time its instants are reported at (`_created`, KV event
-`ts`, stamped samples): `wall_time(t) = epoch + t * time_scale`. By default that is the
-scenario's virtual calendar (start_epoch, one wall second per simulated second); a server
-sped up next to real scrapers maps t onto the real clock instead (epoch = now, time_scale =
-1/speed), so its times agree with the scraper's.
+Two clocks: simulated time `t` (seconds since start, for every duration and TTFT) and the wall time
+instants are reported at (`_created`, KV event `ts`, stamped samples): `wall_time(t) = epoch + t *
+time_scale`. By default that is the scenario's calendar (start_epoch, scale 1). A sped-up server
+next to real scrapers maps t onto the real clock (epoch = now, time_scale = 1/speed).
 
-`endless=True` keeps the traffic coming after the scenario's length: the workload continues
-period after period (workload.generate), on the same caches and counters, and the memory a
-long run would accumulate (per-request records) is capped.
-"""
+`endless=True` keeps traffic coming past the scenario's length, period after period
+(workload.generate), on the same caches and counters; per-request records are capped."""
 
 from __future__ import annotations
 
@@ -63,13 +59,10 @@ _PRIMARY_KEYS = (
 class SimServer:
     """One simulated vLLM process.
 
-    `kv_events=True` also records vLLM's KV cache events of the primary model's engines (one
-    DP rank each), to be taken with drain_kv_events(); off by default, at no cost.
-    `endless=True` continues the workload past the scenario's length (see the module doc).
-    `epoch`/`time_scale` set the wall clock its instants are reported at (default: the
-    scenario's start_epoch, 1.0); `wall_clock(speed)` gives the pair for a sped-up server
-    next to real scrapers.
-    """
+    `kv_events=True` also records the primary model's engines' KV cache events, taken with
+    drain_kv_events(); off by default, at no cost. `endless=True` continues past the scenario's
+    length (see the module doc). `epoch`/`time_scale` set the reporting wall clock (default:
+    start_epoch, 1.0); `wall_clock(speed)` gives the pair for a sped-up server."""
 
     def __init__(
         self,
@@ -148,8 +141,10 @@ class SimServer:
 
     @staticmethod
     def wall_clock(speed: float, now: float | None = None) -> dict[str, float]:
-        """`epoch`/`time_scale` for a server running `speed` simulated seconds per real second
-        from now (time.time()): its instants land where they happen on the real clock."""
+        """`epoch`/`time_scale` for a server running `speed` simulated seconds per real second from
+        now.
+
+        Its instants then land where they happen on the real clock."""
         import time
 
         if speed <= 0:
@@ -179,8 +174,9 @@ class SimServer:
         )
 
     def _add_arrivals(self, period: int) -> None:
-        """Merge the open-loop requests of `period` into the arrivals still to come (a
-        session's re-sends spill over the boundary, so periods interleave there)."""
+        """Merge the open-loop requests of `period` into the arrivals still to come.
+
+        A session's re-sends spill over the boundary, so periods interleave there."""
         new: list[tuple[float, int, int, RequestSpec]] = []
         for mi, m in enumerate(self.models):
             if mi in self._closed:
@@ -278,8 +274,9 @@ class SimServer:
             self._push(record["t_finished"] + think, -1, self._send, (mi,))
 
     def _send(self, t: float, mi: int) -> None:
-        """A closed-loop client sends its next request; it reaches the engine core after the
-        API server's half of the frontend overhead."""
+        """A closed-loop client sends its next request.
+
+        It reaches the engine core after the API server's half of the frontend overhead."""
         pending = self._closed[mi]
         if not pending and self.endless:
             # the benchmark client starts its request list over, with new questions
@@ -345,9 +342,11 @@ class SimServer:
 
     def drain_kv_events(self) -> list[tuple[int, float, list[dict[str, Any]]]]:
         """KV event batches `(dp_rank, ts_epoch, events)` since the last drain, in virtual-time
-        order; one batch per engine and virtual instant (an engine step). Events are dicts with
-        vLLM's field names and "type"; only the primary model's engines publish (one vLLM
-        process serves one model). Empty when events are off."""
+        order.
+
+        One batch per engine and virtual instant (an engine step); events are dicts with vLLM's
+        field names and "type". Only the primary model's engines publish. Empty when events are
+        off."""
         if self._kv_log is None:
             return []
         batches = self._kv_log.drain()
@@ -382,11 +381,9 @@ class SimServer:
     def render(self, timestamped: bool = False) -> bytes:
         """The /metrics body (text format 0.0.4), exactly as prometheus_client renders it.
 
-        vLLM puts no timestamps on samples; `timestamped=True` stamps every sample with
-        wall_time(now): on the virtual calendar, a scraper of a sped-up clock (the sidecar
-        honours target timestamps) then computes rates in simulated time — but Prometheus
-        drops samples that far from its own clock; on a wall clock it is the real time.
-        """
+        vLLM puts no timestamps on samples. `timestamped=True` stamps each with wall_time(now), so a
+        scraper honouring timestamps (the sidecar) sees simulated time on a sped-up clock;
+        Prometheus drops such samples."""
         if not timestamped:
             return generate_latest(self.registry)
         self._collector.timestamp = self.wall_time(self.now)

@@ -1,14 +1,11 @@
 """vLLM's /metrics families, rendered from plain-Python state on a private registry.
 
-prometheus_client stamps `_created` with time.time() when a child is created; the simulator
-needs virtual times, lazily created children and whole-registry resets on restart. So the
-values live here (MetricStore) and a custom collector yields prometheus_client Metric objects
-built from them; generate_latest() then renders them exactly like vLLM's own registry
-(`_total` suffix, `_created` gauge families, HELP/TYPE-only families with no children).
+prometheus_client stamps `_created` with time.time(), but the simulator needs virtual times, lazy
+children and registry resets on restart. So values live in MetricStore and a custom collector yields
+Metric objects from them; generate_latest() renders them as vLLM's registry does.
 
-Names, HELP strings, label names and buckets are vLLM 0.33.0's (its `vllm/v1/metrics/loggers.py`;
-tests/fixtures/vllm-0.33-offload-sample.prom); "0.23" mode keeps only what 0.23.0 had.
-"""
+Names, HELP strings, label names and buckets are vLLM 0.33.0's (`vllm/v1/metrics/loggers.py`;
+tests/fixtures/vllm-0.33-offload-sample.prom); "0.23" mode keeps only what 0.23.0 had."""
 
 from __future__ import annotations
 
@@ -789,8 +786,9 @@ class MetricStore:
 
 
 class StoreCollector:
-    """Registered on the simulator's private CollectorRegistry; reads whatever store is current
-    (a restart swaps the store, so the registry never needs re-registering)."""
+    """A collector on the simulator's private registry that reads whatever store is current.
+
+    A restart swaps the store, so the registry never needs re-registering."""
 
     def __init__(self, get_store: Callable[[], MetricStore]) -> None:
         self._get_store = get_store

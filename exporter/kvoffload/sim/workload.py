@@ -1,10 +1,9 @@
 """Workloads: which prompts arrive when.
 
-A prompt is a tuple of segments `(segment_id, tokens)`: an optional shared system prompt, a
-document (the reusable prefix) and a unique question. Token ids are never materialised: a
-block's identity is the chain hash of the segment pieces it covers, exactly the property vLLM's
-prefix cache relies on (same prefix → same block hashes). Everything is deterministic for a seed.
-"""
+A prompt is a tuple of segments `(segment_id, tokens)`: an optional shared system prompt, a document
+(the reusable prefix) and a unique question. Token ids are never materialised: a block is the chain
+hash of its segment pieces, so the same prefix gives the same block hashes, as in vLLM.
+Deterministic for a seed."""
 
 from __future__ import annotations
 
@@ -31,22 +30,20 @@ class Workload:
     """Traffic of one served model.
 
     kind:
-      * "documents": Poisson (or evenly spaced) arrivals at `rate_rps`; each request asks a new
-        question about a document drawn from a library of `num_docs` by `popularity`
-        (uniform or Zipf with `zipf_alpha`); `unique_fraction` of requests bring a brand-new
-        document instead; `rotate_every_s` replaces the library with fresh documents
-        periodically (older documents are never asked about again).
-      * "sessions": documents arrive at `rate_rps / (1 + reuses)`; each is asked about again
-        `reuses` times with exponential gaps of mean `reuse_gap_s` (controls reuse distance).
-      * "batches": an explicit sequence repeated `num_batches` times (or until the duration),
-        one request every `request_interval_s`; each batch uses fresh documents, and entries
-        with the same key inside a batch are the same prompt (the article's A, A, B, C, A).
 
-    `output_tokens` per request (vLLM's max_tokens; 1 = prefill only). `concurrency` turns the
-    arrivals into a closed loop, like a benchmark client: that many clients each send their
-    next request `think_s` after the previous one completes (`requests` of them in all, drawn
-    in the order the open-loop arrivals would have come).
-    """
+    - "documents": Poisson (or evenly spaced) arrivals at `rate_rps`, each a new question about
+      a document from a library of `num_docs`, drawn by `popularity` (uniform, or Zipf with
+      `zipf_alpha`). `unique_fraction` of requests bring a new document instead.
+      `rotate_every_s` replaces the library periodically.
+    - "sessions": documents arrive at `rate_rps / (1 + reuses)`, each asked again `reuses` times
+      with exponential gaps of mean `reuse_gap_s` (the reuse distance).
+    - "batches": an explicit sequence repeated `num_batches` times (or until the duration), one
+      request every `request_interval_s`. Each batch uses fresh documents; equal keys in a batch
+      are the same prompt (the article's A, A, B, C, A).
+
+    `output_tokens` per request is vLLM's max_tokens (1 = prefill only). `concurrency` makes a
+    closed loop like a benchmark client: that many clients each send their next request `think_s`
+    after the last completes, `requests` in all, in the open-loop order."""
 
     kind: str = "documents"
     rate_rps: float = 1.0
@@ -132,16 +129,13 @@ def generate(
 ) -> list[RequestSpec]:
     """All requests of the run, sorted by arrival time.
 
-    A simulator that keeps serving past `duration_s` asks for the workload period by period:
-    period k covers [k·duration_s, (k+1)·duration_s) with its own random stream and the same
-    traffic shape. What a tenant reuses stays the same (the document library of "documents",
-    the rotation by absolute time); what is new in every request stays new (questions, unique
-    documents, sessions and batches get ids no earlier period used), so a later period neither
-    replays nor forgets the earlier ones. Period 0 is exactly the scenario's own run.
-    `spill` keeps a session's re-sends that fall after the period's end (the next period takes
-    over at the boundary, so a session must not be cut there); closed-loop workloads
-    (`requests`) are one batch of requests per period.
-    """
+    Past `duration_s`, a simulator asks period by period: period k covers [k·duration_s,
+    (k+1)·duration_s) with its own random stream and the same shape. Reused things stay (the
+    document library, rotation by absolute time); new things stay new (fresh ids), so no period
+    replays or forgets another. Period 0 is exactly the scenario's run.
+
+    `spill` keeps a session's re-sends past the period's end, so sessions are not cut at the
+    boundary. Closed-loop workloads (`requests`) are one batch per period."""
     if period < 0:
         raise ValueError("period must be >= 0")
     # Ids of things that are new in every period live in a range of their own per period.
@@ -175,8 +169,9 @@ def generate(
 
 @dataclass
 class _Draw:
-    """What one period's requests are drawn with: its random stream, its range of fresh ids,
-    its question ids and the shared system prompt."""
+    """What one period's requests are drawn with.
+
+    Its random stream, range of fresh ids, question ids and the shared system prompt."""
 
     workload: Workload
     duration_s: float
@@ -277,10 +272,9 @@ _HashState = tuple[tuple[int, ...], int, tuple[tuple[int, int, int], ...]]
 class PromptHasher:
     """Chain hashes of a prompt's full blocks, memoised per shared prefix.
 
-    hash_i = hash((hash_{i-1}, pieces of block i)); pieces are (segment_id, start, end) so two
-    prompts share a block hash exactly when they share every token up to the end of that block.
-    Python's hash of int tuples is deterministic (no PYTHONHASHSEED dependence).
-    """
+    hash_i = hash((hash_{i-1}, pieces of block i)), pieces being (segment_id, start, end). Two
+    prompts share a block hash exactly when they share every token to the end of that block.
+    Python's hash of int tuples does not depend on PYTHONHASHSEED."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -320,8 +314,10 @@ class PromptHasher:
         return state
 
     def block_hashes(self, segments: Segments) -> tuple[int, ...]:
-        """Hashes of every full block. Proper prefixes (system, system+document) are memoised so
-        shared documents hash once; the full prompt with its unique question is not kept."""
+        """Hashes of every full block.
+
+        Proper prefixes (system, system+document) are memoised so shared documents hash once; the
+        full prompt is not kept."""
         if not segments:
             return ()
         return self._extend(self._prefix_state(segments[:-1]), segments[-1])[0]

@@ -1,14 +1,12 @@
 """Write a scenario's /metrics as a recording (OpenMetrics, a timestamp on every sample).
 
-The simulator is scraped on its virtual clock every `interval_s`, like Prometheus would, and
-each body goes through kvoffload.recording.openmetrics.RecordingWriter (which adds
-instance/job labels).
-With `events_path`, the KV event stream a subscriber would have received goes to a raw event
-file (kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again
-from 0 after a restart), received at the batch's virtual time, empty topic. A recording
-longer than the scenario keeps the traffic coming (SimServer's endless mode: the workload
-continues, the counters keep rising) instead of recording an idle server.
-"""
+The simulator is scraped on its virtual clock every `interval_s`, and each body goes through
+kvoffload.recording.openmetrics.RecordingWriter (which adds instance/job labels).
+
+With `events_path`, the KV events a subscriber would have received go to a raw event file
+(kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again after a
+restart), virtual receive times, empty topic. A recording longer than the scenario uses SimServer's
+endless mode, so it does not record an idle server."""
 
 from __future__ import annotations
 
@@ -30,9 +28,9 @@ def record_scenario(
 ) -> int:
     """Scrape at t = 0, interval, 2·interval, … ≤ duration_s; returns the number of scrapes.
 
-    `events_path` also writes the KV events published up to the last scrape; `endless` keeps
-    the traffic coming for the whole recording (default: when it outlasts the scenario);
-    `ground_truth`, a dict, gets the simulator's ground truth at the last scrape."""
+    `events_path` also writes the KV events published up to the last scrape. `endless` keeps traffic
+    coming all recording (default: when it outlasts the scenario). `ground_truth`, a dict, gets the
+    simulator's ground truth at the last scrape."""
     from kvoffload.recording.openmetrics import (
         RecordingWriter,  # the package's writer, shared with `record`
     )
@@ -103,9 +101,10 @@ def record_restarts(
     instance: str = "sim:8000",
     job: str = "vllm",
 ) -> int:
-    """One recording of the same target restarted into each scenario in turn (counters from
-    0 again, `gap_s` of no scrapes between): e.g. vLLM without a tier, then with one, for the
-    before/after A/B. Each runs `duration_s` of virtual time; returns the number of scrapes."""
+    """One recording of one target restarted into each scenario in turn; returns the scrape count.
+
+    Counters restart from 0 with `gap_s` of no scrapes between, e.g. vLLM without a tier, then with
+    one, for a before/after A/B. Each scenario runs `duration_s` of virtual time."""
     from kvoffload.recording.openmetrics import RecordingWriter
 
     if interval_s <= 0 or not scenarios:

@@ -1,10 +1,9 @@
 """The Grafana dashboards: an overview per model and engine, and a fleet view across instances.
 
-Panels read the recording rules wherever one exists (so the dashboard, the alerts and the
-sidecar show the same figure), the sidecar's gauges for what PromQL cannot compute, and raw
-vLLM series for per-engine views. One module per dashboard (overview.py, fleet.py, and the
-overview's larger rows), shared helpers in panels.py, scope.py and layout.py.
-"""
+Panels read the recording rules where one exists, so dashboards, alerts and sidecar agree. They read
+the sidecar's gauges for what PromQL cannot compute, and raw vLLM series for per-engine views. One
+module per dashboard (overview.py, fleet.py, the overview's larger rows); shared helpers in
+panels.py, scope.py and layout.py."""
 
 from __future__ import annotations
 

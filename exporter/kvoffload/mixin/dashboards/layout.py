@@ -1,8 +1,7 @@
 """The frame around the panels: variables, links, the note on what needs the rules.
 
-The variables list vLLM's own series (`label_values()` of a gauge every vLLM serves, under both
-spellings), so the dropdowns fill on a Prometheus that has not loaded kvoffload's rules.
-"""
+Variables list vLLM's own series under both spellings, so the dropdowns fill even without
+kvoffload's rules loaded."""
 
 from __future__ import annotations
 
@@ -21,8 +20,10 @@ _TARGETS_SERIES = "num_requests_running"
 
 
 def variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
-    """One variable per target label, then model_name (and engine), each narrowed by those
-    before it; listed from vLLM's own gauge under both spellings (vllm: and vllm_)."""
+    """One variable per target label, then model_name (and engine), each narrowed by those before
+    it.
+
+    Listed from vLLM's own gauge under both spellings (vllm: and vllm_)."""
     out = [g.datasource_variable()]
     before = [f'__name__=~"vllm[:_]{_TARGETS_SERIES}"']
     if cfg.vllm_selector:
@@ -41,9 +42,9 @@ def variables(cfg: MixinConfig, per_engine: bool) -> list[Any]:
 
 
 def with_rules_note(cfg: MixinConfig, sections: list[g.Section]) -> list[g.Section]:
-    """Mark each panel that reads a rule with no raw fallback (its description says so) and
-    put a text panel listing them on top: on a Prometheus without the rules they are blank,
-    and the dashboard says why."""
+    """Mark each panel that reads a rule with no raw fallback, and list them in a text panel on top.
+
+    On a Prometheus without the rules they are blank, and the dashboard says why."""
     listed: list[str] = []
     only_where: list[str] = []
     for section in sections:
@@ -109,9 +110,10 @@ ADVICE_STEP = "1m"
 
 
 def advice_changes(cfg: MixinConfig) -> dict[str, Any]:
-    """An annotation where a sidecar's published advice changed: the action that is 1 now and
-    was not one step before (kvoffload_recommendation), so every panel shows when it moved;
-    a sidecar's first advice after its warm-up is marked too."""
+    """An annotation where a sidecar's published advice changed, so every panel shows when it moved.
+
+    It marks the kvoffload_recommendation action that is 1 now and was not one step before, and a
+    sidecar's first advice after warm-up."""
     parts = [cfg.sidecar_selector] if cfg.sidecar_selector else []
     parts += [f'{cfg.sidecar_target_label}=~"$instance"', 'model_name=~"$model_name"']
     rec = f"kvoffload_recommendation{{{', '.join(parts)}}}"
@@ -135,8 +137,10 @@ def dashboard(
     sections: list[g.Section],
     per_engine: bool,
 ) -> dict[str, Any]:
-    """One dashboard with the frame every kvoffload dashboard shares: uid, tags, variables,
-    links, and the note on top; each dashboard module only says its panels."""
+    """One dashboard with the frame all kvoffload dashboards share: uid, tags, variables, links,
+    note.
+
+    Each dashboard module then only says its panels."""
     return g.dashboard(
         title=f"{cfg.dashboard_title_prefix}{title}",
         uid=f"{cfg.dashboard_uid_prefix}-{name}",

@@ -1,8 +1,7 @@
 """The overview dashboard: per model and engine, is offloading paying off, what does it cost?
 
-Rows are small functions, top to bottom as the dashboard reads; the capacity and transfer
-rows, the KV-event row and vLLM's own diagnostics live in modules of their own.
-"""
+Rows are small functions, top to bottom as the dashboard reads. The capacity, transfer and KV-event
+rows and vLLM's own diagnostics live in modules of their own."""
 
 from __future__ import annotations
 
@@ -296,8 +295,9 @@ def _cost(s: Scope) -> list[Any]:
 
 
 def _ttft_parts(s: Scope) -> list[Any]:
-    """The TTFT model's parts that are closed formulas of rates, each its own recording rule
-    (docs/advisor.md, "What Prometheus alone shows"); the verdict itself is the sidecar's."""
+    """The TTFT model's parts that are closed formulas of rates, each its own recording rule.
+
+    See docs/advisor.md, "What Prometheus alone shows"; the verdict itself is the sidecar's."""
     return [*_ttft_times(s), *_per_request(s)]
 
 

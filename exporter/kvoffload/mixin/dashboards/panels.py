@@ -1,8 +1,7 @@
 """What every panel shares: units and descriptions from the catalog, row titles, shared texts.
 
-A panel showing one catalog figure takes its unit and description from `signals.FIGURES` (the
-unit, and the help /metrics and docs/metrics.md also print), so dashboards say what the docs say.
-"""
+A panel showing one catalog figure takes its unit and help from `signals.FIGURES`, so dashboards say
+what /metrics and docs/metrics.md say."""
 
 from __future__ import annotations
 
@@ -93,8 +92,9 @@ def unit(key: str) -> str:
 
 
 def about(cfg: MixinConfig, key: str, extra: str = "", which: str | None = None) -> str:
-    """The description of a panel showing figure `key`: the catalog's help text (the words of
-    /metrics and docs/metrics.md) with the rule's window, the rule's name, then `extra`."""
+    """The description of a panel showing figure `key`.
+
+    The catalog's help text with the rule's window, the rule's name, then `extra`."""
     r = rendering_for(key)
     which = which or (r.windows[0] if r.windows else None)
     text = FIGURES_BY_KEY[key].help
@@ -105,8 +105,9 @@ def about(cfg: MixinConfig, key: str, extra: str = "", which: str | None = None)
 
 
 def pooled_about(cfg: MixinConfig, key: str, extra: str = "") -> str:
-    """The description of a stat pooling figure `key` over the selection: the catalog's
-    words, then how it pools and over which window (the rule's)."""
+    """The description of a stat pooling figure `key` over the selection.
+
+    The catalog's words, then how it pools and over which window (the rule's)."""
     r = rendering_for(key)
     window = r.window(cfg, r.windows[0]) if r.windows else cfg.rate_window
     return about(cfg, key, f"{extra} {POOLED} Pooled over {window}.".strip())

@@ -1,10 +1,9 @@
 """The selectors of one dashboard, and the raw PromQL that stands in for a missing rule.
 
-One scope selector per source is injected into every query, like vLLM's own generator: a
-variable for each of the config's `target_labels`, `model_name`, and `engine` on per-engine
-views. On a Prometheus without kvoffload's rules (import-only, the usual first step) a panel
-reads `rule or <the rule's own PromQL over vLLM's series>`, so it still shows the same figure.
-"""
+Like vLLM's own generator, one scope selector per source goes into every query: a variable per
+`target_labels` entry, `model_name`, and `engine` on per-engine views. Without kvoffload's rules
+(import-only, the usual first step) a panel reads `rule or <the rule's PromQL over vLLM's series>`,
+so it shows the same figure."""
 
 from __future__ import annotations
 
@@ -39,10 +38,10 @@ NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
 
 
 def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "") -> str | None:
-    """The rule's own PromQL (what Prometheus evaluates to record it) with `scope` added to
-    its vLLM selectors, and its static labels; None where it reads another recording rule and
-    so cannot stand in for it. The offload gate, a rule of raw series itself, is inlined
-    (unscoped: vLLM's config info has no model_name)."""
+    """The rule's own PromQL with `scope` added to its vLLM selectors, and its static labels.
+
+    None where it reads another recording rule and so cannot stand in for it. The offload gate is
+    inlined unscoped (vLLM's config info has no model_name)."""
     if not cfg.dashboard_raw_fallback:
         return None
     expr = _scoped(r.build(cfg, r.window(cfg, which) if which else ""), cfg, scope)
@@ -61,9 +60,10 @@ def _scoped(expr: str, cfg: MixinConfig, scope: str) -> str:
 
 
 def pooled_expr(e: Expr, cfg: MixinConfig, w: str, scope: str, gate: bool = False) -> str:
-    """Figure `e` over every selected target and model at once: each ratio a sum over sum
-    (0.24 of 10 tokens and 0.96 of 1000 pool to 0.95, not the 0.60 an average of ratios
-    says), each other node summed where it is a sum of targets' figures (rates)."""
+    """Figure `e` over every selected target and model at once.
+
+    Each ratio is a sum over sum, not an average of ratios; each other node is summed where it is a
+    sum of targets' figures (rates)."""
     if isinstance(e, WhenOffloading):
         return pooled_expr(e.inner, cfg, w, scope, gate or e.gate)
     if isinstance(e, Ratio):
@@ -124,17 +124,19 @@ class Scope:
     def _or_raw(
         self, r: Rendering, which: str | None, *matchers: str, scope: str | None = None
     ) -> str:
-        """The rule, else (no rules loaded) its own expression over the raw series, scoped by
-        the variables: on a Prometheus without kvoffload's rules the panel still shows it.
-        With the rules both sides hold the same label sets, so `or` adds nothing."""
+        """The rule, else its own expression over the raw series, scoped by the variables.
+
+        Without kvoffload's rules the panel still shows it; with them both sides hold the same label
+        sets, so `or` adds nothing."""
         scope = self.scope if scope is None else scope
         rule = f"{r.record(self.cfg, which)}{{{', '.join([scope, *matchers])}}}"
         raw = raw_expr(r, self.cfg, which, scope)
         return rule if raw is None else f"(\n{rule}\nor\n{raw}\n)"
 
     def pooled(self, key: str) -> str:
-        """Catalog figure `key` across every selected engine and model, sums of rates over
-        sums of rates: a stat showing one number for many models must not average ratios."""
+        """Catalog figure `key` across every selected engine and model, as sums of rates over sums.
+
+        A stat showing one number for many models must not average ratios."""
         r = rendering_for(key)
         which = r.windows[0] if r.windows else "fast"
         return pooled_expr(
@@ -142,8 +144,10 @@ class Scope:
         )
 
     def fleet_mean(self, metric: str, op: str, which: str) -> str:
-        """A per-model fleet rule (no target labels; one rendering per static label set, e.g.
-        with and without a tier) scoped by the model alone, else all its renderings raw."""
+        """A per-model fleet rule scoped by the model alone, else all its renderings raw.
+
+        Such a rule has no target labels and one rendering per static label set (e.g. with and
+        without a tier)."""
         scope = 'model_name=~"$model_name"'
         family = [r for r in RENDERINGS if r.metric == metric and r.op == op]
         rule = f"{family[0].record(self.cfg, which)}{{{scope}}}"
@@ -153,8 +157,9 @@ class Scope:
         return "(\n" + "\nor\n".join([rule, *(str(raw) for raw in raws)]) + "\n)"
 
     def fleet_effect(self) -> str:
-        """The fleet A/B difference (with a tier minus without), else from the raw means: its
-        rule reads the mean rules, so its own expression cannot stand in for it."""
+        """The fleet A/B difference (with a tier minus without), else from the raw means.
+
+        Its rule reads the mean rules, so its own expression cannot stand in for it."""
         scope = 'model_name=~"$model_name"'
         rule = helper_record(
             "vllm_time_to_first_token_seconds", "replica_ab_rate", self.cfg, "slow"
@@ -190,8 +195,9 @@ class Scope:
         return "{" + ", ".join(parts) + "}"
 
     def labelled(self, label: str, parts: dict[str, str]) -> str:
-        """Several queries as one, each tagged by `label`: one series set, one legend, and
-        data as soon as any part has some."""
+        """Several queries as one, each tagged by `label`.
+
+        One series set and one legend, with data as soon as any part has some."""
         return "\nor\n".join(
             f'label_replace({expr}, "{label}", "{value}", "", "")' for value, expr in parts.items()
         )
@@ -202,17 +208,21 @@ class Scope:
         return f"{name}{{{', '.join([*parts, *matchers])}}}"
 
     def sidecar_by_instance(self, name: str, *matchers: str) -> str:
-        """A sidecar series with its vLLM target copied into `instance`, to sit in one table
-        row with the rules of that instance (the sidecar's own `instance` is its address)."""
+        """A sidecar series with its vLLM target copied into `instance`.
+
+        So it sits in one table row with that instance's rules; the sidecar's own `instance` is its
+        address."""
         return (
             f'label_replace({self.sidecar(name, *matchers)}, "instance", "$1", '
             f'"{self.cfg.sidecar_target_label}", "(.+)")'
         )
 
     def coded(self, name: str, label: str, codes: dict[str, int], by: str, flag: bool) -> str:
-        """Which value of `label` a sidecar series holds per `by`, as its code (PromQL cannot
-        turn a label into a number): one branch per value, where the series is 1 (`flag`: a
-        0/1 series per value, like kvoffload_recommendation) or, else, where it exists."""
+        """Which value of `label` a sidecar series holds per `by`, as its code.
+
+        PromQL cannot turn a label into a number, so there is one branch per value: where the series
+        is 1 (`flag`: a 0/1 series per value, like kvoffload_recommendation), or else where it
+        exists."""
         branches = []
         for value, code in codes.items():
             sel = self.sidecar_by_instance(name, f'{label}="{value}"')

@@ -1,10 +1,8 @@
-"""The overview's row of the secondary tiers below the CPU tier (vLLM's TieringOffloadingSpec).
+"""The overview's row of the tiers below the CPU tier (vLLM's TieringOffloadingSpec).
 
-All secondary tiers together from the recording rules (the figures the sidecar computes too),
-then each tier on its own from vLLM's series by their `tier` label ("1:fs", "2:obj", ...).
-Every panel reads series only a server with a tier below the CPU exports: without one the
-row is empty, which is why it is collapsed.
-"""
+All secondary tiers together from the recording rules, then each tier from vLLM's series by `tier`
+label ("1:fs", "2:obj", ...). Only a server with such a tier exports these series, so the row is
+collapsed."""
 
 from __future__ import annotations
 
@@ -82,8 +80,10 @@ def _either(s: Scope, chunk: str, block: str) -> str:
 
 
 def _per_tier(s: Scope) -> list[Any]:
-    """Each tier on its own, from vLLM's series by `tier` (0:primary is the CPU tier), and
-    what the secondary tiers' lookups make a request wait (vLLM 0.26.0's only tiering series)."""
+    """Each tier on its own from vLLM's series by `tier` (0:primary is the CPU tier).
+
+    Plus how long the secondary tiers' lookups make a request wait (vLLM 0.26.0's only tiering
+    series)."""
     t = g.target
     hits = _either(s, "kv_offload_tiering_chunk_hits_total", "kv_offload_tiering_block_hits_total")
     queries = _either(
