@@ -217,8 +217,7 @@ class BlockIndex:
 
 
 class _Oldest:
-    """Ids of a `BlockIndex` in the order they were added, so the oldest can be forgotten past
-    `limit`.
+    """Ids of a `BlockIndex` in the order added, so the oldest can be forgotten past `limit`.
 
     `_queue` lists ids oldest first from `_head`, with stale entries; `_at[id]` is the live entry's
     place, -1 when free. The queue is rebuilt when stale entries outnumber live ones: O(1) amortised
@@ -324,8 +323,7 @@ class _Oldest:
 
 
 class ResidentBlocks(_Oldest):
-    """The CPU tier's blocks: hash → loaded since stored, at most `limit`, the oldest stored
-    forgotten first.
+    """The CPU tier's blocks: hash → loaded since stored; past `limit` the oldest go first.
 
     About 1 B per id beside the index (docs/performance.md).
     """

@@ -448,8 +448,9 @@ class StackDistanceTracker:
         return min(DROP_HEADROOM, self.budget // 16 + 1)
 
     def _extend_drop_steps(self) -> Iterator[None]:
-        """Add the tracked blocks next below `_drop_floor` in mixed-hash order to `_drop`, in
-        pieces.
+        """Add the tracked blocks next below `_drop_floor` (mixed-hash order) to `_drop`.
+
+        At least twice the room or 1/64 of them, scanned in pieces.
         """
         mixes = self._mixed
         live = self._index.count

@@ -71,12 +71,11 @@ MAX_CHAIN_TAILS = 1 << 16
 
 
 class ParentMap(dict[int, int | None]):
-    """GPU block → its parent (None for a first block), at most `limit` blocks, evictions in
-    `evicted`.
+    """GPU block → its parent (None for a first block), at most `limit` blocks.
 
     A dict, so a chain walk costs one C-level lookup a step (docs/performance.md). Past the limit
-    the oldest stored eighth goes at once (amortised O(1) a store), so a publisher that never sends
-    BlockRemoved cannot grow it.
+    the oldest stored eighth goes at once (amortised O(1) a store, counted in `evicted`), so a
+    publisher that never sends BlockRemoved cannot grow it.
     """
 
     __slots__ = ("evicted", "limit", "trimmed")
@@ -100,8 +99,9 @@ class ParentMap(dict[int, int | None]):
             self.trimmed += drop
 
     def rebuilt_steps(self) -> Generator[None, None, ParentMap]:
-        """A compact copy (same entries, same order), built in pieces; nothing may change the map
-        meanwhile.
+        """A compact copy (same entries, same order), built in pieces.
+
+        Nothing may change the map meanwhile.
         """
         new = ParentMap(self.limit)
         new.evicted = self.evicted
@@ -184,10 +184,11 @@ class EngineEvents:
         self._in_upkeep = False
 
     def upkeep(self) -> Iterator[None]:
-        """The O(n) upkeep the next step could need, done now in pieces so the event loop keeps
-        turning.
+        """The O(n) upkeep the next step could need, done now in pieces.
 
-        Covers table doubling, the blocks to drop at the budget, compaction and the parent map's
+        Why: the event loop keeps turning.
+
+        It covers table doubling, the blocks to drop at the budget, compaction and the parent map's
         rebuild. Called between steps; another message for this engine waits for it.
         """
         if not self.upkeep_ahead:
@@ -371,8 +372,7 @@ class EngineEvents:
         continued: bool = False,
         loading: bool = True,
     ) -> bool:
-        """A request's blocks that missed the GPU (computed, or loaded); returns whether all were
-        loaded.
+        """Take in a request's GPU-missed blocks; returns whether all were loaded from the CPU tier.
 
         continued: a later piece of a long event (STEP_BLOCKS), its prefix the pieces before;
         loading: whether those were all loaded.
@@ -533,8 +533,7 @@ class TargetEvents:
 
     @staticmethod
     def _scale(e: EngineEvents) -> float:
-        """Normalise each engine's histogram to its exact count of GPU-missed blocks (SHARDS'
-        adjustment).
+        """Normalise each engine's histogram to its exact GPU-missed block count (SHARDS).
 
         Why: sampled counts are estimates, and this way only the shape is sampled.
         """
@@ -592,8 +591,7 @@ class TargetEvents:
         return sum(e.cpu_loaded_blocks for e in self.engines.values())
 
     def first_touch_ratios(self) -> tuple[float, float] | None:
-        """(share of GPU-missed blocks that were first touches over the whole stream, over its
-        recent half).
+        """(first-touch share of GPU-missed blocks over the whole stream, over its recent half).
 
         A cold start shows as a whole-stream share well above the recent one. None before any
         access.
@@ -617,9 +615,7 @@ class TargetEvents:
         return out
 
     def sequence_anomalies(self) -> dict[str, int]:
-        """Messages whose sequence number was out of range (rejected) or jumped too far (flagged),
-        all engines.
-        """
+        """Messages with a sequence number out of range (rejected) or jumping too far (flagged)."""
         return {
             "rejected": sum(e.sequence_rejected for e in self.engines.values()),
             "jump": sum(e.sequence_jumps for e in self.engines.values()),

@@ -1,5 +1,6 @@
-"""A `--state-dir` file's bytes and directory, defended against damage, planted links, devices,
-FIFOs and a second sidecar.
+"""A `--state-dir` file's bytes and directory, defended against the local file system.
+
+It guards against damage, planted links, devices, FIFOs and a second sidecar.
 
 A file is MAGIC, the payload's length (8 bytes, big-endian), its SHA-256 and the payload, so any
 changed byte is found before decoding (docs/reliability.md). Files are opened O_NOFOLLOW|O_NONBLOCK
@@ -119,8 +120,9 @@ class DirectoryInUse(Exception):
 
 
 def lock_directory(directory: Path) -> IO[bytes]:
-    """Hold `directory`'s lock while the returned file is open; DirectoryInUse when another holds
-    it.
+    """Hold `directory`'s lock while the returned file is open.
+
+    Raises DirectoryInUse when another process holds it.
     """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME

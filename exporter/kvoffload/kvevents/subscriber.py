@@ -132,8 +132,7 @@ class Subscriber:
         resume_history_from_seq: int | None = None,
         on_rejected: Callable[[int, int], None] | None = None,
     ) -> None:
-        """resume_after_seq: the last sequence a saved state holds; the first message asks for
-        replay after it.
+        """resume_after_seq: a saved state's last sequence, replayed after on the first message.
 
         on_rejected(rank, seq): called for a message whose sequence number is out of range (not
         delivered).
@@ -178,8 +177,7 @@ class Subscriber:
         return sub
 
     async def _connection(self) -> None:
-        """One SUB socket until its connection drops; then its whole messages are taken and it is
-        closed.
+        """One SUB socket until its connection drops, then its whole messages taken and it closed.
 
         Never disconnected in place: see the module's docstring.
         """
@@ -321,8 +319,7 @@ class Subscriber:
         self.state.last_error = f"{self.replay_endpoint}: {message}"
 
     async def _replay(self, start: int, stop: int) -> bool:
-        """Fetch messages [start, stop) from vLLM's replay buffer, in order; returns whether it was
-        answered.
+        """Fetch messages [start, stop) from vLLM's replay buffer; returns whether it was answered.
 
         At most REPLAY_MAX_MESSAGES frames are read and REPLAY_DEADLINE_SECONDS spent, whatever the
         ROUTER sends. Answered means its end marker or the gap's last message came; what it did not
@@ -404,9 +401,7 @@ class Subscriber:
         return False
 
     def _resume_from(self, asked_from: int, stop: int) -> int | None:
-        """Where to ask a stalled replay again: after the last message it brought, if any, while the
-        gap is open.
-        """
+        """Where to ask a stalled replay again: after its last message, while the gap is open."""
         last = self.state.last_seq
         if last is None or not asked_from <= last < stop - 1:
             return None

@@ -112,9 +112,7 @@ class TierSim:
         )
 
     def reset(self) -> None:
-        """AllBlocksCleared or a restart: the tier is empty, its resident blocks counted as never
-        loaded.
-        """
+        """AllBlocksCleared or a restart: the tier empties, its blocks counted as never loaded."""
         self.out.evicted_never_loaded_blocks += self._never_loaded_now()
         self._clear()
 
@@ -253,9 +251,7 @@ class TierSim:
 
 
 class _ForwardingTracker(StackDistanceTracker):
-    """The tracker slot of an EngineEvents: each lookup goes to the simulations, no distance
-    recorded.
-    """
+    """An EngineEvents' tracker slot: each lookup goes to the simulations, no distance recorded."""
 
     def __init__(self, sims: list[TierSim]) -> None:
         super().__init__()
@@ -373,8 +369,9 @@ def whatif_for_file(
 def _row(
     o: Outcome, size: float, bytes_per_block: float, block_size: int, missed_tokens: float | None
 ) -> dict[str, object]:
-    """One simulated tier as a JSON row; its hit ratio over missed_tokens, or its own tokens if
-    more.
+    """One simulated tier as a JSON row.
+
+    Its hit ratio is over missed_tokens, or over its own looked-up tokens when those are more.
     """
     own = o.looked_up_blocks * block_size
     denominator = missed_tokens if missed_tokens and missed_tokens >= own else own
@@ -401,8 +398,7 @@ _LIVE: weakref.WeakKeyDictionary[TargetEvents, LiveWhatIf] = weakref.WeakKeyDict
 
 
 class LiveWhatIf:
-    """The knobs' what-ifs next to a running vLLM: TierSims at the current size, fed each lookup
-    live.
+    """The knobs' what-ifs next to a running vLLM: TierSims at the current size, fed live.
 
     Why: the sidecar keeps no event file for a second pass, and the same simulations give analyze
     --events' rows, counted from when the size was known.
@@ -453,8 +449,9 @@ def _live_basis(since: float, blocks: int) -> str:
 def live_whatif(
     events: TargetEvents, bytes_per_block: float, capacity_bytes: float, now: float
 ) -> WhatIf | None:
-    """One target's live what-if rows; simulations start (or restart when the size moves) once the
-    size is known.
+    """One target's live what-if rows.
+
+    Its simulations start once the size is known, and restart when the size in blocks moves.
     """
     if not bytes_per_block or not capacity_bytes or not events.block_size:
         return None
