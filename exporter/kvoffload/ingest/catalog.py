@@ -1,15 +1,11 @@
-"""The vLLM metric catalog: which samples we read, under their current and legacy names, and
-the range a value of each must lie in to be believed.
+"""The vLLM metric catalog: the samples we read, their legacy names, their believable range.
 
-The catalog is rows of one shape (`Source`), as dcgm-exporter's default-counters.csv is: a
-canonical key, its kind, the sample (name and a label filter), the range of a believable value
-and, for the few rows that need one, how engines combine or which naming it belongs to.
-Everything downstream works on canonical keys (`load_bytes`, `prefix_hits`, ...) so the
-rest of the package never sees the naming history (docs/rules.md, "Conventions"):
-flat `vllm:kv_offload_{load,store}_*` (≥0.24) are preferred; the deprecated
-`vllm:kv_offload_total_*{transfer_type}` series are used only when the flat family is absent,
-so the two are never added together. A sample outside its row's range is there but unknown
-(`Extract.unknown`, with the reason naming the series and the value): never a figure.
+The catalog is rows of one shape (`Source`), like dcgm-exporter's default-counters.csv. Everything
+downstream works on canonical keys (`load_bytes`, `prefix_hits`, ...), so the rest of the package
+never sees the naming history (docs/rules.md, "Conventions"). Flat `vllm:kv_offload_{load,store}_*`
+(≥0.24) are preferred; the deprecated `vllm:kv_offload_total_*{transfer_type}` are used only when
+the flat family is absent, so the two are never added. A sample outside its row's range is unknown
+(`Extract.unknown`, with a reason), never a figure.
 """
 
 from __future__ import annotations
@@ -58,9 +54,10 @@ BLOCK_TOKENS = Range(1.0, 2.0**20)
 class Source:
     """One row of the catalog.
 
-    kind: "counter" (a core counter), "offload" (an offload transfer counter: `direction`
-    and `naming` say which), "gauge" (`summed` over engines, else averaged) or "label" (a
-    numeric label of the info metric `name`; `label` names it)."""
+    kind: "counter" (a core counter), "offload" (an offload transfer counter; see `direction`,
+    `naming`), "gauge" (`summed` over engines, else averaged) or "label" (a numeric label `label` of
+    the info metric `name`).
+    """
 
     key: str
     kind: str
@@ -366,9 +363,10 @@ def wanted(name: str) -> bool:
 
 
 def value_range(name: str, labels: dict[str, str]) -> Range:
-    """The range a sample's value must lie in for extract to take it: the narrowest of the
-    rows it is read by (a `_created` time, a config info sample or one read by none: any
-    believable number)."""
+    """The range a sample's value must lie in for extract to take it: the narrowest of its rows.
+
+    A `_created` time, a config info sample or a sample no row reads: any believable number.
+    """
     low, high = BELIEVABLE.low, BELIEVABLE.high
     for how, src in _INDEX.get(name, ()):
         if src is None or how.startswith("created_"):
@@ -451,9 +449,8 @@ def extract(
 ) -> Extract:
     """Turn one parsed scrape into canonical keyed values.
 
-    `default_instance` names the target when the samples carry no `instance` label (a live
-    scrape); recordings carry it on every series. `judge=False` takes every value as it is
-    (ingest.shapes learns where samples go from a scrape whose values are their indices).
+    `default_instance` names the target when samples carry no `instance` label (a live scrape).
+    `judge=False` takes every value as it is (ingest.shapes uses it to learn where samples go).
     """
     out = Extract(timestamp=timestamp)
     families = expo.families
@@ -518,8 +515,10 @@ def extract(
 
 
 def label_number(labels: dict[str, str] | None, name: str) -> float | None:
-    """A numeric label value (`"146"`, `"0.65"`), or None for absent/"None"/garbage and for a
-    value outside the catalog's range of that label (any believable number if it has none)."""
+    """A numeric label value (`"146"`), or None when absent, "None", garbage or out of range.
+
+    The range is the catalog's for that label (any believable number if it has none).
+    """
     if not labels:
         return None
     raw = labels.get(name)

@@ -1,10 +1,8 @@
 """Sorting more lines than fit in memory: sorted runs spooled to temporary files, then merged.
 
-Recordings are regrouped in two directions — a family-contiguous OpenMetrics file into scrapes
-for `analyze`, a scrape-by-scrape journal into families for `record` — and a 24-hour recording
-is hundreds of MB of text, so neither may hold the whole file. Lines carry their sort key as a
-fixed-width prefix, so plain string comparison (done in C by `list.sort` and `heapq.merge`)
-orders them and no key function runs per comparison.
+Why: recordings are regrouped both ways (families into scrapes for `analyze`, a journal into
+families for `record`), and a day's recording is hundreds of MB. Lines carry their sort key as a
+fixed-width prefix, so plain string comparison in C orders them.
 """
 
 from __future__ import annotations
@@ -34,11 +32,12 @@ def float_key(value: float) -> str:
 def sorted_lines(
     lines: Iterable[str], budget_chars: int | None = None, tmp_dir: str | None = None
 ) -> Iterator[str]:
-    """`lines` (each ending in a newline) in ascending string order, with memory bounded by
-    `budget_chars` (default BUDGET_CHARS): a batch that fills the budget is sorted and spooled
-    to an unnamed temporary file in `tmp_dir` (default: $TMPDIR), and the runs are merged at
-    the end. Input that fits the budget never touches the disk. Temporary files vanish even
-    if the process is killed."""
+    """`lines` (each ending in a newline) in ascending order, memory bounded by `budget_chars`.
+
+    A batch that fills the budget (default BUDGET_CHARS) is sorted and spooled to an unnamed
+    temporary file in `tmp_dir` (default $TMPDIR); the runs are merged at the end. Input within
+    budget never touches the disk, and temporary files vanish even if the process is killed.
+    """
     budget = BUDGET_CHARS if budget_chars is None else budget_chars
     runs: list[TextIO] = []
     try:

@@ -1,9 +1,8 @@
 """Host memory of the container vLLM runs in: what its pinned CPU tier really takes, and the limit.
 
-Why: the tier is pinned (it cannot swap or be reclaimed), it counts against the container's
-memory limit, and vLLM 0.26.0 takes more than `--kv-offloading-size` for it (vLLM #53042: ~1.92×
-as shared memory). The kernel's cgroup files say what is taken; vLLM's processes, where this
-process can see them, say how much of it is theirs.
+Why: the pinned tier counts against the container's limit, and vLLM 0.26.0 takes more than
+`--kv-offloading-size` for it (vLLM #53042: ~1.92× as shared memory). The cgroup files say what is
+taken; vLLM's processes, where visible, say how much is theirs.
 """
 
 from __future__ import annotations
@@ -95,8 +94,10 @@ class HostMemory:
         return None
 
     def footprint_ratio(self, tier_bytes: float | None) -> tuple[float, str]:
-        """Host bytes the tier takes per configured byte, and how that is known: "measured"
-        (the shared memory shows at least the tier), else "bound" (FOOTPRINT_BOUND)."""
+        """Host bytes the tier takes per configured byte, and how that is known.
+
+        "measured" when the shared memory shows at least the tier, else "bound" (FOOTPRINT_BOUND).
+        """
         return footprint_ratio(self, tier_bytes)
 
     def to_json(self) -> dict[str, object]:
@@ -269,9 +270,11 @@ def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
 
 
 def _runs_vllm(cmdline: bytes, name: bytes = b"vllm") -> bool:
-    """Whether a command line is vLLM's own: its program or script is named vllm* (`vllm serve`
-    runs as `python …/bin/vllm serve`; the engine renames itself `VLLM::EngineCore`), or it is
-    `python -m vllm…`. Not any line that merely mentions vllm (a path, a log file, an editor)."""
+    """Whether a command line is vLLM's own: a program or script named vllm*, or `python -m vllm…`.
+
+    Covers `python …/bin/vllm serve` and the renamed `VLLM::EngineCore`; not a line that merely
+    mentions vllm (a path, a log file).
+    """
     argv = [a.lower() for a in cmdline.split(b"\0") if a]
     if any(os.path.basename(a).startswith(name) for a in argv[:2]):
         return True
@@ -316,10 +319,9 @@ def read_host_memory(
 ) -> HostMemory:
     """vLLM's container memory: `setting` is a cgroup directory, "auto" or "off".
 
-    auto, in order: the pod's cgroup less this container's own (visible where the sidecar has
-    no cgroup namespace); the cgroup of vLLM's processes where this process sees them (the
-    same container or host, or a pod sharing its PID namespace). Never this process's own
-    cgroup alone: the sidecar's usage is not vLLM's."""
+    auto tries the pod's cgroup less this container's own, then the cgroup of vLLM's processes where
+    visible. Never this process's own cgroup alone: the sidecar's usage is not vLLM's.
+    """
     if setting == "off":
         return HostMemory("off", None, None)
     pids = vllm_pids(proc)

@@ -1,8 +1,7 @@
 """Prometheus text exposition (0.0.4) and OpenMetrics parsing, fast and strict enough.
 
-The sidecar parses every scrape of every target, so the hot path skips samples nobody asked
-for after looking at their name only, and parses labels only for the samples it keeps.
-Errors are `ParseError` with a one-line message that names the line.
+The hot path skips unwanted samples by name and parses labels only for kept ones, since the sidecar
+parses every scrape. Errors are `ParseError`, one line naming the line.
 """
 
 from __future__ import annotations
@@ -49,10 +48,11 @@ class LimitError(ParseError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What one scrape may hold, like Prometheus' `sample_limit` and
-    `label_value_length_limit` (0: no limit), checked while parsing so a payload over one is
-    abandoned where it goes over: `samples`, the samples kept; `label_value_bytes`, the
-    longest label value of a kept sample, in UTF-8 bytes."""
+    """What one scrape may hold, like Prometheus' `sample_limit`, `label_value_length_limit`.
+
+    `samples`: samples kept; `label_value_bytes`: a kept sample's longest label value in UTF-8
+    bytes; 0: no limit. Checked while parsing, so a payload over one is abandoned at that point.
+    """
 
     samples: int = 0
     label_value_bytes: int = 0
@@ -113,11 +113,11 @@ _LABEL_CACHE_MAX = 100_000
 
 
 class _CacheBytes:
-    """What a cache holds, in bytes (estimated: the key, the values sliced from it, the
-    entry): caches are bounded in bytes, not entries, so new 1 MB label values scrape after
-    scrape cannot grow them without bound. One key over `_CACHE_KEY_MAX` is never cached (a
-    line that long is no series that repeats by the thousand); a cache over its budget starts
-    over."""
+    """What a cache holds, in bytes (estimated: the key, the values sliced from it, the entry).
+
+    Why: caches are bounded in bytes, so ever-new 1 MB label values cannot grow them. A key over
+    `_CACHE_KEY_MAX` is never cached; a cache over its budget starts over.
+    """
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -254,9 +254,10 @@ def _parse_sample_line(
 def _parse_sample_spaced(
     line: str, lineno: int, wanted: Callable[[str], bool] | None
 ) -> Sample | None:
-    """A sample line in its general form, off the fast path: the text format lets blanks and
-    tabs, any number, separate the tokens and lead or trail the line (Prometheus reads
-    `name\t{l="v"}  1\t1700000000000` as `name{l="v"} 1 1700000000000`)."""
+    """A sample line in its general form, off the fast path: any blanks and tabs around tokens.
+
+    Prometheus reads `name\t{l="v"} 1\t1700000000000` as `name{l="v"} 1 1700000000000`.
+    """
     text = line.strip(" \t")
     if not text or (text[0] == "#" and line[0] in " \t"):
         return None  # an indented blank or comment line: the caller reads it from its first token
@@ -314,14 +315,12 @@ def parse_text(
     wanted_families: frozenset[str] | set[str] | None = None,
     limits: Limits | None = None,
 ) -> Exposition:
-    """Parse one classic (0.0.4) exposition. `wanted(name)` keeps a sample (None: keep all);
-    over one of `limits`, `LimitError` as soon as the sample over it is read.
+    """Parse one classic (0.0.4) exposition; `wanted(name)` keeps a sample (None: keep all).
 
-    With `wanted_families` (catalog.WANTED_FAMILIES: every name `wanted` keeps, with and
-    without FAMILY_SUFFIXES), a family none of them names is skipped with one search from its
-    TYPE line (most of a vLLM payload is buckets nobody asked for); the samples kept are those
-    a full parse keeps. Blanks and tabs separate tokens as Prometheus reads the format;
-    timestamps (milliseconds in 0.0.4) become seconds.
+    Over one of `limits`, `LimitError` as soon as that sample is read. With `wanted_families`
+    (catalog.WANTED_FAMILIES), a family none of them names is skipped with one search from its TYPE
+    line; the samples kept are those a full parse keeps. Timestamps (milliseconds in 0.0.4) become
+    seconds.
     """
     text = _decode(body)
     expo = Exposition()
@@ -470,21 +469,16 @@ def _skip_plan(
     wanted_families: frozenset[str] | set[str],
     compiles: list[int],
 ) -> _Search:
-    """How to skip the samples of a family nobody asked for, after its TYPE `line`: the
-    search for the first line that is not provably one of them (`_EVERY_LINE`, look at each
-    line, when `compiles`, the plans this parse may still make, is spent or the line is
-    too long).
+    """How to skip an unwanted family's samples after its TYPE `line`.
 
-    One search jumps the run of lines that follow the TYPE line and are provably its samples
-    (most of a vLLM payload is histogram buckets), instead of a look at each line. Provably:
-    a line whose name is the family's name plus one of FAMILY_SUFFIXES (or nothing) belongs
-    to no wanted family, as `wanted_families` holds every wanted name's family (the name
-    itself and the name less any of those suffixes; catalog.WANTED_FAMILIES does). When no
-    wanted family even begins with the family's name, any line beginning with it is skipped
-    (a cheaper search). The first other line (the next family's HELP, a sample of another
-    family that came without its TYPE line, a blank line) is read as usual, so the samples
-    kept are the very ones a full parse keeps; a sample spelled differently (`vllm_x` after
-    `# TYPE vllm:x`) is read too.
+    The plan is a search for the first line not provably one of them; `_EVERY_LINE` (look at each
+    line) when `compiles`, the plans this parse may still make, is spent or the line is too long.
+
+    Provably: a line named the family's name plus one of FAMILY_SUFFIXES (or nothing) belongs to no
+    wanted family, since `wanted_families` holds every wanted name's family. When no wanted family
+    even begins with the name, any line beginning with it is skipped (a cheaper search). The first
+    other line is read as usual, so the kept samples equal a full parse's; a differently spelled
+    sample (`vllm_x` after `# TYPE vllm:x`) is read too.
     """
     if compiles[0] <= 0 or len(line) > 1024:
         return _EVERY_LINE
@@ -508,8 +502,7 @@ def _skip_plan(
 
 
 def _skip_same_name(text: str, pos: int, line: str) -> int:
-    """Past the run of lines at `pos` with the same sample name as `line` (one not kept): the
-    buckets of a histogram come together, and like a skipped family they are not looked at."""
+    """Past the run of lines at `pos` named as `line` (not kept), such as a histogram's buckets."""
     brace, space = line.find("{"), line.find(" ")
     cut = brace if brace != -1 and (space == -1 or brace < space) else space
     if cut <= 0:
@@ -523,15 +516,19 @@ def _skip_same_name(text: str, pos: int, line: str) -> int:
 
 
 def _skip_in(search: _Search, text: str, start: int) -> tuple[int, _Search | None]:
-    """A chunk of a recording, from the TYPE line of a skipped family ending at `start`: where
-    reading goes on, and `search` again if the family's samples may go on in the next chunk."""
+    """Where reading goes on in a chunk after a skipped family's TYPE line ending at `start`.
+
+    Also `search` again if the family's samples may go on in the next chunk.
+    """
     found = search(text, start)
     return (len(text), search) if found is None else (found.end(), None)
 
 
 def _skip_on(search: _Search, text: str) -> tuple[int, _Search | None]:
-    """The next chunk, in a family skipped in the last (chunks end at a line's end): its
-    samples read on at the chunk's first line that is not one of them."""
+    """Where to read on in the next chunk, within a family skipped in the last one.
+
+    That is its first line that is not one of the family's samples.
+    """
     if (first := search("\n" + text[:1100], 0)) is not None and first.start() == 0:
         return 0, None  # (a TYPE line over 1,024 characters has no search of its own)
     return _skip_in(search, text, 0)
@@ -547,15 +544,13 @@ def iter_openmetrics(
 ) -> Iterator[Exposition]:
     """Stream the scrapes of a recording (OpenMetrics, a timestamp on every sample).
 
-    `chunks` is text that ends at line boundaries (lines, or big blocks: see `read_chunks`).
-    A scrape is a run of samples with the same timestamp; TYPE lines seen between two runs go
-    to the run that follows them. Families nobody asked for are jumped over without looking at
-    their lines, and memory stays at one scrape however long the file is.
+    `chunks`: text ending at line boundaries (see `read_chunks`). A scrape is a run of samples with
+    one timestamp; TYPE lines between runs go to the next run. Unwanted families are jumped over,
+    and memory stays at one scrape.
 
-    `unordered`: the other valid layouts — families contiguous (what OpenMetrics requires of a
-    file with several timestamps, what `record` writes and what other tools write) or series
-    contiguous. The samples kept are sorted by timestamp on disk (kvoffload.ingest.extsort, in
-    `tmp_dir`) and read back scrape by scrape, so memory stays bounded there too.
+    `unordered`: the other valid layouts, families or series contiguous (what `record` and other
+    tools write). Kept samples are then sorted by timestamp on disk (ingest.extsort, in `tmp_dir`)
+    and read back scrape by scrape, still bounded.
 
     `journal`: the path of a `record` journal being read, named in the warning if it was cut.
     """
@@ -575,10 +570,11 @@ _LINE_KEY = _TS_KEY + 10
 
 
 def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None) -> Iterator[Exposition]:
-    """Families or series contiguous → scrapes: each kept sample line goes through an on-disk
-    sort keyed by (timestamp, order in the file), so a scrape's samples keep their file order,
-    and the sorted lines are parsed again one scrape at a time (mostly from the caches; each
-    line was checked on the first pass, so no error can come from this one)."""
+    """Families or series contiguous → scrapes, by on-disk sort on (timestamp, file order).
+
+    The sorted lines are parsed again one scrape at a time (mostly from the caches); each was
+    checked on the first pass, so no error comes from this one.
+    """
     from kvoffload.ingest.extsort import sorted_lines
 
     wanted = state.wanted
@@ -606,11 +602,12 @@ def _with_families(
     users: dict[str, set[str]],
     cache: dict[frozenset[str], dict[str, str]],
 ) -> Exposition:
-    """The families a regrouped scrape declares. A scrape-ordered file says it exactly; in the
-    other layouts a family is declared once for all targets and times, so a scrape (of one
-    target) gets the families that target has series of anywhere in the file, and those
-    nobody has a series of (vLLM declares a family before its first series): one target
-    without offloading next to one with it is still judged without."""
+    """The families a regrouped scrape declares.
+
+    A scrape-ordered file says it exactly. Otherwise a scrape gets the families its target has
+    series of anywhere, plus those nobody has a series of, so a target without offloading is still
+    judged without.
+    """
     instances = frozenset({sample[1].get("instance", "") for sample in expo.samples})
     known = cache.get(instances)
     if known is None:
@@ -626,9 +623,11 @@ def _with_families(
 def _keyed_samples(
     state: _OMState, chunks: Iterable[str], users: dict[str, set[str]]
 ) -> Iterator[str]:
-    """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key. TYPE
-    lines are collected in `state.all_families`; skipped families are jumped over (with a
-    look at their `instance` labels only, recorded in `users`: family → instances)."""
+    """The first pass of `_regrouped`: every kept sample line, prefixed by its sort key.
+
+    TYPE lines go to `state.all_families`; skipped families are jumped over, their `instance` labels
+    recorded in `users` (family → instances).
+    """
     wanted, parse_line = state.wanted, _parse_sample_line
     ts_keys: dict[float, str] = {}
     cut_line = False
@@ -726,8 +725,10 @@ def _keyed_type_line(
     line: str,
     compiles: list[int],
 ) -> tuple[str, int]:
-    """A TYPE line at text[pos:end] in `_keyed_samples`: its family, and where to read on
-    (past the family's samples when nobody wants it; their instances noted in `users`)."""
+    """A TYPE line at text[pos:end]: its family, and where to read on (past it when unwanted).
+
+    The skipped samples' instances are noted in `users`.
+    """
     fam, mtype = _TYPE_LINES.get(line) or _type_line(line, partial(state._lineno, text, pos))
     state.all_families[fam] = mtype
     if state.families is None or fam in state.families:

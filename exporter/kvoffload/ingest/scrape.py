@@ -1,7 +1,8 @@
-"""Reading a target's /metrics, the one way the sidecar, `record` and `analyze --target` do it:
-a fetch bounded in time and size (every failure one line of text), the parse, and the scrape's
-time — the samples' own timestamps when the target sets them (as Prometheus honours them),
-else the moment of the fetch."""
+"""Reading a target's /metrics, the one way the sidecar, `record` and `analyze --target` do it.
+
+A fetch bounded in time and size (each failure one line), the parse, and the scrape's time: the
+samples' own timestamps when set (as Prometheus honours them), else the fetch's moment.
+"""
 
 from __future__ import annotations
 
@@ -119,18 +120,14 @@ def plausible_timestamp(ts: float, fetched_at: float) -> bool:
 
 
 def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float, dict[str, int]]:
-    """One pass over the samples: the scrape's time, and the samples whose numbers cannot be
-    believed, counted by reason (made unknown when `drop`).
+    """One pass over the samples: the scrape's time, and unbelievable samples counted by reason.
 
-    The time honours sample timestamps when the target sets them (Prometheus does by default:
-    a simulator on a virtual clock stamps its samples with virtual time), believing only
-    plausible ones. One bad sample must not poison the figures (NaN windows, ratios, a JSON
-    API that cannot answer) of any target: a sample with a NaN, infinite or far-off timestamp
-    has its value made NaN and its stamp dropped, and one with a NaN, infinite or absurd value
-    (beyond catalog.MAX_VALUE) is kept as it is. `catalog.extract` notes such a counter as
-    there but unknown, so the window makes its figures absent (a gauge is left out), instead
-    of taking the series for restarted when it comes back (its whole total again, as an
-    increase)."""
+    When `drop`, such samples are made unknown. The time honours plausible sample timestamps (a
+    simulator on a virtual clock stamps virtual time). One bad sample must not poison any target's
+    figures: a NaN, infinite or far-off timestamp makes the value NaN and drops the stamp. A NaN,
+    infinite or absurd value (beyond catalog.MAX_VALUE) is kept; `catalog.extract` marks such a
+    counter unknown, so its figures are absent rather than read as a restart.
+    """
     rejected: dict[str, int] = {}
     kept: list[Sample] = []
     latest: float | None = None
@@ -175,9 +172,11 @@ async def scrape(
     check: bool = True,
     limits: Limits | None = None,
 ) -> Scrape:
-    """Fetch and parse one /metrics body (`wanted`: keep only those samples). `check` drops
-    the samples with unbelievable numbers (read_numbers); `record` keeps what the target served.
-    Over one of `limits`: `ScrapeLimitError`."""
+    """Fetch and parse one /metrics body (`wanted`: keep only those samples).
+
+    `check` drops samples with unbelievable numbers (read_numbers); `record` keeps what the target
+    served. Over one of `limits`: `ScrapeLimitError`.
+    """
     result = await fetch(session, url, timeout_seconds, max_bytes)
 
     def parse() -> tuple[Exposition, float, dict[str, int]]:

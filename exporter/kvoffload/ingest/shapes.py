@@ -1,15 +1,10 @@
 """Scrapes rebuilt from stored series, turned into the catalog's `Extract` cheaply.
 
-Readers that hold samples by series (the Prometheus API's answers, a recording read family by
-family) know, per instance, each series' name and labels once and then only (time, value)
-points. Running `catalog.extract` on every rebuilt scrape would walk the catalog for every
-sample; instead it runs once per *shape* — the set of series present and the families the
-scrape declares — and the shape then maps each series to its place in the Extract: a scrape
-costs a few dict writes. The naming rules stay in one place (`catalog.extract` decides), and
-each sample's value in that learning run is its own index, so the index found at an Extract
-key says which sample `extract` put there (the last one, as it would). A scrape with a value
-outside its catalog row's range (`catalog.value_range`: NaN, a negative counter, a usage of 7)
-goes through `catalog.extract` itself, which makes it unknown with its reason.
+Readers holding samples by series know each series' name and labels once, then only (time, value)
+points. So `catalog.extract` runs once per *shape* (the series present and the families declared),
+with each sample's value its own index; the shape then maps each series to its Extract place, a few
+dict writes a scrape. A scrape with a value out of its row's range (`catalog.value_range`) goes
+through `catalog.extract` itself, which marks it unknown.
 """
 
 from __future__ import annotations
@@ -113,8 +108,10 @@ class _Shape:
 
 
 class _Fill:
-    """One of an Extract's dicts from a row: its keys, each with the index of its value (in
-    C: a scrape of a large body has hundreds of them)."""
+    """One of an Extract's dicts from a row: its keys, each with its value's index.
+
+    Built in C: a large body's scrape has hundreds of them.
+    """
 
     def __init__(self, learnt: dict[Any, float]) -> None:
         self.keys = tuple(learnt)

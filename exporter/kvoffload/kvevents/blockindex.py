@@ -1,11 +1,8 @@
 """Block hash → dense integer id, in flat arrays instead of a dict.
 
-A CPython dict entry keyed by a 64-bit block hash costs ~100 B (the entry, its share of the
-table, the int object); the KV-event state holds one per tracked block, millions of them. Here
-a hash costs 8 B in `keys` (16 B once a hash outside 0..2^64 shows up: negative ints from
-Python's own `hash()`, or 128-bit folded bytes hashes) and 4 B per slot of an open-addressing
-table (linear probing, at most half full, deletion by backward shift, no tombstones). Ids
-are dense (freed ids are reused), so per-block state lives in parallel arrays indexed by id.
+A dict entry costs ~100 B a block; here a hash costs 8-16 B in `keys` plus 4 B per slot of an
+open-addressing table (linear probing, at most half full, backward-shift deletion). Ids are dense
+and reused, so per-block state lives in parallel arrays indexed by id (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -122,10 +119,11 @@ class BlockIndex:
             pass
 
     def grow_steps(self, most: int | None = None) -> Iterator[None]:
-        """Double the table ahead of need, yielding between pieces, when HEADROOM more adds
-        could need it and the table is big enough for that to matter; `most`: the count it
-        never exceeds (a budget), past which it never grows. Nothing may add or remove
-        between the pieces (EngineEvents.upkeep runs them between ingestion steps)."""
+        """Double the table ahead of need, in pieces, when HEADROOM more adds could need it.
+
+        `most`: the count it never grows past (a budget). Nothing may add or remove between the
+        pieces (EngineEvents.upkeep runs them between ingestion steps).
+        """
         slots = len(self.slots)
         if 2 * (self.count + HEADROOM) <= slots or slots < 4 * HEADROOM:
             return
@@ -219,13 +217,12 @@ class BlockIndex:
 
 
 class _Oldest:
-    """Ids of a `BlockIndex` in the order they were added, so that the oldest can be forgotten
-    when more than `limit` are held (the one budget of the KV-event state, see EngineEvents).
+    """Ids of a `BlockIndex` in the order added, so the oldest can be forgotten past `limit`.
 
-    `_queue` lists ids oldest first from `_head`, with stale entries (ids removed since, or
-    reused by a later add); `_at[id]` is where the id's live entry is, -1 when free. The queue
-    is rebuilt without its stale entries when they outnumber the live ones: 8–16 B per block,
-    O(1) amortised per add, remove and eviction."""
+    `_queue` lists ids oldest first from `_head`, with stale entries; `_at[id]` is the live entry's
+    place, -1 when free. The queue is rebuilt when stale entries outnumber live ones: O(1) amortised
+    per add, remove and eviction.
+    """
 
     __slots__ = ("_at", "_head", "_index", "_queue", "evicted", "limit")
 
@@ -288,8 +285,10 @@ class _Oldest:
             pass
 
     def upkeep(self) -> Iterator[None]:
-        """The table's growth and the queue's rebuild ahead of need, in pieces (see
-        UPKEEP_PIECE); nothing may add or remove between them."""
+        """The table's growth and the queue's rebuild ahead of need, in pieces (UPKEEP_PIECE).
+
+        Nothing may add or remove between them.
+        """
         yield from self._index.grow_steps(None if self.limit is None else self.limit + 1)
         due = 2 * self._index.count + 1024
         if len(self._queue) + HEADROOM > due >= 4 * HEADROOM:
@@ -324,9 +323,10 @@ class _Oldest:
 
 
 class ResidentBlocks(_Oldest):
-    """The CPU tier's blocks: hash → loaded since stored, ~1 B per id beside the index
-    (a dict of bools costs ~100 B a block); at most `limit` blocks, the oldest stored
-    forgotten first."""
+    """The CPU tier's blocks: hash → loaded since stored; past `limit` the oldest go first.
+
+    About 1 B per id beside the index (docs/performance.md).
+    """
 
     __slots__ = ("_state",)
 

@@ -1,9 +1,8 @@
 """The miss-ratio curve: predicted offload hit ratio at every CPU-tier size, and the right size.
 
-Hit ratio at size C = GPU-missed tokens whose reuse distance is under C ÷ all GPU-missed
-tokens (the same denominator as the counter-based offload hit ratio, so the two compare).
-"The right size" is the smallest tier reaching 95% of the achievable hit ratio (what an
-unbounded tier would serve), the simulator oracle's definition.
+Hit ratio at size C = GPU-missed tokens with reuse distance under C ÷ all GPU-missed tokens, the
+counter-based ratio's denominator, so the two compare. The right size is the smallest tier reaching
+95% of the unbounded tier's hit ratio (the simulator oracle's definition).
 """
 
 from __future__ import annotations
@@ -50,11 +49,11 @@ def build_curve(
     extra_sizes: tuple[float, ...] = (),
     target_share: float = 0.95,
 ) -> Curve | None:
-    """None when nothing was missed yet or the block size in bytes is unknown.
+    """The curve, or None when nothing was missed yet or the block size in bytes is unknown.
 
-    missed_tokens: GPU-missed prompt tokens over the same period from the counters (they
-    include the partial last block of each prompt, which events never show); without it the
-    full blocks the events saw are the denominator.
+    missed_tokens: GPU-missed prompt tokens from the counters over the same period (with each
+    prompt's partial last block, which events never show); without it, the events' full blocks are
+    the denominator.
     """
     from_events = events.missed_tokens_from_events()
     denominator = missed_tokens if missed_tokens and missed_tokens >= from_events else from_events

@@ -1,12 +1,9 @@
 """Decoding vLLM's KV-event batches into plain, version-independent records.
 
-vLLM encodes a `KVEventBatch` with msgspec. The shape has moved between releases: the batch as
-an array `[ts, events, data_parallel_rank]` (vLLM 0.33, `vllm/distributed/kv_events.py`)
-or as a map
-`{"ts", "events", "data_parallel_rank"}` (vLLM main at one point); events as maps with a
-`"type"` tag, or as arrays with the tag first (older `array_like=True` structs). All of them
-decode here into `Event`s; unknown fields are ignored and unknown event types are counted,
-so a newer vLLM still decodes.
+vLLM's msgspec `KVEventBatch` has moved between releases: an array `[ts, events,
+data_parallel_rank]` (vLLM 0.33) or a map; events as tagged maps or arrays with the tag first. All
+decode here into `Event`s. Unknown fields are ignored and unknown event types counted, so a newer
+vLLM still decodes.
 """
 
 from __future__ import annotations

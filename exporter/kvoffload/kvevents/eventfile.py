@@ -1,8 +1,8 @@
 """Raw KV-event streams on disk: exactly the ZMQ messages vLLM published, in order.
 
-Format: the line `KVOFFLOAD-KVEVENTS 1\n`, then records of a 4-byte big-endian length and a
-msgpack array `[dp_rank, seq, received_at, topic, payload]` (payload = vLLM's msgpack bytes,
-untouched, so a newer vLLM's fields survive a round trip).
+Format: the line `KVOFFLOAD-KVEVENTS 1\n`, then records of a 4-byte big-endian length and a msgpack
+array `[dp_rank, seq, received_at, topic, payload]`. The payload is vLLM's bytes untouched, so a
+newer vLLM's fields survive a round trip.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """The KV-event state of one target on disk, so a restarted sidecar loses nothing.
 
-vLLM's counters are cumulative and come back after two scrapes; the event state does not: the
-reuse-distance structure, the CPU tier's residency and the never-loaded counts are built from
-every message since the start. `--state-dir` keeps them in one file per target, written
-atomically (temporary file, fsync, rename) every few seconds and at shutdown. A restarted
-sidecar loads it and asks vLLM to replay from the last sequence it holds, so a SIGKILL costs
-nothing that vLLM's replay buffer (10,000 messages) still has.
+Unlike vLLM's counters, the event state is built from every message since the start. `--state-dir`
+keeps it in one file per target, written atomically every few seconds and at shutdown. A restarted
+sidecar loads it and asks vLLM to replay from its last sequence, so a SIGKILL costs nothing vLLM's
+replay buffer still has.
 
-The format is msgpack (msgspec) with a format name and a version, framed with its length and
-SHA-256 (kvevents.statefile, which also opens and writes the files safely). Block hashes can be
-128-bit (folded bytes hashes), beyond msgpack's integers, so hash lists travel as packed 17-byte
-signed big-endian blobs; float arrays as packed doubles. Loading trusts nothing that decodes:
-every field is range-checked by a typed schema (counts non-negative integers below 2^63,
-sequence numbers below the live limit, `block_size` at most 2^20 as for events, figures finite
-and non-negative, the histogram no larger than its total), and block lists are held to the
-budget before they are unpacked. A file that fails any of it, is of another format or version,
-belongs to another target or was built with other sampling settings is set aside (renamed
-`*.bad`) with one line, and the sidecar starts fresh. Version 1 files (no frame) are still
-read, with the same checks.
+The format is versioned msgpack, framed with its length and SHA-256 (kvevents.statefile). Hash lists
+travel as packed 17-byte signed blobs (hashes can be 128-bit), float arrays as packed doubles.
+Loading trusts nothing: a typed schema range-checks every field, and block lists are held to the
+budget before they are unpacked. A file that fails a check, or is of another format, version, target
+or sampling setting, is renamed `*.bad` with one line and the sidecar starts fresh
+(docs/reliability.md). Version 1 files (no frame) are still read, with the same checks.
 """
 
 from __future__ import annotations
@@ -83,9 +76,11 @@ def state_path(state_dir: str | os.PathLike[str], instance: str) -> Path:
 # -- snapshot (in the event loop: copies only) and encoding (anywhere) ------------------------
 @dataclass(frozen=True)
 class Snapshot:
-    """A consistent copy of a target's event state, cheap to take (C-level copies of the
-    arrays), so the slow part (ordering, packing, writing) can run in a thread while messages
-    keep arriving."""
+    """A consistent copy of a target's event state, cheap to take (C-level array copies).
+
+    Why: the slow part (ordering, packing, writing) can then run in a thread while messages keep
+    arriving.
+    """
 
     instance: str
     header: dict[str, Any]
@@ -307,8 +302,7 @@ def _floats(blob: bytes, n: int, what: str) -> list[float]:
 
 
 def _hashes(blob: bytes, budget: int | None, what: str) -> list[int]:
-    """A packed hash list, held to the budget before it is unpacked (5 M blocks over a
-    10,000 budget took 160 s to load)."""
+    """A packed hash list, held to the budget before it is unpacked (docs/reliability.md)."""
     if budget is not None and len(blob) > budget * _HASH_BYTES:
         raise StateError(f"{what} holds {len(blob) // _HASH_BYTES:,} blocks, over the budget")
     return _unpack_hashes(blob)
@@ -381,8 +375,11 @@ def _engine(raw: _Engine, sample_rate: float, sample_budget: int | None) -> Engi
 
 
 def _baselines(raw: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Counter totals per group; a group with a total that is not a finite non-negative
-    number loses its baseline (its missed tokens unknown until one is taken again)."""
+    """Counter totals per group.
+
+    A group whose total is not a finite non-negative number loses its baseline (its missed tokens
+    unknown until one is taken again).
+    """
     return {
         group: totals
         for group, totals in raw.items()
@@ -398,8 +395,10 @@ class Loaded:
 
 
 def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded:
-    """A state file's bytes (framed, or a version-1 file) into a target's events, every field
-    checked; StateError (one line) for anything else."""
+    """A state file's bytes (framed, or version 1) into a target's events, every field checked.
+
+    Raises StateError (one line) for anything else.
+    """
     try:
         payload = statefile.unframe(data) if data.startswith(statefile.MAGIC) else data
         legacy = payload is data
@@ -433,9 +432,11 @@ def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | 
 
 
 def load(path: Path, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded | None:
-    """The saved state, or None when there is none; an unusable file (a link, a device, a
-    FIFO, one over the size limit, damaged, out of range) is renamed `*.bad` (replacing an
-    older one) with a one-line warning, never raised."""
+    """The saved state, or None when there is none.
+
+    An unusable file (a link, a device, a FIFO, oversized, damaged, out of range) is renamed `*.bad`
+    with a one-line warning, never raised.
+    """
     try:
         data = statefile.read(path)
         if data is None:

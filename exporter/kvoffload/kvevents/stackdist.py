@@ -1,15 +1,14 @@
 """LRU stack distances of a block stream (Mattson), exact or spatially sampled (SHARDS).
 
-The native CPU tier stores every newly computed full prompt block and is read only for blocks
-the GPU missed, so it behaves like an LRU cache over the stream of GPU-missed blocks. A block's
-stack distance is the number of distinct blocks missed since its previous miss: a tier of C
-blocks serves it iff distance < C. One pass over the stream gives the hit ratio at every size.
+The native CPU tier stores every new full prompt block and is read only on GPU misses, so it acts as
+an LRU cache over the GPU-missed blocks. A block's stack distance is the count of distinct blocks
+missed since its previous miss; a tier of C blocks serves it iff distance < C. One pass gives the
+hit ratio at every size.
 
-Exact mode keeps one Fenwick tree over access positions (one mark per distinct block, at its
-latest access) and compacts positions when they run out; memory grows with distinct blocks.
-Sampled mode (SHARDS, Waldspurger et al., FAST '15) tracks only blocks whose hash falls under a
-threshold: distances and counts are scaled by 1/rate. With a fixed budget, the threshold drops
-whenever more blocks than the budget are tracked, so memory stays bounded however long it runs.
+Exact mode keeps one Fenwick tree over access positions and compacts them when they run out; memory
+grows with distinct blocks. Sampled mode (SHARDS, Waldspurger et al., FAST '15) tracks only blocks
+whose hash falls under a threshold and scales by 1/rate. With a budget the threshold drops as
+needed, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ class _Fenwick:
 class DistanceHistogram:
     """Weighted counts of stack distances (in blocks), with cold misses apart.
 
-    Exact below 2^16 blocks (a Fenwick tree over every distance), then 64 log-spaced bins per
-    doubling (≈1.1% of the size apart) up to 2^48: memory is fixed however long it runs.
+    Exact below 2^16 blocks, then 64 log-spaced bins per doubling up to 2^48, so memory is fixed.
     Sizes inside a coarse bin are interpolated linearly.
     """
 
@@ -115,21 +113,16 @@ class DistanceHistogram:
 class StackDistanceTracker:
     """Feed block hashes in access order; read hits at any size from `histogram`.
 
-    sample_rate < 1 samples blocks by hash; sample_budget (blocks) lowers the rate to keep at
-    most that many blocks tracked. Both None/1.0: exact.
+    sample_rate < 1 samples blocks by hash; sample_budget (blocks) lowers the rate to keep at most
+    that many tracked. Both None/1.0: exact.
 
-    Layout, in flat arrays (no Python object per block): each tracked block has a dense id
-    (`BlockIndex`: its hash, 8 B, and 8–16 B of hash table), the position of its latest access
-    (`_last`, 4 B), when sampled its mixed hash (`_mixed`, 4 B); one Fenwick tree over access
-    positions counts the marks (one per tracked block, at its latest access) in int32 nodes,
-    1–2 positions per tracked block (4–8 B). 24–36 B per tracked block in exact mode (~40 B
-    of RSS at 10M blocks, against ~175 B with dicts of Python ints); up to 2^30 of them.
+    Flat arrays, no Python object per block: a dense id per block (`BlockIndex`), its latest
+    position (`_last`), its mixed hash when sampled (`_mixed`), and an int32 Fenwick tree over
+    positions. That is 24-36 B per block in exact mode, up to 2^30 blocks (docs/performance.md).
 
-    The tree is filled as positions are used: the node of a new position is written then, as
-    the sum of its children (on average one) plus its mark, so a new mark costs O(1), and
-    moving a mark from position q walks only the nodes between q and the latest position.
-    Positions are renumbered (compacted) when there are twice as many as tracked blocks (ahead
-    of need and in pieces when ingested in steps: `upkeep`).
+    The tree is filled as positions are used, so a new mark costs O(1) and moving a mark walks only
+    the nodes after it. Positions are compacted when there are twice as many as tracked blocks
+    (ahead of need, in pieces: `upkeep`).
     """
 
     def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
@@ -185,8 +178,10 @@ class StackDistanceTracker:
             self.record(*probed)
 
     def probe(self, block: int) -> tuple[float, float] | None:
-        """(distance in blocks, weight) of `block` now — inf when cold — or None when the
-        block is not sampled. Records nothing."""
+        """(distance in blocks, weight) of `block` now, inf when cold; None when it is not sampled.
+
+        Records nothing.
+        """
         weight = self._weight(block)
         if weight is None:
             return None
@@ -217,21 +212,21 @@ class StackDistanceTracker:
             self.histogram.add(round(distance), weight)
 
     def touch(self, block: int) -> None:
-        """Make `block` the most recent (a store, a load, or vLLM's touch of a request's
-        blocks), without recording anything."""
+        """Make `block` the most recent (a store, a load or a touch), recording nothing."""
         self._touch_all((block,), [], [])
 
     # Kept whole (#26): index.find and _after as calls made it 3.5% slower (an A/B run).
     def lookup(self, hashes: Sequence[int], ancestors: Sequence[int] = ()) -> None:
-        """One request's lookup in an LRU tier as vLLM's offloading scheduler does it:
-        `hashes` (its GPU-missed blocks, in order) are looked up first; vLLM loads only the
-        leading run of present blocks, so block i is served by a tier of C blocks iff blocks
-        1..i all are: each is recorded at the running maximum distance. Then the request's
-        blocks are made most recent, the first ones most recent: `hashes` from the last, then
-        `ancestors` (its GPU-hit prefix, root first) from the last.
+        """One request's lookup in an LRU tier, as vLLM's offloading scheduler does it.
 
-        The same as probe/record on each block, then touch on each block in that order (one
-        hash lookup serves both, and the loops are written out: this is the hot path)."""
+        `hashes` (its GPU-missed blocks, in order) are looked up first. vLLM loads only the leading
+        run of present blocks, so each is recorded at the running maximum distance. Then `hashes`
+        from the last, and `ancestors` (its GPU-hit prefix, root first) from the last, are made most
+        recent.
+
+        The same as probe/record then touch on each block, written out as one loop: this is the hot
+        path.
+        """
         index = self._index
         find = index.find
         histogram = self.histogram
@@ -301,8 +296,11 @@ class StackDistanceTracker:
 
     # Kept whole (#26): a new block's id found in a helper made it 2.7% slower (an A/B run).
     def _touch_all(self, blocks: Sequence[int], ids: list[int], mixes: list[int]) -> None:
-        """touch() each of `blocks` in order; ids[x], when x < len(ids), is the id blocks[x]
-        had (-1: absent or unsampled), mixes[x] its mixed hash when sampled."""
+        """touch() each of `blocks` in order.
+
+        ids[x], when x < len(ids), is the id blocks[x] had (-1: absent or unsampled), mixes[x] its
+        mixed hash when sampled.
+        """
         index = self._index
         find, add = index.find, index.add
         sampled, budget = self.sampled, self.budget
@@ -403,8 +401,7 @@ class StackDistanceTracker:
                 self._drop_floor = _SPACE + 1
 
     def _refill_drop(self) -> bool:
-        """Gather the tracked blocks at the top of the mixed-hash order, about 1/64 of them,
-        by a scan (mixed hashes of tracked blocks spread evenly below the threshold)."""
+        """Gather the ~1/64 of tracked blocks at the top of the mixed-hash order, by a scan."""
         mixes = self._mixed
         live = self._index.count
         if not live:
@@ -430,11 +427,12 @@ class StackDistanceTracker:
             pass
 
     def upkeep(self) -> Iterator[None]:
-        """The O(n) work the next step could need, done ahead in pieces (UPKEEP_PIECE) with a
-        yield between them: the index's growth, the blocks to drop at the budget, the
-        positions' compaction. Nothing may access the tracker between the pieces (the
-        engine's ingestion waits for them); readers see the whole old state until the end.
-        The figures are the same as when the work is done at once, when needed."""
+        """The O(n) work the next step could need, done ahead in pieces (UPKEEP_PIECE).
+
+        Covers the index's growth, the blocks to drop at the budget and the positions' compaction.
+        Nothing may access the tracker between the pieces; readers see the old state until the end,
+        and the figures equal those of doing it at once.
+        """
         most = None if self.budget is None else self.budget + 1
         yield from self._index.grow_steps(most)
         if self.sampled and self.budget is not None:
@@ -450,8 +448,10 @@ class StackDistanceTracker:
         return min(DROP_HEADROOM, self.budget // 16 + 1)
 
     def _extend_drop_steps(self) -> Iterator[None]:
-        """Add the tracked blocks next below `_drop_floor` in the mixed-hash order (at least
-        twice the room or 1/64 of them) to the bottom of `_drop`, scanning in pieces."""
+        """Add the tracked blocks next below `_drop_floor` (mixed-hash order) to `_drop`.
+
+        At least twice the room or 1/64 of them, scanned in pieces.
+        """
         mixes = self._mixed
         live = self._index.count
         if not live or self.threshold <= 0:
@@ -506,10 +506,11 @@ class StackDistanceTracker:
         self._set_positions(live)
 
     def _set_positions(self, live: int) -> None:
-        """The tree with positions 0..live-1 all marked: node i covers (i - lowbit(i), i],
-        all marked, so it holds lowbit(i) (by doubling: lowbit(n + i) = lowbit(i) for i < n
-        a power of two, and lowbit(2n) = 2n). Rebuilt in place, room for 2 × live positions;
-        nodes past the last position are written before they are read."""
+        """The tree with positions 0..live-1 all marked, rebuilt in place with room for 2 × live.
+
+        Node i covers (i - lowbit(i), i], so it holds lowbit(i); nodes past the last position are
+        written before they are read.
+        """
         self._limit = limit = max(_MIN_POSITIONS, 2 * live)
         tree = self._tree
         if len(tree) > limit + 1:
@@ -529,8 +530,10 @@ class StackDistanceTracker:
 
     # -- persistence --------------------------------------------------------------------------
     def copy_state(self) -> tuple[BlockIndex, array[int]]:
-        """(a copy of the index, a copy of the positions): enough to list the tracked blocks
-        in access order later (blocks_in_order), taken with C-level copies."""
+        """(a copy of the index, a copy of the positions), taken with C-level copies.
+
+        Enough to list the tracked blocks in access order later (blocks_in_order).
+        """
         return self._index.copy(), self._last[:]
 
     @staticmethod
@@ -543,8 +546,10 @@ class StackDistanceTracker:
         return index.iter_hashes(k for k in order if k >= 0)
 
     def load_blocks(self, blocks: Sequence[int]) -> None:
-        """Track `blocks` (least recent first) as if just accessed in that order; raises
-        ValueError when a block appears twice."""
+        """Track `blocks` (least recent first) as if just accessed in that order.
+
+        Raises ValueError when a block appears twice.
+        """
         self._clear()
         index = self._index
         for pos, block in enumerate(blocks):

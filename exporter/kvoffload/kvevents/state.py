@@ -1,17 +1,13 @@
-"""What the KV-event stream of one target says: reuse distances, CPU occupancy, true waste.
+"""What one target's KV-event stream says: reuse distances, CPU occupancy, true waste.
 
 One `EngineEvents` per DP rank (each engine has its own CPU tier). GPU `BlockStored` blocks are
-exactly the GPU misses (computed or loaded), so they feed the stack-distance tracker; CPU
-`BlockStored`/`BlockRemoved` give the tier's occupancy and, joined with later GPU misses of the
-same hash, which stored blocks were ever loaded back.
+exactly the GPU misses and feed the stack-distance tracker; CPU `BlockStored`/`BlockRemoved` give
+the tier's occupancy and, joined with later GPU misses, which stored blocks were loaded back.
 
-One budget bounds all of it (`--kv-events-sample-budget`, blocks per engine): the tracker
-lowers its sampling rate to stay within it, and the GPU parent map and the CPU tier's
-residency forget their oldest blocks past it (counted), so a publisher that stores new blocks
-and never removes one cannot grow the state (~220 B of RSS per block for all three when
-full). Parent chains are walked within an allowance (below), and sequence numbers are checked: a
-number out of range is rejected, a forward jump no publisher could have made is flagged, not
-counted as losses.
+One budget bounds it all (`--kv-events-sample-budget`, blocks per engine): the tracker lowers its
+sampling rate, and the parent map and CPU residency forget their oldest blocks (counted). Parent
+walks have an allowance, and sequence numbers are checked: out of range is rejected, an impossible
+forward jump is flagged, not counted as losses.
 """
 
 from __future__ import annotations
@@ -75,11 +71,12 @@ MAX_CHAIN_TAILS = 1 << 16
 
 
 class ParentMap(dict[int, int | None]):
-    """GPU block → its parent (None for a first block): a dict, so that a chain walk costs one
-    C-level lookup a step (flat arrays, as for the CPU tier, made ingestion 35% slower), at
-    most `limit` blocks: past it the oldest stored eighth goes at once (amortised O(1) a
-    store), counted in `evicted`. vLLM's BlockRemoved keeps it to the GPU cache; a publisher
-    that never sends one cannot grow it past the limit."""
+    """GPU block → its parent (None for a first block), at most `limit` blocks.
+
+    A dict, so a chain walk costs one C-level lookup a step (docs/performance.md). Past the limit
+    the oldest stored eighth goes at once (amortised O(1) a store, counted in `evicted`), so a
+    publisher that never sends BlockRemoved cannot grow it.
+    """
 
     __slots__ = ("evicted", "limit", "trimmed")
 
@@ -102,8 +99,10 @@ class ParentMap(dict[int, int | None]):
             self.trimmed += drop
 
     def rebuilt_steps(self) -> Generator[None, None, ParentMap]:
-        """A compact copy (the same entries in the same order), built in pieces with a
-        yield between them; nothing may change this map meanwhile."""
+        """A compact copy (same entries, same order), built in pieces.
+
+        Nothing may change the map meanwhile.
+        """
         new = ParentMap(self.limit)
         new.evicted = self.evicted
         items = iter(self.items())
@@ -185,11 +184,13 @@ class EngineEvents:
         self._in_upkeep = False
 
     def upkeep(self) -> Iterator[None]:
-        """The O(n) upkeep of the state that the next step could need (a table doubling,
-        the blocks to drop at the budget, a compaction, the parent map's rebuild), done now
-        in pieces with a yield between them, so that the event loop keeps turning at the
-        default budget (one piece at once was 0.2-1.5 s at 1M blocks). Called between
-        steps; another message for this engine (two subscribers on one rank) waits for it."""
+        """The O(n) upkeep the next step could need, done now in pieces.
+
+        Why: the event loop keeps turning.
+
+        It covers table doubling, the blocks to drop at the budget, compaction and the parent map's
+        rebuild. Called between steps; another message for this engine waits for it.
+        """
         if not self.upkeep_ahead:
             if self.gpu_parent.trimmed:
                 self.gpu_parent = _at_once(self.gpu_parent.rebuilt_steps())
@@ -222,8 +223,10 @@ class EngineEvents:
             self.checkpoints.append((h.total, h.cold))
 
     def first_touches_since_half(self) -> tuple[float, float, float, float]:
-        """(accesses, first touches) of the whole stream and of its recent part — since the
-        last checkpoint at or below half the accesses (between a half and three quarters)."""
+        """(accesses, first touches) of the whole stream and of its recent part.
+
+        The recent part starts at the last checkpoint at or below half the accesses.
+        """
         h = self.tracker.histogram
         base = (0.0, 0.0)
         for point in self.checkpoints:
@@ -232,13 +235,12 @@ class EngineEvents:
         return h.total, h.cold, h.total - base[0], h.cold - base[1]
 
     def sequence(self, seq: int, received: float | None = None) -> int:
-        """Account a message's sequence number (in range: TargetEvents.ingest checks); returns
-        how many were lost before it. `received`: when it arrived (time.time()), to tell a
-        gap from a jump.
+        """Account a message's sequence number; returns how many were lost before it.
 
-        A number at or below the last one means the publisher restarted (a vLLM restart
-        numbers from 0 again), not a loss. A gap larger than any publisher could have made
-        since the previous message is a jump: flagged, not lost."""
+        `received`: when it arrived (time.time()), to tell a gap from a jump. A number at or below
+        the last means the publisher restarted, not a loss; a gap larger than any publisher could
+        have made is a jump, flagged, not lost.
+        """
         lost = seq - self.last_seq - 1 if self.last_seq is not None and seq > self.last_seq else 0
         if lost:
             if received is not None and self.last_received is not None:
@@ -337,10 +339,9 @@ class EngineEvents:
     def _is_decode_block(self, hashes: tuple[int, ...], parent: int | None) -> bool:
         """A block that decoding filled: one block extending the last block of an earlier run.
 
-        vLLM offloads prompt blocks only (`offload_prompt_only`, default true, in
-        vllm/v1/kv_offload/base.py), so such a block is never looked up or stored in the CPU
-        tier; counted as a lookup it fills the replayed tier with blocks the real one never
-        holds. On every real capture no block told so was ever CPU-stored and every other was.
+        vLLM offloads prompt blocks only (`offload_prompt_only`), so such a block is never looked up
+        or stored in the CPU tier; counting it would fill the replayed tier with blocks the real one
+        never holds.
         """
         return len(hashes) == 1 and parent is not None and parent in self.chain_tails
 
@@ -371,14 +372,13 @@ class EngineEvents:
         continued: bool = False,
         loading: bool = True,
     ) -> bool:
-        """A request's blocks that missed the GPU (computed, or loaded from the CPU tier).
-        continued: a later piece of a long event (STEP_BLOCKS), whose prefix is the pieces
-        before it; loading: whether those were all loaded. Returns whether all of these were.
+        """Take in a request's GPU-missed blocks; returns whether all were loaded from the CPU tier.
 
-        vLLM's offloading scheduler looks each new request up in the CPU tier and touches all
-        of its blocks — the GPU-hit prefix too — so that the first blocks are the most recent.
-        The GPU-hit prefix never shows in events, but it is the chain of the first new block's
-        ancestors, which GPU events did show (and which are GPU-resident, so still known).
+        continued: a later piece of a long event (STEP_BLOCKS), its prefix the pieces before;
+        loading: whether those were all loaded.
+
+        vLLM looks each request up in the CPU tier, then touches all its blocks, GPU-hit prefix too.
+        That prefix is the chain of the first new block's ancestors, known from GPU events.
         Distances are read before the touches: presence is decided at lookup time.
         """
         allowance = min(
@@ -462,8 +462,10 @@ class TargetEvents:
         return eng
 
     def ingest_message(self, msg: RawMessage) -> bool:
-        """Decode one received message and take it in; a payload that does not decode is
-        counted and remembered (one line), never raised. Returns whether it was taken."""
+        """Decode one received message and take it in; returns whether it was taken.
+
+        A payload that does not decode is counted and remembered (one line), never raised.
+        """
         steps = self.ingest_message_steps(msg)
         while True:
             try:
@@ -531,8 +533,10 @@ class TargetEvents:
 
     @staticmethod
     def _scale(e: EngineEvents) -> float:
-        """Sampled counts are estimates: normalise each engine's histogram to the exact number
-        of GPU-missed blocks it saw (SHARDS' adjustment), so only the shape is sampled."""
+        """Normalise each engine's histogram to its exact GPU-missed block count (SHARDS).
+
+        Why: sampled counts are estimates, and this way only the shape is sampled.
+        """
         total = e.tracker.histogram.total
         if not e.tracker.sampled or total <= 0:
             return 1.0
@@ -552,8 +556,10 @@ class TargetEvents:
         )
 
     def histogram_totals(self) -> tuple[float, float]:
-        """(all GPU-missed full-block tokens, Σ finite distance × tokens in blocks), with the
-        same per-engine normalisation as hit_tokens, so the histogram stays cumulative."""
+        """(all GPU-missed full-block tokens, Σ finite distance × tokens), normalised as hit_tokens.
+
+        Why: the histogram then stays cumulative.
+        """
         total = sum(e.gpu_missed_blocks for e in self.engines.values()) * self.block_size
         finite = (
             sum(e.tracker.histogram.finite_sum * self._scale(e) for e in self.engines.values())
@@ -585,10 +591,11 @@ class TargetEvents:
         return sum(e.cpu_loaded_blocks for e in self.engines.values())
 
     def first_touch_ratios(self) -> tuple[float, float] | None:
-        """(share of GPU-missed blocks that were first touches over the whole stream, the same
-        share over its recent half). A cold start shows as a whole-stream share well above
-        the recent one: the curve's hit ratios still rise as the stream goes on. None before
-        any access."""
+        """(first-touch share of GPU-missed blocks over the whole stream, over its recent half).
+
+        A cold start shows as a whole-stream share well above the recent one. None before any
+        access.
+        """
         parts = [e.first_touches_since_half() for e in self.engines.values()]
         total, cold = sum(p[0] for p in parts), sum(p[1] for p in parts)
         recent_total, recent_cold = sum(p[2] for p in parts), sum(p[3] for p in parts)
@@ -608,8 +615,7 @@ class TargetEvents:
         return out
 
     def sequence_anomalies(self) -> dict[str, int]:
-        """Messages whose sequence number was out of range (rejected) or jumped further than
-        any publisher could (flagged, not counted lost), over all engines."""
+        """Messages with a sequence number out of range (rejected) or jumping too far (flagged)."""
         return {
             "rejected": sum(e.sequence_rejected for e in self.engines.values()),
             "jump": sum(e.sequence_jumps for e in self.engines.values()),
@@ -630,8 +636,7 @@ class TargetEvents:
         return sum(e.prefix_walks_cut for e in self.engines.values())
 
     def unseen_before_start(self) -> int:
-        """Messages the current publishers sent before the first one we have: history the curve
-        does not contain (0 when every engine's stream was seen from its first message)."""
+        """Messages the publishers sent before the first one we have (0 when all were seen)."""
         return sum(e.history_from_seq or 0 for e in self.engines.values())
 
     def messages(self) -> int:

@@ -1,12 +1,12 @@
-"""The bytes of a `--state-dir` file and the directory they live in, defended against the
-local file system: damage, planted links, devices, FIFOs and a second sidecar.
+"""A `--state-dir` file's bytes and directory, defended against the local file system.
 
-A file is MAGIC, the payload's length (8 bytes, big-endian), its SHA-256 and the payload, so
-that any change of a byte is found before the payload is decoded (without it, 971 of 1,000
-one-byte corruptions loaded). Files are opened with O_NOFOLLOW and O_NONBLOCK and must be
-regular and within MAX_BYTES before a byte is read; temporary files are created exclusively
-(O_EXCL, O_NOFOLLOW) under a random name, so a link planted in the directory is never written
-through. An flock on `kvoffload.lock` in the directory keeps a second sidecar out.
+It guards against damage, planted links, devices, FIFOs and a second sidecar.
+
+A file is MAGIC, the payload's length (8 bytes, big-endian), its SHA-256 and the payload, so any
+changed byte is found before decoding (docs/reliability.md). Files are opened O_NOFOLLOW|O_NONBLOCK
+and must be regular and within MAX_BYTES before a byte is read. Temporary files are created
+exclusively under a random name, so a planted link is never written through. An flock on
+`kvoffload.lock` keeps a second sidecar out.
 """
 
 from __future__ import annotations
@@ -120,8 +120,10 @@ class DirectoryInUse(Exception):
 
 
 def lock_directory(directory: Path) -> IO[bytes]:
-    """Hold `directory`'s lock for as long as the returned file is open (closing it, or the
-    process ending, releases it). DirectoryInUse when another process holds it."""
+    """Hold `directory`'s lock while the returned file is open.
+
+    Raises DirectoryInUse when another process holds it.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

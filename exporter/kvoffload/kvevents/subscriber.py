@@ -1,33 +1,22 @@
 """Subscribing to a vLLM engine's KV events over ZMQ, with replay of missed messages.
 
-vLLM's publisher binds a PUB socket (`--kv-events-config '{"endpoint": "tcp://*:5557"}'`); DP
-rank N publishes on port + N. Each message is (topic, 8-byte big-endian sequence, msgpack
-payload). When the sequence jumps, the messages in between were dropped (PUB high-water mark,
-a slow subscriber): with a replay endpoint (a ROUTER) we ask for them from the last one seen;
-whatever cannot be replayed is counted as lost, never hidden. On our first message, and when
-vLLM restarted (the sequence went back), we ask for everything vLLM still buffers (its last
-10,000 messages), so a sidecar that starts late or restarts recovers that history; what is
-older is reported as unseen (the first sequence held, `history_from_seq`).
+vLLM binds a PUB socket (`--kv-events-config`); DP rank N publishes on port + N. A message is
+(topic, 8-byte big-endian sequence, msgpack payload). When the sequence jumps we ask the replay
+endpoint (a ROUTER) for the missing messages; what cannot be replayed is counted as lost. On the
+first message and after a vLLM restart we ask for all vLLM still buffers; older history is reported
+as unseen (`history_from_seq`).
 
-A hostile or broken publisher cannot wedge it: sequence numbers out of range are rejected
-(counted), a replay takes at most REPLAY_MAX_MESSAGES messages however the ROUTER answers, and
-replays that fail (silence past the timeout, cut at the cap, an error) are rate-limited
-(REPLAY_BURST, then one per REPLAY_EVERY_SECONDS): a publisher whose every message is a gap or
-a restart, with a ROUTER that never answers, gets the rest counted as lost, not a timeout
-each. Replays that vLLM answers cost nothing of that rate. A replay also ends at
-REPLAY_DEADLINE_SECONDS whatever comes (a ROUTER dripping one duplicate every 1.5 s kept the
-old silence-only timeout from firing for hours).
+A hostile publisher cannot wedge it: out-of-range sequences are rejected, a replay reads at most
+REPLAY_MAX_MESSAGES and ends by REPLAY_DEADLINE_SECONDS, and failed replays are rate-limited
+(REPLAY_BURST, then one per REPLAY_EVERY_SECONDS), the rest counted as lost.
 
-Memory: a message is at most MAX_MESSAGE_BYTES (libzmq drops the connection on a bigger one)
-and each socket queues at most RCVHWM messages, so what libzmq holds for us is bounded in bytes
-(QUEUE_BUDGET_BYTES a socket); vLLM's PUB keeps the rest on its side (its high-water mark is
-100,000) and a gap is replayed. A message's work yields to the event loop in bounded steps.
+Memory is bounded: a message is at most MAX_MESSAGE_BYTES and a socket queues at most RCVHWM of them
+(QUEUE_BUDGET_BYTES); vLLM keeps the rest and a gap is replayed. A message's work yields to the
+event loop in steps.
 
-The publisher going away (a vLLM restart) must never reach libzmq's `!_more` assertion
-(fq.cpp:80, an abort of the whole sidecar): polling a SUB socket pre-reads the first frame of
-the next message, and `disconnect()` on that socket terminates its pipe under the rest of it.
-So a dropped connection is never disconnected in place: the socket is drained, closed with
-linger 0 and a new one opened (tests/kvevents/test_publisher_vanishing.py).
+A dropped connection is never disconnected in place: polling pre-reads a frame, and `disconnect()`
+would hit libzmq's `!_more` assertion and abort the sidecar. The socket is drained, closed with
+linger 0 and replaced (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -127,8 +116,9 @@ class SubscriberState:
 class Subscriber:
     """One SUB socket for one DP rank; `on_message` gets every message in sequence order.
 
-    `on_message` may return an iterator: its work is then done in steps, the event loop
-    getting a turn between them (TargetEvents.ingest_message_steps)."""
+    `on_message` may return an iterator; its work is then done in steps, the event loop getting a
+    turn between them.
+    """
 
     def __init__(
         self,
@@ -142,10 +132,11 @@ class Subscriber:
         resume_history_from_seq: int | None = None,
         on_rejected: Callable[[int, int], None] | None = None,
     ) -> None:
-        """resume_after_seq: the last sequence a saved state holds (`--state-dir`): the first
-        message asks vLLM to replay everything after it, as after a gap. on_rejected(rank,
-        seq): a message whose sequence number is out of range (not delivered) is counted
-        there too (TargetEvents.reject_sequence)."""
+        """resume_after_seq: a saved state's last sequence, replayed after on the first message.
+
+        on_rejected(rank, seq): called for a message whose sequence number is out of range (not
+        delivered).
+        """
         self.state = SubscriberState(
             offset_endpoint(check_endpoint(endpoint), rank),
             rank,
@@ -186,8 +177,10 @@ class Subscriber:
         return sub
 
     async def _connection(self) -> None:
-        """One SUB socket until its connection drops; then the whole messages it holds are
-        taken and it is closed (never disconnected in place: see the module's docstring)."""
+        """One SUB socket until its connection drops, then its whole messages taken and it closed.
+
+        Never disconnected in place: see the module's docstring.
+        """
         from zmq.utils.monitor import recv_monitor_message
 
         sub = self._open()
@@ -326,10 +319,12 @@ class Subscriber:
         self.state.last_error = f"{self.replay_endpoint}: {message}"
 
     async def _replay(self, start: int, stop: int) -> bool:
-        """Fetch messages [start, stop) from vLLM's replay buffer, in order; at most
-        REPLAY_MAX_MESSAGES frames are read and REPLAY_DEADLINE_SECONDS spent, whatever the
-        ROUTER sends. Returns whether it was answered (its end marker, or the gap's last
-        message, came); what it did not bring is counted in `unreplayed`."""
+        """Fetch messages [start, stop) from vLLM's replay buffer; returns whether it was answered.
+
+        At most REPLAY_MAX_MESSAGES frames are read and REPLAY_DEADLINE_SECONDS spent, whatever the
+        ROUTER sends. Answered means its end marker or the gap's last message came; what it did not
+        bring is counted in `unreplayed`.
+        """
         replayed_before = self.state.replayed
         try:
             return await self._fetch(start, stop)
@@ -406,8 +401,7 @@ class Subscriber:
         return False
 
     def _resume_from(self, asked_from: int, stop: int) -> int | None:
-        """Where to ask a stalled replay again: after the last message it brought, if it
-        brought any of [asked_from, stop) and the gap is not whole yet."""
+        """Where to ask a stalled replay again: after its last message, while the gap is open."""
         last = self.state.last_seq
         if last is None or not asked_from <= last < stop - 1:
             return None

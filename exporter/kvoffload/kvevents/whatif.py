@@ -1,30 +1,22 @@
 """Exact what-ifs from the KV events: vLLM's `store_threshold` (N = 1..4) and eviction policy.
 
-The curve (stackdist.py) answers "what if the tier were C bytes" for LRU in one pass, because
-LRU has the stack property. A store threshold and ARC do not, so each (size, policy, N) is its
-own simulation of vLLM 0.26.0's CPU tier over the same stream of GPU-missed lookups the curve
-reads: `WhatIfEvents` is a `TargetEvents` whose trackers hand each request's lookup (its
-GPU-missed blocks and GPU-hit prefix, after the same parent walk) to the simulations.
+The curve (stackdist.py) covers LRU at every size in one pass thanks to the stack property. A store
+threshold and ARC lack it, so each (size, policy, N) is its own simulation of vLLM 0.26.0's CPU tier
+over the curve's stream of lookups. `WhatIfEvents` is a `TargetEvents` whose trackers hand each
+lookup to the simulations.
 
-vLLM's rules followed (vllm/v1/kv_offload/cpu/manager.py, CPUOffloadingManager, and
-distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py), per request:
-1. lookup (`_maximal_prefix_lookup` → `CPUOffloadingManager.lookup`): the GPU-missed blocks in
-   order until the first one absent from the tier; each block looked up is one sighting of
-   its key in the `counts` table (an LRU OrderedDict of at most `max_tracker_size` keys, only
-   when store_threshold >= 2). Blocks after the first absent one are not sighted.
-2. touch (`_touch` → policy.touch) of all the request's keys, GPU-hit prefix first.
-3. load of the leading run of present blocks (`prepare_load`/`complete_load`: for LRU the
-   block leaves and re-enters the evictable list, i.e. becomes most recent, in order).
-4. store (`prepare_store`/`complete_store`) of the GPU-missed blocks whose count reached N,
-   less those present; eviction skips the request's own keys; a store that cannot evict
-   enough stores nothing.
-Transfers are taken as instantaneous (no HIT_PENDING, every block evictable) and each key is
-one GPU block (blocks_per_chunk = 1, as on the real captures).
+vLLM's rules followed (vllm/v1/kv_offload/cpu/manager.py and the offloading connector's
+scheduler.py), per request:
+1. lookup: the GPU-missed blocks in order up to the first absent one; each is one sighting in
+   the `counts` LRU table (at most `max_tracker_size` keys, only when store_threshold >= 2).
+2. touch of all the request's keys, GPU-hit prefix first.
+3. load of the leading run of present blocks (for LRU they become most recent, in order).
+4. store of the GPU-missed blocks whose count reached N, less those present; eviction skips the
+   request's own keys, and a store that cannot evict enough stores nothing.
+Transfers are taken as instantaneous and each key is one GPU block (blocks_per_chunk = 1).
 
-Memory: the what-if does not sample (neither ARC nor the threshold is exact under SHARDS);
-each simulation holds at most its tier's blocks (ARC: plus two ghost lists of at most that
-many), and one whose blocks pass `max_blocks` (the sampling budget when one is set, else
-DEFAULT_MAX_BLOCKS) stops and reports itself omitted, so memory stays bounded.
+Memory: no sampling (neither ARC nor the threshold is exact under SHARDS). A simulation whose blocks
+pass `max_blocks` (the sampling budget, else DEFAULT_MAX_BLOCKS) stops and reports itself omitted.
 """
 
 from __future__ import annotations
@@ -120,8 +112,7 @@ class TierSim:
         )
 
     def reset(self) -> None:
-        """AllBlocksCleared or a restart: the tier is empty (the still-resident blocks count
-        as never loaded, as their removal would)."""
+        """AllBlocksCleared or a restart: the tier empties, its blocks counted as never loaded."""
         self.out.evicted_never_loaded_blocks += self._never_loaded_now()
         self._clear()
 
@@ -260,8 +251,7 @@ class TierSim:
 
 
 class _ForwardingTracker(StackDistanceTracker):
-    """The tracker slot of an EngineEvents: each lookup goes to the simulations (the
-    distances are not needed here, so none are recorded)."""
+    """An EngineEvents' tracker slot: each lookup goes to the simulations, no distance recorded."""
 
     def __init__(self, sims: list[TierSim]) -> None:
         super().__init__()
@@ -343,10 +333,13 @@ def whatif_for_file(
     missed_tokens: float | None = None,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
 ) -> WhatIf:
-    """sizes: named tier sizes in bytes per engine ("current", "advised"): the store_threshold
-    rows for N = 1..4 (LRU) and the eviction rows (LRU and ARC) at each; curve_sizes: more
-    sizes for eviction rows. Hit ratios over missed_tokens when it is at least the events'
-    own full-block tokens (the curve's denominator), else over the events'."""
+    """What-if rows of an event file at each named size and curve size.
+
+    sizes: named tier sizes in bytes per engine ("current", "advised"), each with store_threshold
+    rows (N = 1..4, LRU) and eviction rows (LRU, ARC); curve_sizes: more sizes for eviction rows.
+    Hit ratios are over missed_tokens when it is at least the events' full-block tokens, else over
+    the events'.
+    """
     named = {name: s for name, s in sizes.items() if s and s > 0 and math.isfinite(s)}
     eviction_sizes = sorted({*named.values(), *(s for s in curve_sizes if s > 0)})
     configs: list[Config] = []
@@ -376,8 +369,10 @@ def whatif_for_file(
 def _row(
     o: Outcome, size: float, bytes_per_block: float, block_size: int, missed_tokens: float | None
 ) -> dict[str, object]:
-    """One simulated tier as a JSON row; hit ratio over missed_tokens where it is at least
-    the tier's own looked-up tokens (the curve's denominator), else over those."""
+    """One simulated tier as a JSON row.
+
+    Its hit ratio is over missed_tokens, or over its own looked-up tokens when those are more.
+    """
     own = o.looked_up_blocks * block_size
     denominator = missed_tokens if missed_tokens and missed_tokens >= own else own
     return {
@@ -403,11 +398,11 @@ _LIVE: weakref.WeakKeyDictionary[TargetEvents, LiveWhatIf] = weakref.WeakKeyDict
 
 
 class LiveWhatIf:
-    """The knobs' what-ifs next to a running vLLM: TierSims at the current tier size, handed
-    each lookup as it arrives (EngineEvents.lookup_listeners).
+    """The knobs' what-ifs next to a running vLLM: TierSims at the current size, fed live.
 
-    Why: the sidecar keeps no file of its events for a second pass; the same simulations over
-    the same lookups give analyze --events' rows, counted from when the size was known."""
+    Why: the sidecar keeps no event file for a second pass, and the same simulations give analyze
+    --events' rows, counted from when the size was known.
+    """
 
     def __init__(self, events: TargetEvents, capacity_blocks: int, since: float) -> None:
         self.capacity_blocks = capacity_blocks
@@ -454,8 +449,10 @@ def _live_basis(since: float, blocks: int) -> str:
 def live_whatif(
     events: TargetEvents, bytes_per_block: float, capacity_bytes: float, now: float
 ) -> WhatIf | None:
-    """The live what-if rows of one target, its simulations started (or restarted, when the
-    tier's size in blocks moved) at the first call that knows the size."""
+    """One target's live what-if rows.
+
+    Its simulations start once the size is known, and restart when the size in blocks moves.
+    """
     if not bytes_per_block or not capacity_bytes or not events.block_size:
         return None
     blocks = int(capacity_bytes // bytes_per_block)
@@ -478,8 +475,10 @@ def _gib(value: object) -> str:
 
 
 def summary_lines(whatif: dict[str, object], size: str | None = None) -> list[str]:
-    """One or two report lines: the store_threshold rows and LRU against ARC at `size`
-    ("advised" or "current"; None: the advised size where there is one, else the current)."""
+    """One or two report lines: the store_threshold rows and LRU against ARC at `size`.
+
+    `size`: "advised" or "current"; None: the advised size if any, else the current.
+    """
     lines = []
     rows = _rows(whatif, "store_threshold")
     if size is None or not any(r.get("size") == size for r in rows):

@@ -1,7 +1,8 @@
 """Recordings: the OpenMetrics files `record` writes, their readers and the `record` loop.
 
-`read(path, consume, report)` is the one way in (recording.reader picks the reader that takes
-the file: the strict one for what `record` leaves, else the general one)."""
+`read(path, consume, report)` is the one way in; recording.reader picks the strict reader for what
+`record` leaves, else the general one.
+"""
 
 from kvoffload.recording.reader import read
 

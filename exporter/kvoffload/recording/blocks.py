@@ -1,9 +1,8 @@
 """A strict recording's family blocks in the mapped file: where they are, what to read of them.
 
-The strict reader (recording/strict_reader.py) jumps from one `#` line to the next with a byte
-search (memchr) and passes over the families the catalog does not read without looking at their
-lines; this module holds those steps, the family's sample names to read and the series' names and
-labels, and `Declined`, raised for a file not read exactly as the general reader would.
+The strict reader (recording/strict_reader.py) jumps between `#` lines with memchr and passes over
+unread families unseen. This module holds those steps, each family's sample names and series, and
+`Declined`, raised for a file it cannot read exactly as the general reader would.
 """
 
 from __future__ import annotations
@@ -41,8 +40,10 @@ class Family:
 
 
 def family_spec(raw: bytes, mtype: bytes) -> Family:
-    """What to read in a family block: sample names under their raw spelling (a file may
-    store vLLM's names as `vllm_…`), checked against the catalog under the canonical one."""
+    """What to read in a family block: sample names as spelled, checked under the canonical one.
+
+    A file may store vLLM's names as `vllm_…`.
+    """
     base = raw[:-6] if mtype == b"counter" and raw.endswith(b"_total") else raw
     names = [base + s for s in _SUFFIXES.get(mtype, (b"",))]
     if mtype == b"gauge" or mtype not in _SUFFIXES:
@@ -67,9 +68,11 @@ class Instance:
 
 
 def wanted_lines(block: bytes, spec: Family) -> list[bytes]:
-    """The lines of a family block the catalog reads, in file order. A block of only wanted
-    names is split; one with names not read (a histogram's buckets, most of its lines) is
-    searched for the wanted names instead, and its other lines are only counted."""
+    """The lines of a family block the catalog reads, in file order.
+
+    A block of only wanted names is split; one with other names (a histogram's buckets) is searched
+    for the wanted ones, its other lines only counted.
+    """
     if not spec.unwanted:
         lines = block.split(b"\n")[:-1]
         for line in lines:
@@ -90,8 +93,10 @@ def wanted_lines(block: bytes, spec: Family) -> list[bytes]:
 
 
 def wanted_text(block: bytes, spec: Family) -> bytes:
-    """The lines of a family block the catalog reads, each ending in a newline: the block
-    itself when it has no other names (its lines are checked where they are read)."""
+    """The lines of a family block the catalog reads, each ending in a newline.
+
+    The block itself when it has no other names (its lines are checked where they are read).
+    """
     if not spec.unwanted:
         return block
     lines = wanted_lines(block, spec)
@@ -133,8 +138,10 @@ def mapped(path: str) -> mmap.mmap:
 def next_type_line(
     mm: mmap.mmap, pos: int, end: int, pages: Pages
 ) -> tuple[int, bytes, bytes] | None:
-    """The next `# TYPE name type` line at or after `pos` (other comments passed over):
-    (where the line after it starts, name, type); None at the end."""
+    """The next `# TYPE name type` line at or after `pos`, other comments passed over.
+
+    Returns (where the next line starts, name, type); None at the end.
+    """
     while pos < end:
         pages.at(pos)
         hash_at = next_comment(mm, pos, end, pages)
@@ -152,9 +159,11 @@ def next_type_line(
 
 
 def next_comment(mm: mmap.mmap, pos: int, end: int, pages: Pages) -> int:
-    """Where the next line beginning with '#' starts (`end` if none): searched a region at a
-    time, the pages behind given back, so skipping a family of hundreds of MB holds none of
-    it. A '#' inside a line (a label value) is passed over."""
+    """Where the next line beginning with '#' starts (`end` if none).
+
+    A '#' inside a line is passed over. It is searched a region at a time with the pages behind
+    given back, so skipping a huge family holds none of it.
+    """
     step = pages.REGION
     while pos < end:
         stop = min(pos + step, end)
@@ -169,10 +178,11 @@ def next_comment(mm: mmap.mmap, pos: int, end: int, pages: Pages) -> int:
 
 
 class Pages:
-    """Keeps what the reader holds of the mapped file to a few regions: the region ahead is
-    checked for NUL and CR bytes before it is read (iter_openmetrics refuses the first and
-    strips the second; both are left to it), and the pages behind are given back, so the
-    process does not grow with the file (mapped pages it touched count in its RSS)."""
+    """Keeps what the reader holds of the mapped file to a few regions.
+
+    The region ahead is checked for NUL and CR bytes before it is read (left to iter_openmetrics),
+    and the pages behind are given back, so RSS does not grow with the file.
+    """
 
     REGION = 2 * 2**20
 

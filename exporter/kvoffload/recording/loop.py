@@ -1,5 +1,7 @@
-"""`kvoffload record`: scrape targets on a schedule into a recording, and optionally write the
-KV-event stream of one target next to it, in one event loop."""
+"""`kvoffload record`: scrape targets on a schedule into a recording, in one event loop.
+
+Optionally it also writes one target's KV-event stream next to it.
+"""
 
 from __future__ import annotations
 

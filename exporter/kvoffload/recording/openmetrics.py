@@ -1,17 +1,14 @@
 """Recordings: OpenMetrics 1.0 files with a timestamp on every sample (README, "Recordings").
 
-`record` writes in two steps. While it runs, scrapes are appended to a journal next to the
-output (`OUT.partial`), whole and flushed one by one: scrape-ordered text that `analyze`
-streams, and all that a recorder killed with SIGKILL leaves. On a clean end (duration reached,
-SIGTERM, Ctrl-C) the journal is rewritten into OUT as strict OpenMetrics — each family once and
-contiguous, each series' points contiguous and in time order, `# EOF` — through an on-disk sort
-(kvoffload.ingest.extsort), so a 24-hour recording needs no more memory than a short one;
-then the journal goes. OUT is what prometheus_client's parser and `promtool tsdb
-create-blocks-from openmetrics` accept. Like Prometheus, the writer adds `instance` and `job`
-to every series.
+`record` writes in two steps. While it runs, scrapes are appended whole and flushed to a journal
+(`OUT.partial`): scrape-ordered text that `analyze` streams, and all a SIGKILL leaves. On a clean
+end the journal is rewritten into OUT as strict OpenMetrics (each family once and contiguous, each
+series' points together in time order, `# EOF`) through an on-disk sort, so memory stays bounded;
+then the journal goes. OUT is what prometheus_client's parser and `promtool tsdb create-blocks-from
+openmetrics` accept; like Prometheus, the writer adds `instance` and `job` to every series.
 
-`read_recording` takes either layout and any other valid one (series contiguous): scrape by
-scrape streams; the others are sorted by timestamp on disk.
+`read_recording` takes either layout and any other valid one: scrape-ordered files stream, the
+others are sorted by timestamp on disk.
 """
 
 from __future__ import annotations
@@ -47,9 +44,11 @@ JOURNAL_MARK = "# kvoffload recording journal"
 
 
 def _cut_char(exc: UnicodeError) -> tuple[str, int]:
-    """A file cut inside a multi-byte character (a killed writer, a copy cut short) ends in
-    an incomplete UTF-8 sequence: dropped, it is only the end of the last line, which has no
-    newline and is dropped as cut anyway. Any other invalid byte stays an error."""
+    """Drop an incomplete UTF-8 sequence at the end of a cut file (a killed writer, a short copy).
+
+    It is only the end of the last line, which has no newline and is dropped as cut anyway. Any
+    other invalid byte stays an error.
+    """
     if (
         isinstance(exc, UnicodeDecodeError)
         and exc.reason == "unexpected end of data"
@@ -79,12 +78,10 @@ def _format_value(value: float) -> str:
 class RecordingWriter:
     """Append scrapes of one or more targets to a text stream, scrape by scrape.
 
-    This is the journal layout: each scrape's families again (TYPE lines repeat), with that
-    scrape's timestamp. A reader streams it with constant memory, and a writer killed between
-    two scrapes leaves every earlier one whole. Within a scrape each family is contiguous and
-    each series' samples (a counter's `_total` and `_created`, a histogram's buckets, `_count`,
-    `_sum`, `_created`) are together, so one scrape alone is strict OpenMetrics; across
-    scrapes it is not (families repeat): `Recording` rewrites it at the end.
+    This is the journal layout: each scrape repeats its families with its own timestamp, so a reader
+    streams it in constant memory and a writer killed between scrapes leaves every earlier one
+    whole. One scrape alone is strict OpenMetrics (families contiguous, each series' samples
+    together); across scrapes families repeat, and `Recording` rewrites it at the end.
     """
 
     def __init__(
@@ -133,9 +130,11 @@ class RecordingWriter:
 
 
 def _series_together(fam: str, mtype: str, samples: list[Sample]) -> list[Sample]:
-    """A family's samples with each series' together, in order of first appearance: 0.0.4
-    puts a counter's `_created` family (folded into its parent here) after all its `_total`
-    lines, and OpenMetrics forbids coming back to a series ("Invalid metric grouping")."""
+    """A family's samples with each series' together, in order of first appearance.
+
+    Why: 0.0.4 puts a counter's `_created` (folded in here) after all its `_total` lines, and
+    OpenMetrics forbids coming back to a series.
+    """
     drop = {"histogram": "le", "gaugehistogram": "le", "summary": "quantile"}.get(mtype)
     series: dict[tuple[tuple[str, str], ...], list[Sample]] = {}
     for sample in samples:
@@ -156,8 +155,10 @@ _SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsu
 def _group_by_family(
     expo: Exposition,
 ) -> dict[str, tuple[str, list[tuple[str, dict[str, str], float, float | None]]]]:
-    """Samples under their OpenMetrics family: counters lose `_total` in the family name,
-    and the separate `_created` gauge families of 0.0.4 are folded into their parent."""
+    """Samples under their OpenMetrics family.
+
+    Counters lose `_total`; 0.0.4's `_created` families fold into their parent.
+    """
     types = expo.families
     out: dict[str, tuple[str, list[tuple[str, dict[str, str], float, float | None]]]] = {}
     for fam, mtype in types.items():
@@ -190,10 +191,9 @@ def _family_of(name: str, types: dict[str, str]) -> str:
 class Recording:
     """What `record` writes to `path`: a journal while recording, strict OpenMetrics once closed.
 
-    `write_exposition` appends to `path + JOURNAL_SUFFIX` (flushed per scrape: what SIGKILL
-    leaves, and what `analyze` reads); `close` rewrites the journal into `path` and removes it.
-    An existing journal is never overwritten: it is a recording that was killed (or one still
-    running), and it is the only copy of its data.
+    `write_exposition` appends to `path + JOURNAL_SUFFIX`, flushed per scrape; `close` rewrites it
+    into `path` and removes it. An existing journal is never overwritten: it is a killed (or still
+    running) recording, the only copy of its data.
     """
 
     def __init__(self, path: str, instance: str = "", job: str = "vllm") -> None:
@@ -236,9 +236,11 @@ class Recording:
     def write_exposition(
         self, expo: Exposition, timestamp: float, instance: str | None = None
     ) -> None:
-        """Append a scrape to the journal. A write that fails (disk full, a file size limit)
-        stops the recording: InputError, one line; the scrapes written whole stay in the
-        journal (`record --finalize` turns it into the file once there is room)."""
+        """Append a scrape to the journal.
+
+        A failed write (disk full, a file size limit) stops the recording with InputError, one line;
+        the whole scrapes stay in the journal (`record --finalize` turns it into the file later).
+        """
         if self.failed is not None:
             raise InputError(self._stopped())
         try:
@@ -270,9 +272,11 @@ class Recording:
 
     def close(self) -> int:
         """Finish the journal, rewrite it into `path`, remove it; returns the scrapes written.
-        If the rewrite fails or is interrupted, the journal stays (complete, with '# EOF').
-        After a failed write the journal is left as it is (cut short) and nothing raised here:
-        the failure was."""
+
+        If the rewrite fails or is interrupted, the journal stays (complete, with '# EOF'). After a
+        failed write the journal is left cut short and nothing is raised here: the write already
+        did.
+        """
         if self.failed is not None:
             return self.scrapes
         if not self._fh.closed:
@@ -310,15 +314,14 @@ def finalize_journal(
     tmp_dir: str | None = None,
     verify: Callable[[str, int], None] | None = None,
 ) -> int:
-    """Rewrite a scrape-ordered recording (a journal) into `out` as strict OpenMetrics: each
-    family once, contiguous, under one TYPE line; each series' points contiguous and in time
-    order; `# EOF`. Memory stays bounded (an on-disk sort; temporary files in `tmp_dir`,
-    default: next to `out`, where the room for the result is). `out` appears whole or not at
-    all (written aside, then renamed). A journal without '# EOF' (its recorder was killed,
-    cut at any byte) loses its last, possibly partial scrape; a strict file cut short (`record
-    --repair`), its last, possibly partial point. Returns the number of timestamps written
-    (a journal's scrapes). `verify(tmp, timestamps)` may refuse the result (raising) before
-    it is renamed to `out`."""
+    """Rewrite a journal into `out` as strict OpenMetrics; returns the timestamps written.
+
+    Each family once under one TYPE line, each series' points together in time order, `# EOF`.
+    Memory is bounded by an on-disk sort (temporary files in `tmp_dir`, default beside `out`), and
+    `out` appears whole or not at all. A journal without '# EOF' loses its last, possibly partial
+    scrape; a strict file cut short (`record --repair`), its last point. `verify(tmp, timestamps)`
+    may refuse the result (raising) before it is renamed.
+    """
     from kvoffload.ingest.extsort import sorted_lines
 
     try:
@@ -364,8 +367,10 @@ def finalize_journal(
 
 
 def _exclusive_tmp(directory: str, base: str) -> tuple[str, int]:
-    """A new file beside the output, created exclusively and never through a symlink: a
-    name planted in the directory is not written through."""
+    """A new file beside the output, created exclusively and never through a symlink.
+
+    Why: a name planted in the directory is not written through.
+    """
     for _ in range(100):
         tmp = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
@@ -395,8 +400,11 @@ class _JournalScan:
         return len(self.times)
 
     def keyed(self, fh: TextIO, path: str) -> Iterator[str]:
-        """Every sample line of the journal `fh`, prefixed by its sort key (family, series,
-        time, file order); the last scrape only when the journal ends with `# EOF`."""
+        """Every sample line of the journal `fh`, prefixed by its sort key.
+
+        The key is (family, series, time, file order); the last scrape only when the journal ends
+        with `# EOF`.
+        """
         from kvoffload.ingest.extsort import float_key
 
         fam_index: dict[str, int] = {}
@@ -486,8 +494,10 @@ class _JournalScan:
         labelled: bool,
         drop: re.Pattern[str] | None,
     ) -> str:
-        """The key prefix of a sample head not seen before: its family and its series (the
-        labels less le/quantile, so a histogram's buckets sort together)."""
+        """The key prefix of a new sample head: its family and its series (labels less le/quantile).
+
+        Why: a histogram's buckets then sort together.
+        """
         self.instances.add(_instance_of(head))
         labels = head[head.find("{") + 1 : -1] if labelled else ""
         if drop is not None:
@@ -497,10 +507,12 @@ class _JournalScan:
         return prefix
 
     def empty_family(self, fam: int) -> str:
-        """The TYPE line of a family declared without a sample ("" when only some instances
-        declared it: a strict file's TYPE line is everyone's, it could not say whose). That a
-        family is there decides how others are read (vLLM's per-direction offload families
-        before the first transfer, say)."""
+        """The TYPE line of a family declared without a sample.
+
+        "" when only some instances declared it: a strict file's TYPE line is everyone's. That a
+        family is there decides how others are read (vLLM's per-direction offload families before
+        the first transfer).
+        """
         if self.instances and self.declared_by.get(fam, set()) >= self.instances:
             return "# TYPE {} {}\n".format(*self.families[fam])
         return ""
@@ -531,7 +543,9 @@ def read_recording(
     chunk_size: int = CHUNK,
 ) -> Iterator[Exposition]:
     """Stream a recording's scrapes; a plain 0.0.4 snapshot (one /metrics body) also works.
-    `chunk_size`: characters read at a time (what is accepted does not depend on it)."""
+
+    `chunk_size`: characters read at a time (what is accepted does not depend on it).
+    """
     try:
         yield from _read_recording(path, wanted, wanted_families, chunk_size)
     except ParseError as exc:
@@ -614,14 +628,12 @@ def _read_recording(
 def _scrape_ordered(fh: TextIO, chunk_size: int = CHUNK) -> bool:
     """Whether the file reads scrape by scrape (it streams) or must be sorted by timestamp.
 
-    Scrape-ordered files (the journal, recordings of earlier versions) declare each family
-    again in every scrape; the strict layout declares each once and goes back in time at its
-    second series. Whichever comes first in the file decides (a file with neither is scrape
-    ordered), so the answer depends on the bytes only, never on how much is read at a time
-    or on a head of fixed size: a file read as a journal (streamed) that later goes back in
-    time is refused there, wherever that is. Journals and strict files decide within their
-    first scrape or series. A last line without its newline (a file cut short) is not looked
-    at: its timestamp may be cut."""
+    Scrape-ordered files (the journal, older recordings) declare each family in every scrape; the
+    strict layout declares each once and goes back in time at its second series. Whichever comes
+    first decides (neither: scrape-ordered), so the answer depends on the bytes only, never on read
+    sizes; a streamed file that later goes back in time is refused there. A last line without its
+    newline is not looked at: its timestamp may be cut.
+    """
     declared: set[str] = set()
     last = -math.inf
     for chunk in read_chunks(fh, chunk_size):
@@ -651,14 +663,12 @@ def _scrape_ordered(fh: TextIO, chunk_size: int = CHUNK) -> bool:
 
 
 def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 4 * CHUNK) -> Iterator[str]:
-    """`read_chunks` for the recording parser: blocks of about `size` characters, each ending
-    where the parser reads the same whichever block the next line is in. It jumps over a run
-    of lines of a sample name it does not read without looking at them, within a block; a
-    block that began inside such a run would have its first line parsed, so that a malformed
-    line there (an unterminated label set, even after a well-formed line of the run) would be
-    an error or not depending on where the blocks fall. A block therefore ends before a
-    comment line (a TYPE line ends every run). Only `most` characters without one are cut
-    at their last whole line.
+    """`read_chunks` for the recording parser: blocks of about `size` characters.
+
+    Each ends before a comment line. Why: the parser jumps over a run of unread sample lines within
+    a block, so a block starting mid-run would parse its first line, and a malformed line there
+    would be an error or not depending on where blocks fall. A TYPE line ends every run. Only `most`
+    characters without one are cut at their last whole line.
     """
     carry = ""
     while True:
@@ -681,8 +691,10 @@ def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 4 * CHUNK) -> Iterator
 
 
 def _run_boundary(text: str, lowest: int) -> int | None:
-    """The start of the last whole comment line in `text`, at `lowest` or after, where a
-    block may end (see whole_runs); None: read on."""
+    """Where a block may end: the last whole comment line's start in `text`, at `lowest` or after.
+
+    None: read on (see whole_runs).
+    """
     last = text.rfind("\n")  # the newline of the last whole line
     if last == -1:
         return None
@@ -691,8 +703,10 @@ def _run_boundary(text: str, lowest: int) -> int | None:
 
 
 def _note_journal(path: str) -> None:
-    """A journal whose rewrite was interrupted is complete (it ends in '# EOF'): say how to
-    finish it. One cut short is announced when its end is reached (parse.py)."""
+    """Say how to finish a journal whose rewrite was interrupted (complete, ending in '# EOF').
+
+    One cut short is announced when its end is reached (parse.py).
+    """
     with open(path, "rb") as raw:
         size = raw.seek(0, os.SEEK_END)
         raw.seek(max(0, size - 6))
@@ -712,8 +726,10 @@ _HEAD = 65536
 
 def _looks_like_openmetrics(head: str, whole: bool = False) -> bool:
     """Whether the file is a recording (samples with timestamps) rather than one 0.0.4 body.
-    `whole`: `head` is all of the file; cut in its last line (no newline at its end) before
-    any whole sample line, it is a recording cut short, not an empty body."""
+
+    `whole`: `head` is all of the file; cut in its last line before any whole sample line, it is a
+    recording cut short, not an empty body.
+    """
     if head.startswith(JOURNAL_MARK):
         return True
     lines = head.splitlines()

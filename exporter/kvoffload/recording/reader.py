@@ -1,9 +1,9 @@
 """The one way to read a recording: the strict reader where it takes the file, else the general one.
 
 `read(path, consume, report)` hands the file's scrapes, in the catalog's terms, to `consume` and
-returns what it returns. The strict reader may decline part-way (a journal, a layout it does not
-know, a name that is not UTF-8); then `consume` is called again, from the start, on the general
-reader's scrapes — which is why the face takes a consumer instead of returning an iterator.
+returns its result. The strict reader may decline part-way (a journal, an unknown layout, a
+non-UTF-8 name); `consume` is then called again from the start on the general reader's scrapes,
+which is why it takes a consumer instead of returning an iterator.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ def read(
 ) -> T:
     """`consume(the scrapes of the recording at path)`, each instance's in time order.
 
-    Strict OpenMetrics (what `record` leaves) goes through the strict reader; anything else —
-    a journal left by a killed `record`, a snapshot, a file with faults — through the general
-    reader, which reads it or says what is wrong. `report` is told now and then how many
-    bytes the strict reader got through, and None when the general reader takes over (a
-    reader of the file's descriptor follows that one)."""
+    Strict OpenMetrics goes through the strict reader; anything else (a killed `record`'s journal, a
+    snapshot, a faulty file) through the general reader, which reads it or says what is wrong.
+    `report` gets the strict reader's bytes done now and then, and None when the general reader
+    takes over (a reader of the file's descriptor follows that one).
+    """
     try:
         return consume(strict_extracts(path, report))
     except Declined as exc:

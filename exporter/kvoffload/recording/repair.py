@@ -1,13 +1,10 @@
-"""`record --finalize/--repair`: turn a journal or a cut recording into a whole one, and
-nothing else.
+"""`record --finalize/--repair`: turn a journal or a cut recording into a whole one, nothing else.
 
-The rewrite drops what it takes for a cut end (a last line without its newline, the last
-scrape of a journal), so a file that is not a recording would lose all of it: a one-line JSON
-became `# EOF`. Before anything is written the input must be a regular file (a device never
-ends, a FIFO blocks), within REPAIR_MAX_BYTES, and begin like a recording (the journal's
-mark, or a whole OpenMetrics line: a TYPE/HELP/UNIT comment or a sample with a timestamp). The
-result is checked by the general reader before it is renamed into place, and it replaces its
-own input only if it holds at least one point.
+Why the checks: the rewrite drops what looks like a cut end, so a non-recording would lose
+everything (a one-line JSON became `# EOF`). The input must be a regular file within
+REPAIR_MAX_BYTES that begins like a recording (the journal's mark, or a whole OpenMetrics line). The
+result is checked by the general reader before it is renamed into place, and replaces its own input
+only if it holds a point.
 """
 
 from __future__ import annotations
@@ -115,8 +112,10 @@ def _verify(journal: str, out: str) -> Callable[[str, int], None]:
 
 
 def repair(journal: str, out: str) -> int:
-    """Rewrite `journal` (a journal, or a recording cut short) into `out` once both are
-    checked; returns the timestamps written."""
+    """Rewrite `journal` (or a cut recording) into `out` once both are checked.
+
+    Returns the timestamps written.
+    """
     check_repairable(journal)
     if os.path.lexists(out) and not os.path.isfile(out):
         raise InputError(f"{out}: not a regular file (the result is renamed over it)")

@@ -1,22 +1,15 @@
-"""A fast reader for recordings in the strict OpenMetrics layout (what `record` leaves when it
-ends: each family once, each series' points together and in time order).
+"""A fast reader for recordings in the strict OpenMetrics layout that `record` leaves.
 
-The general reader sorts such a file's kept lines by timestamp on disk and parses them again.
-This one reads it as it lies — series by series, a piece of a family block at a time, by the
-compiled scan (recording/_scan.c's `scan_series`) where it was built, else in Python — into
-compact columns (a series' values in an `array('d')`; the times of series scraped together
-held once), then rebuilds the scrapes of each instance in time order and turns them into
-Extracts through `ingest.shapes`. Memory is the columns: 8 bytes per kept point.
+Where the general reader sorts the kept lines on disk and parses them again, this one reads the file
+as it lies, series by series (recording/_scan.c's `scan_series` where built, else Python). It fills
+compact columns (8 bytes per kept point), then rebuilds each instance's scrapes in time order into
+Extracts via `ingest.shapes`.
 
-What a scrape declares follows the general reader (parse._with_families): a family is declared
-for the instances that have series of it, or for all when nobody has. Only the families
-`catalog.extract` looks at (the offload ones) can change an Extract, so only theirs are
-followed. It declines (`blocks.Declined`) what it cannot read exactly as the general reader
-would: no `# EOF`, NUL or CR bytes, a line it does not know, a family declared twice (a journal:
-each scrape declares its families), a series whose points go back in time, two instances
-scraped at the same instant. It does not look at the lines of the families the catalog does
-not read (that is its speed): a malformed line there, which the general reader refuses, is
-passed over (tests/test_recording_read.py, the fuzzed files).
+Declared families follow the general reader (parse._with_families), for the offload families only,
+the ones that change an Extract. It declines (`blocks.Declined`) what it cannot read exactly as the
+general reader would: no `# EOF`, NUL or CR bytes, an unknown line, a family declared twice, a
+series going back in time, two instances at one instant. Lines of unread families are not looked at
+(its speed), so a malformed one there is passed over (tests/test_recording_read.py).
 """
 
 from __future__ import annotations
@@ -53,8 +46,10 @@ def _relevant(family: str) -> bool:
 
 
 class _Column:
-    """One series: its times and values. A series whose value never changes (a counter's
-    `_created`, an info metric: half of what is kept) holds its value once."""
+    """One series: its times and values; a value that never changes is held once.
+
+    Such series (a counter's `_created`, an info metric) are half of what is kept.
+    """
 
     __slots__ = ("first", "shared", "times", "varying")
 
@@ -106,8 +101,10 @@ class _Repeated:
 
 
 def strict_extracts(path: str, report: Callable[[int], None] | None = None) -> Iterator[Extract]:
-    """Every scrape of a strict-layout recording as an Extract: instance by instance, each
-    in time order. `report`: told the byte offset reached now and then."""
+    """Every scrape of a strict-layout recording as an Extract, instance by instance.
+
+    Each instance's in time order; `report` is told the byte offset reached now and then.
+    """
     with mapped(path) as mm:
         columns, instances, users = _read_columns(mm, report)
     yield from _scrapes(columns, instances, users)
@@ -189,9 +186,11 @@ def _pieces(mm: mmap.mmap, start: int, end: int, pages: Pages) -> Iterator[bytes
 def _spans(
     mm: mmap.mmap, start: int, end: int, pages: Pages, stopped: list[int] | None = None
 ) -> Iterator[tuple[int, int]]:
-    """[start, end) (`start` a line start) in pieces that end at line ends, as (start, end)
-    offsets; with `stopped`, only up to the next line beginning with '#' (the end of a family
-    block), whose offset is appended to it."""
+    """[start, end) (`start` a line start) as (start, end) pieces that end at line ends.
+
+    With `stopped`, only up to the next line beginning with '#' (the family block's end), whose
+    offset is appended to it.
+    """
     pos = start
     while pos < end:
         limit = min(pos + _PIECE, end)
@@ -223,9 +222,11 @@ def _spans(
 
 
 class _SeriesReader:
-    """A family block's wanted lines into the series' columns. The layout keeps a series'
-    points together, so a piece is taken apart in bulk (one split) and read a run of one
-    series at a time: one check of its name, its times and values converted together."""
+    """A family block's wanted lines into the series' columns.
+
+    The layout keeps a series' points together, so a piece is split in bulk and read one series' run
+    at a time: one name check, its times and values converted together.
+    """
 
     def __init__(
         self,
@@ -277,8 +278,10 @@ class _SeriesReader:
             at = stop
 
     def read_series(self, runs: list[tuple[bytes, bytes, bytes, bool]]) -> None:
-        """A piece as the compiled scan gives it: each series' points in file order, their
-        times and values as doubles, and whether the times are finite and increasing."""
+        """A piece as the compiled scan gives it: each series' points in file order, as doubles.
+
+        Also whether the times are finite and increasing.
+        """
         for head, stamps, numbers, ordered in runs:
             times, points = array("d"), array("d")
             times.frombytes(stamps)
@@ -290,8 +293,10 @@ class _SeriesReader:
                     self._point(head, t, v)
 
     def _times(self, stamps: list[bytes]) -> tuple[list[float], bool]:
-        """A run's times, and whether they are finite and strictly increasing. Series scraped
-        together have the same timestamps: the last run's are used again when equal."""
+        """A run's times, and whether they are finite and strictly increasing.
+
+        Series scraped together share timestamps, so the last run's are reused when equal.
+        """
         if stamps == self.last_stamps:
             return self.last_times, self.last_ordered
         times = list(map(float, stamps))
@@ -351,9 +356,10 @@ class _SeriesReader:
 def _share_times(
     columns: list[_Column], shared: dict[tuple[int, float, float], list[array[float]]]
 ) -> None:
-    """Series scraped together have the same times: once their block is read (a series is in
-    one block), they hold one array of them — a day of the large body would hold ~60 MB of
-    times otherwise, most of the reader's memory."""
+    """Give series scraped together one shared array of times once their block is read.
+
+    Why: times would otherwise be most of the reader's memory (~60 MB a day of the large body).
+    """
     for column in columns:
         times = column.times
         if not times:
@@ -369,8 +375,7 @@ def _share_times(
 
 
 def _floats(values: list[bytes]) -> list[float]:
-    """float() of each; a run of one repeated value (a counter's `_created`: half of what is
-    read) is converted once."""
+    """float() of each; a run of one repeated value (a counter's `_created`) is converted once."""
     first = values[0]
     if values.count(first) == len(values):
         value = float(first)
@@ -385,8 +390,10 @@ _MAX_CYCLE = 8
 
 
 def _run_at(heads: list[bytes], at: int) -> tuple[list[bytes], int]:
-    """The heads of the metric point at `at` (distinct, repeating with their period) and
-    how many times the point repeats from there: ([head], 1) when no period is found."""
+    """The heads of the metric point at `at` and how many times the point repeats from there.
+
+    Heads are distinct, repeating with their period; ([head], 1) when no period is found.
+    """
     try:
         period = heads.index(heads[at], at + 1, at + 1 + _MAX_CYCLE) - at
     except ValueError:
@@ -408,8 +415,10 @@ def _run_at(heads: list[bytes], at: int) -> tuple[list[bytes], int]:
 
 
 def _split_lines(text: bytes) -> tuple[list[bytes], list[bytes], list[bytes]] | None:
-    """Lines of `name{labels} value timestamp` taken apart in bulk: (heads, values,
-    timestamps); None when a line has other than two blanks."""
+    """Lines of `name{labels} value timestamp` taken apart in bulk: (heads, values, timestamps).
+
+    None when a line has other than two blanks.
+    """
     parts = text.replace(b"\n", b" ").split(b" ")
     if len(parts) % 3 != 1 or len(parts) == 1:
         return None
