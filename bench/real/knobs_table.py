@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import csv
 import json
-import lzma
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import plain_copy, run_analyze
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KVOFFLOAD = os.path.join(ROOT, ".venv", "bin", "kvoffload")
 PREFIX = "qwen3-4b-rag-c16-kv3g-knobs-"
 GIB = 1 << 30
 # The knob each server name stands for: (eviction policy, store_threshold).
@@ -45,14 +44,11 @@ def client_ttft(folder: str) -> dict[str, list[float]]:
 def analyze_xz(rec_xz: str, events_xz: str) -> dict:
     """The checkout's `analyze --events --json` of an xz-compressed recording, first group."""
     with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for src, name in ((rec_xz, "rec.om"), (events_xz, "rec.om.kvev")):  # no .xz in analyze
-            paths.append(os.path.join(tmp, name))
-            with lzma.open(src) as f, open(paths[-1], "wb") as g:
-                shutil.copyfileobj(f, g)
-        args = [KVOFFLOAD, "analyze", paths[0], "--events", paths[1], "--json"]
-        done = subprocess.run(args, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)["groups"][0]
+        rec, events = plain_copy(rec_xz, tmp), plain_copy(events_xz, tmp)  # no .xz in analyze
+        doc = run_analyze([sys.executable, "-m", "kvoffload"], rec, events, [])
+    if "error" in doc:
+        raise RuntimeError(f"{rec_xz}: {doc['error']}")
+    return doc["groups"][0]
 
 
 def analyze(folder: str, server: str) -> dict:

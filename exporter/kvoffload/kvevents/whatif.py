@@ -288,11 +288,16 @@ class WhatIfEvents(TargetEvents):
 
     def outcomes(self) -> list[Outcome]:
         """Per Config, summed over engines (each engine has its own tier)."""
-        out = [Outcome() for _ in self.configs]
-        for sims in self.sims.values():
-            for total, sim in zip(out, sims, strict=True):
-                total.add(sim.finish())
-        return out
+        return _summed(len(self.configs), self.sims)
+
+
+def _summed(configs: int, sims_by_rank: dict[int, list[TierSim]]) -> list[Outcome]:
+    """Each Config's outcome summed over the engines' simulations (one tier per engine)."""
+    out = [Outcome() for _ in range(configs)]
+    for sims in sims_by_rank.values():
+        for total, sim in zip(out, sims, strict=True):
+            total.add(sim.finish())
+    return out
 
 
 def replay_configs(
@@ -421,10 +426,7 @@ class LiveWhatIf:
 
     def rows(self, bytes_per_block: float, block_size: int, capacity_bytes: float) -> WhatIf | None:
         """The rows so far, summed over engines; None before the first lookup."""
-        out = [Outcome() for _ in self.configs]
-        for sims in self.sims.values():
-            for total, sim in zip(out, sims, strict=True):
-                total.add(sim.finish())
+        out = _summed(len(self.configs), self.sims)
         if not out[0].looked_up_blocks:
             return None
         result = WhatIf(basis=_live_basis(self.since, out[0].looked_up_blocks))

@@ -109,6 +109,11 @@ def _range(pair: list[float]) -> str:
     return f"{signed_ms(pair[0])} … {signed_ms(pair[1])}"
 
 
+def _ttft_line(kind: str, lead: str, seconds: float, tail: str) -> Html:
+    """One line of the TTFT block: its lead, the signed effect coloured, then its range."""
+    return tag("p", {"class": "ttft", "data-ttft": kind}, join(lead, _effect(seconds), tail))
+
+
 def ttft_block(g: Group) -> Html | None:
     """The verdict: what the tier does to mean time-to-first-token (negative = faster)."""
     t, r = g.get("ttft"), g["recommendation"]
@@ -124,39 +129,30 @@ def ttft_block(g: Group) -> Html | None:
     ]
     if now := t.get("now"):
         parts.append(
-            tag(
-                "p",
-                {"class": "ttft", "data-ttft": "now"},
-                join(
-                    "TTFT effect of the CPU tier now: ",
-                    _effect(now["seconds"]),
-                    f" per request (range {_range(now['range_seconds'])}; negative = faster)",
-                ),
+            _ttft_line(
+                "now",
+                "TTFT effect of the CPU tier now: ",
+                now["seconds"],
+                f" per request (range {_range(now['range_seconds'])}; negative = faster)",
             )
         )
     elif pred := t.get("predicted"):
         parts.append(
-            tag(
-                "p",
-                {"class": "ttft", "data-ttft": "predicted"},
-                join(
-                    f"A {pred['kv_offloading_size_gib']:g} GiB tier, predicted: ",
-                    _effect(pred["seconds"]),
-                    f" per request (range {_range(pred['range_seconds'])})",
-                ),
+            _ttft_line(
+                "predicted",
+                f"A {pred['kv_offloading_size_gib']:g} GiB tier, predicted: ",
+                pred["seconds"],
+                f" per request (range {_range(pred['range_seconds'])})",
             )
         )
     if r.get("ttft_change_seconds") is not None:
         parts.append(
-            tag(
-                "p",
-                {"class": "ttft", "data-ttft": "change"},
-                join(
-                    "If applied: ",
-                    _effect(r["ttft_change_seconds"]),
-                    f" per request ({r['ttft_change_basis']}, "
-                    f"range {_range(r['ttft_change_range_seconds'])})",
-                ),
+            _ttft_line(
+                "change",
+                "If applied: ",
+                r["ttft_change_seconds"],
+                f" per request ({r['ttft_change_basis']}, "
+                f"range {_range(r['ttft_change_range_seconds'])})",
             )
         )
     return tag("div", {"id": "ttft"}, join(*parts))
