@@ -200,6 +200,34 @@ CONFIGS["qwen3-0.6b-rag-tiering-fs"] = (
         )
     ],
 )
+
+
+# Issue #28 item 5 for tiers: the same requests without offloading, with a 1 GiB CPU tier, and
+# with a file-system tier under it (write-through, unbounded: tiering/manager.py cascades every
+# stored chunk to all secondary tiers; ~15 GB a 95 s run). The tier's own KV events are on
+# (fs/manager.py `enable_kv_events`), so the recording shows what it stored. Each fs server has
+# its own root_dir, so no run finds another's files.
+def _fs_tier(name):
+    return {
+        "spec_name": "TieringOffloadingSpec",
+        "secondary_tiers": [
+            {"type": "fs", "root_dir": f"/tmp/kvoffload-fs-{name}", "enable_kv_events": True}
+        ],
+    }
+
+
+_TIER_AB = dict(
+    CONFIGS["qwen3-0.6b-rag-cudagraph-kv1.5g"][0], eager=True, cap_s=95, est_s=95, nreq=100000
+)
+CONFIGS["qwen3-0.6b-rag-tiering-ab"] = (
+    _TIER_AB,
+    [("nooffload", None, False), ("cpu1", 1, False), ("cpu1-fs", 1, False, _fs_tier("cpu1-fs"))],
+)
+# The second call: the reverse order, for the run-to-run noise of each server's mean TTFT.
+CONFIGS["qwen3-0.6b-rag-tiering-ab-2"] = (
+    _TIER_AB,
+    [("cpu1-fs", 1, False, _fs_tier("cpu1-fs")), ("cpu1", 1, False), ("nooffload", None, False)],
+)
 CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"] = (
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs"][0],
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"][1],
