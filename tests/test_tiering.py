@@ -3,7 +3,10 @@ figures on the fixtures written from vLLM's source, and when a secondary tier pa
 
 from __future__ import annotations
 
+import json
 import lzma
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +203,29 @@ def test_the_advice_says_whether_a_secondary_tier_pays_without_changing_the_acti
         "recompute_seconds_per_token": pytest.approx(1e-4),
     }
     assert [r for r in a.reasons if r.startswith("secondary tier: ")]
+
+
+def test_real_tiering_capture_with_its_kv_events_prices_the_tier_below(tmp_path: Path) -> None:
+    """The same capture with its KV events (analyze --events): the replay of vLLM's fs tier
+    under the 1 GiB CPU tier predicts the hit ratio the server measured (0.615; the CPU tier
+    alone would find almost nothing there: the 40 documents are ~4.7 GB), and the tier's tokens
+    cannot repay the 72 ms its lookups cost a request, so the verdict is no."""
+    rec, events = tmp_path / "rec.om", tmp_path / "rec.om.kvev"
+    rec.write_bytes(lzma.decompress(REAL_TIERING.read_bytes()))
+    kvev = REAL_TIERING.with_name("rec.om.kvev.xz")
+    events.write_bytes(lzma.decompress(kvev.read_bytes()))
+    run = [sys.executable, "-m", "kvoffload", "analyze", str(rec), "--events", str(events)]
+    out = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=120, check=True)
+    (group,) = json.loads(out.stdout)["groups"]
+    measured = group["figures"]["offload_hit_ratio"]
+    whatif = group["kv_events"]["whatif"]
+    (tier,) = [r for r in whatif["secondary_tier"] if r["size"] == "current"]
+    (alone,) = [r for r in whatif["eviction"] if r["size"] == "current" and r["policy"] == "lru"]
+    assert abs(tier["cpu_hit_ratio"] - measured) < 0.02, (tier, measured)
+    assert alone["cpu_hit_ratio"] < 0.05 and tier["tier_hit_ratio"] > 0.5
+    assert group["recommendation"]["secondary_tier"]["pays"] is False
+    (reason,) = [r for r in group["recommendation"]["reasons"] if r.startswith("secondary tier")]
+    wait = group["figures"]["tier_lookup_wait_seconds"]
+    assert f"less than the {wait * 1e3:.3g} ms its lookups make one wait" in reason
+    text = subprocess.run(run, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "what-if a file-system tier below at the current size" in text

@@ -39,6 +39,7 @@ def test_live_rows_equal_the_file_replay_on_real_captures(tmp_path: Path, name: 
     assert got.threshold_rows == want.threshold_rows
     assert got.eviction_rows == [r for r in want.eviction_rows if r["size"] == "current"]
     assert len(got.threshold_rows) + len(got.eviction_rows) == len(LIVE_CONFIGS) + 1
+    assert got.tier_rows == want.tier_rows and got.tier_rows[0]["tier_hit_ratio"] is not None
     assert "live replay" in got.basis and "since 1970-01-01 00:00:00 UTC" in got.basis
 
 

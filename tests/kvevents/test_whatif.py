@@ -120,3 +120,23 @@ def test_whatif_equals_vllm_policies_on_simulator_streams(tmp_path: Path, scenar
         assert mine == oracle.replay(
             path, config.capacity_blocks, config.policy, config.store_threshold
         ), config
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_tier_below_equals_vllm_tiering_rules_on_real_captures(tmp_path: Path, name: str) -> None:
+    """An fs tier under the CPU tier: the what-if equals the oracle's transcription of the tiering
+    manager (promotion through prepare_write, cascade on every store), and at a contended size the
+    tier serves hits the CPU tier alone misses; at a size that holds it all it adds none."""
+    path = _file(tmp_path, name)
+    configs = [Config(c, p, 1, below=True) for c in (300, 2000, 1 << 20) for p in POLICIES]
+    alone = replay_configs(path, [Config(300), Config(1 << 20)])
+    outcomes = replay_configs(path, configs)
+    for config, out in zip(configs, outcomes, strict=True):
+        mgr = oracle.replay_manager(
+            path, oracle.Manager(config.capacity_blocks, config.policy, 1, 64_000, below=True)
+        )
+        mine = (out.looked_up_blocks, out.hit_blocks, out.stored_blocks, out.never_loaded_blocks)
+        assert (mine, out.tier_hit_blocks) == (mgr.result(), mgr.promoted), config
+    small, whole = outcomes[0], outcomes[4]
+    assert small.hit_blocks > alone[0].hit_blocks and small.tier_hit_blocks > 0
+    assert whole.tier_hit_blocks == 0 and whole.hit_blocks == alone[1].hit_blocks

@@ -2,7 +2,10 @@
 LRUCachePolicy / ARCCachePolicy / BlockStatus (loaded from its source; the only stand-in is
 the module of type names they import, whose real one needs torch), driven by a plain
 transcription of CPUOffloadingManager (cpu/manager.py) with its ref counts, over a lookup
-stream rebuilt here from the decoded events with a plain parent dict."""
+stream rebuilt here from the decoded events with a plain parent dict. With `below`, the
+TieringOffloadingManager's file-system tier (tiering/manager.py, fs/manager.py) sits under it:
+every completed store is cascaded there, nothing is evicted there, and a block found only there
+is promoted through `prepare_write` (the CPU manager's prepare_store of that one key)."""
 
 from __future__ import annotations
 
@@ -54,7 +57,9 @@ class Manager:
     """CPUOffloadingManager's lookup / prepare_load / complete_load / touch / prepare_store /
     complete_store, line for line (events and metrics left out), plus stored/loaded tallies."""
 
-    def __init__(self, num_blocks: int, policy: str, store_threshold: int, tracker: int):
+    def __init__(
+        self, num_blocks: int, policy: str, store_threshold: int, tracker: int, below: bool = False
+    ):
         classes = _policies()
         self.BlockStatus = classes["BlockStatus"]
         self.policy = classes[policy](cache_capacity=num_blocks)
@@ -67,6 +72,8 @@ class Manager:
         self.counts: OrderedDict[int, int] | None = OrderedDict() if store_threshold >= 2 else None
         self.loaded: dict[int, bool] = {}  # resident key → loaded since stored
         self.hits = self.stored = self.never_loaded = self.looked_up = 0
+        self.below: set[int] | None = set() if below else None  # the fs tier's files
+        self.promoted = 0
 
     def lookup(self, key: int) -> bool:
         if self.counts is not None:
@@ -96,20 +103,20 @@ class Manager:
                 self.evictable += 1
                 self.policy.mark_evictable(key)
 
-    def store(self, keys: list[int]) -> None:
+    def store(self, keys: list[int], protect: set[int] | None = None) -> bool:
         if self.counts is not None:
             keys = [k for k in keys if self.counts.get(k, 0) >= self.store_threshold]
         to_store = [k for k in keys if self.policy.get(k) is None]
         if not to_store:
-            return
+            return False
         free = len(self.free) + self.num_blocks - self.allocated
         need = len(to_store) - free
         if need > 0:
             if need > self.evictable:
-                return
-            evicted = self.policy.evict(need, set(keys))
+                return False
+            evicted = self.policy.evict(need, protect if protect is not None else set(keys))
             if evicted is None:
-                return
+                return False
             self.evictable -= len(evicted)
             for key, block in evicted:
                 self.free.append(block.block_id)
@@ -129,19 +136,39 @@ class Manager:
             self.evictable += 1
             self.policy.mark_evictable(key)
         self.stored += len(to_store)
+        if self.below is not None:  # complete_store: cascaded to every secondary tier
+            self.below.update(to_store)
+        return True
 
     def request(self, hashes: list[int], prefix: list[int]) -> None:
         """scheduler: _maximal_prefix_lookup, _touch, then the load and the store."""
         self.looked_up += len(hashes)
         hits = 0
         for key in hashes:
-            if not self.lookup(key):
+            if not self.lookup(key) and not self._promote(key, set(prefix + hashes)):
                 break
             hits += 1
         self.policy.touch(prefix + hashes, None)
         self.load(hashes[:hits])
         self.hits += hits
         self.store(hashes)
+
+    def _promote(self, key: int, protect: set[int]) -> bool:
+        """TieringOffloadingManager.lookup on a CPU miss: the fs tier's hit, promoted.
+
+        The request's own blocks are kept from eviction: vLLM re-looks-up a deferred request, so
+        one it lost would come back from the fs tier.
+        """
+        if self.below is None or key not in self.below:
+            return False
+        counts, self.counts = self.counts, None  # prepare_write stores the key whatever its count
+        written = self.store([key], protect)
+        self.counts = counts
+        if written:
+            self.stored -= 1  # a promotion, not a store from the GPU (and not cascaded again)
+            self.promoted += 1
+            self.loaded[key] = False  # loaded by the request's load, as a CPU hit is
+        return written
 
     def reset(self) -> None:
         self.never_loaded += sum(not v for v in self.loaded.values())
@@ -159,9 +186,15 @@ class Manager:
         return self.looked_up, self.hits, self.stored, self.never_loaded + resident
 
 
-def replay(path: str, num_blocks: int, policy: str, threshold: int) -> tuple[int, int, int, int]:
+def replay(
+    path: str, num_blocks: int, policy: str, threshold: int, below: bool = False
+) -> tuple[int, int, int, int]:
     """One engine's tier (rank 0; the captures have one) over a KV-event file."""
-    mgr = Manager(num_blocks, policy, threshold, 64_000)
+    return replay_manager(path, Manager(num_blocks, policy, threshold, 64_000, below)).result()
+
+
+def replay_manager(path: str, mgr: Manager) -> Manager:
+    """`mgr` driven by the lookups of a KV-event file."""
     parent: dict[int, int | None] = {}
     tails: set[int] = set()  # each GPU run's last block, until a run extends it
     for msg in read_event_file(path):
@@ -197,4 +230,4 @@ def replay(path: str, num_blocks: int, policy: str, threshold: int) -> tuple[int
                 parent.clear()
                 tails.clear()
                 mgr.reset()
-    return mgr.result()
+    return mgr

@@ -116,14 +116,17 @@ def decide(ev: Evidence, t: Thresholds | None = None) -> Recommendation:
         rec = knobs.judge_knobs(rec, c.offloading, ev.whatif, ev.ttft.effect_with)
     for m in ev.measured:
         rec = verdict.judge_ab(rec, c.offloading, m.mean_ttft, m.effect, t, m.basis, m.seen)
-    _add_secondary_tier(rec, c.figures, ev.ttft)
+    _add_secondary_tier(rec, c.figures, ev.ttft, ev.whatif)
     rec.reasons.extend(ev.notes)
     rec.warnings.extend(ev.warnings)
     return rec
 
 
 def _add_secondary_tier(
-    rec: Recommendation, figures: dict[str, float | None], ttft_ev: TtftEvidence | None
+    rec: Recommendation,
+    figures: dict[str, float | None],
+    ttft_ev: TtftEvidence | None,
+    whatif: knobs.WhatIfRows | None,
 ) -> None:
     """Adds whether the tiers below the CPU pay, as reasons beside the CPU tier's advice.
 
@@ -134,7 +137,10 @@ def _add_secondary_tier(
         return
     now = ttft_ev.now if ttft_ev is not None else None
     cost = now.parts.get("compute_seconds_per_token") if now is not None else None
-    tier = tiering.secondary_tier_verdict(figures, recompute_seconds_per_token=cost)
+    replayed = whatif.tiers.get("current") if whatif is not None else None
+    tier = tiering.secondary_tier_verdict(
+        figures, recompute_seconds_per_token=cost, replayed=replayed
+    )
     rec.reasons.extend(f"secondary tier: {reason}" for reason in tier.reasons)
     rec.secondary_tier = {
         "pays": tier.pays,

@@ -9,7 +9,7 @@ stores.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvoffload.analysis.advice import Recommendation, decided
 from kvoffload.analysis.signals import GIB
@@ -43,10 +43,21 @@ class SizeRows:
 
 
 @dataclass(frozen=True)
+class TierRow:
+    """A write-through tier below the CPU tier, replayed: hits with it and its share of them."""
+
+    hit_ratio: float
+    tier_hit_ratio: float
+    tier_tokens_per_lookup: float
+    written_bytes: float
+
+
+@dataclass(frozen=True)
 class WhatIfRows:
     """The what-if rows of one group by size name ("current", "advised")."""
 
     sizes: dict[str, SizeRows]
+    tiers: dict[str, TierRow] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, whatif: object) -> WhatIfRows | None:
@@ -75,7 +86,12 @@ class WhatIfRows:
             )
             if gib is not None and (thresholds or policies):
                 sizes[name] = SizeRows(gib, thresholds, policies.get("lru"), policies.get("arc"))
-        return cls(sizes) if sizes else None
+        tiers = {
+            str(r["size"]): tier
+            for r in _rows(whatif, "secondary_tier")
+            if (tier := _tier_row(r)) is not None
+        }
+        return cls(sizes, tiers) if sizes or tiers else None
 
     def at(self, rec: Recommendation, offloading: bool) -> tuple[str, SizeRows] | None:
         """The rows at the size the advice leaves the tier: the advised size if the what-if ran
@@ -104,6 +120,14 @@ def _row(r: dict[str, object]) -> Row | None:
     if r.get("omitted") or not all(isinstance(v, float | int) for v in (hit, stored, never)):
         return None
     return Row(float(str(hit)), float(str(stored)), float(str(never)))
+
+
+def _tier_row(r: dict[str, object]) -> TierRow | None:
+    names = ("cpu_hit_ratio", "tier_hit_ratio", "tier_tokens_per_lookup", "tier_written_bytes")
+    values = [r.get(n) for n in names]
+    if r.get("omitted") or not all(isinstance(v, float | int) for v in values):
+        return None
+    return TierRow(*(float(str(v)) for v in values))
 
 
 EffectWith = Callable[[float, float], Effect | None]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kvoffload.analysis.knobs import TierRow
+
 # Below this share of its lookups found, a secondary tier serves too little to be worth its
 # cascades (every chunk stored into the CPU tier is also written below it).
 MIN_HIT_RATIO = 0.05
@@ -65,18 +67,19 @@ def secondary_tier_verdict(
     figures: Mapping[str, float | None],
     min_hit_ratio: float = MIN_HIT_RATIO,
     recompute_seconds_per_token: float | None = None,
+    replayed: TierRow | None = None,
 ) -> TierVerdict:
     """Whether the secondary tiers pay over the window of `figures` (signals.compute_figures).
 
     `recompute_seconds_per_token` overrides the prefill throughput's cost per token (e.g. the TTFT
-    fit's). Pure, so it can be tested and re-run offline.
+    fit's); `replayed` is the KV-event replay of an fs tier, used where vLLM exports no tier hits.
     """
     hit = figures.get("tier_hit_ratio")
-    if hit is None:
-        return TierVerdict(None, [_without_hits(figures)])
     tier_s, recompute_s = _speed(figures)
     if recompute_seconds_per_token is not None and recompute_seconds_per_token > 0:
         recompute_s = recompute_seconds_per_token
+    if hit is None:
+        return _by_replay(figures, replayed, recompute_s)
     reasons = _failures(figures)
     pays: bool | None = True
     primary = figures.get("primary_tier_hit_ratio")
@@ -115,6 +118,48 @@ def secondary_tier_verdict(
             "µs to recompute it",
         )
     return TierVerdict(pays, reasons, tier_s, recompute_s)
+
+
+def _by_replay(
+    figures: Mapping[str, float | None], replayed: TierRow | None, recompute_s: float | None
+) -> TierVerdict:
+    """The verdict without per-tier hits: the replay's tokens against the lookups' wait.
+
+    Why: vLLM 0.26.0 exports the wait only, so the return comes from the KV events or nowhere.
+    """
+    wait = figures.get("tier_lookup_wait_seconds")
+    per_token = figures.get("kv_bytes_per_token")
+    load_s = _per_token(figures.get("load_gbps"), per_token)
+    if replayed is None or wait is None or not per_token or load_s is None or not recompute_s:
+        return TierVerdict(None, [_without_hits(figures)], None, recompute_s)
+    tokens = replayed.tier_tokens_per_lookup
+    found = (
+        f"the KV-event replay finds {replayed.tier_hit_ratio:.1%} of the GPU-missed tokens "
+        f"only in the tier below ({tokens:.3g} tokens a lookup)"
+    )
+    best = tokens * (recompute_s - load_s)  # what its tokens save if read in no time
+    if best <= wait:
+        return TierVerdict(
+            False,
+            [
+                f"{found}: read in no time they would save {best * 1e3:.3g} ms a request, "
+                f"less than the {wait * 1e3:.3g} ms its lookups make one wait"
+            ],
+            None,
+            recompute_s,
+        )
+    # Read faster than this, the tier's tokens save more than its lookups cost.
+    gbps = per_token / (recompute_s - load_s - wait / tokens) / 1e9
+    return TierVerdict(
+        None,
+        [
+            f"{found}, and its lookups make a request wait {wait * 1e3:.3g} ms: it pays only if "
+            f"it reads above {gbps:.3g} GB/s; this vLLM exports no tier read speed, so compare "
+            "a replica without it"
+        ],
+        None,
+        recompute_s,
+    )
 
 
 def _without_hits(figures: Mapping[str, float | None]) -> str:

@@ -1,4 +1,4 @@
-"""Exact what-ifs from the KV events: vLLM's `store_threshold` (N = 1..4) and eviction policy.
+"""Exact what-ifs from the KV events: `store_threshold` (N = 1..4), eviction, and a tier below.
 
 The curve (stackdist.py) covers LRU at every size in one pass thanks to the stack property. A store
 threshold and ARC lack it, so each (size, policy, N) is its own simulation of vLLM 0.26.0's CPU tier
@@ -14,6 +14,8 @@ scheduler.py), per request:
 4. store of the GPU-missed blocks whose count reached N, less those present; eviction skips the
    request's own keys, and a store that cannot evict enough stores nothing.
 Transfers are taken as instantaneous and each key is one GPU block (blocks_per_chunk = 1).
+A tier below (`Config.below`) is vLLM 0.26.0's file-system tier: write-through and never evicting
+(tiering/manager.py, fs/manager.py); a block found only there is promoted into the CPU tier.
 
 Memory: no sampling (neither ARC nor the threshold is exact under SHARDS). A simulation whose blocks
 pass `max_blocks` (the sampling budget, else DEFAULT_MAX_BLOCKS) stops and reports itself omitted.
@@ -57,6 +59,8 @@ class Config:
     policy: str = "lru"
     store_threshold: int = 1
     max_tracker_size: int = MAX_TRACKER_SIZE
+    # An unbounded write-through tier under this one (TieringOffloadingSpec's fs tier).
+    below: bool = False
 
 
 @dataclass
@@ -69,6 +73,8 @@ class Outcome:
     evicted_never_loaded_blocks: int = 0
     resident_never_loaded_blocks: int = 0
     failed_stores: int = 0  # prepare_store returned None: nothing could be evicted
+    lookups: int = 0  # requests whose GPU-missed blocks were looked up
+    tier_hit_blocks: int = 0  # of hit_blocks, found only in the tier below and promoted
     omitted: bool = False  # stopped: over max_blocks
 
     @property
@@ -83,6 +89,8 @@ class Outcome:
             "evicted_never_loaded_blocks",
             "resident_never_loaded_blocks",
             "failed_stores",
+            "lookups",
+            "tier_hit_blocks",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.omitted = self.omitted or other.omitted
@@ -96,6 +104,8 @@ class TierSim:
         self.config = config
         self.max_blocks = max_blocks
         self.out = Outcome()
+        # The tier below keeps its blocks across resets, as vLLM's persistent tiers do.
+        self.below: set[int] | None = set() if config.below else None
         self._clear()
 
     def _clear(self) -> None:
@@ -130,9 +140,11 @@ class TierSim:
         if self.out.omitted:
             return
         cfg, counts, arc = self.config, self.counts, self.config.policy == "arc"
-        t1, t2 = self.t1, self.t2
+        t1, t2, below = self.t1, self.t2, self.below
         self.out.looked_up_blocks += len(hashes)
-        # 1. scheduler._maximal_prefix_lookup → CPUOffloadingManager.lookup
+        self.out.lookups += 1
+        # 1. scheduler._maximal_prefix_lookup → CPUOffloadingManager.lookup (the tiering
+        # manager's: a block only below is promoted, and a full CPU tier makes it a miss)
         hits = 0
         for key in hashes:
             if counts is not None:
@@ -143,7 +155,11 @@ class TierSim:
                     if len(counts) >= cfg.max_tracker_size:
                         counts.popitem(last=False)
                     counts[key] = 1
-            if key not in t1 and key not in t2:
+            if (
+                key not in t1
+                and key not in t2
+                and (below is None or key not in below or not self._promote(key, hashes, ancestors))
+            ):
                 break
             hits += 1
         # 2. scheduler._touch → policy.touch over the request's keys, prefix first
@@ -168,7 +184,8 @@ class TierSim:
                 t1[key] = True
         # 4. CPUOffloadingManager.prepare_store + complete_store
         self._store(hashes)
-        if len(t1) + len(t2) + len(self.b1) + len(self.b2) > self.max_blocks:
+        held = len(t1) + len(t2) + len(self.b1) + len(self.b2) + len(below or ())
+        if held > self.max_blocks:
             self.out.omitted = True
             self._clear()
 
@@ -187,6 +204,20 @@ class TierSim:
             elif key in b2:
                 self.p = max(self.p - max(1, len(b1) / len(b2)), 0)
                 b2.move_to_end(key)
+
+    def _promote(self, key: int, hashes: Sequence[int], ancestors: Sequence[int]) -> bool:
+        """A block from the tier below into the CPU tier (prepare_write of one key).
+
+        Why: vLLM allocates the slot at lookup, evicting as a store does, and misses when it cannot.
+        """
+        free = self.config.capacity_blocks - len(self.t1) - len(self.t2)
+        if free <= 0 and not self._evict(1 - free, {*ancestors, *hashes}):
+            return False
+        self.t1[key] = False  # marked loaded by step 3, as a CPU hit is
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+        self.out.tier_hit_blocks += 1
+        return True
 
     def _store(self, hashes: Sequence[int]) -> None:
         cfg, counts = self.config, self.counts
@@ -207,6 +238,8 @@ class TierSim:
                 self.b1.pop(key, None)
                 self.b2.pop(key, None)
         self.out.stored_blocks += len(to_store)
+        if self.below is not None:  # complete_store cascades to every tier below
+            self.below.update(to_store)
 
     def _evict(self, n: int, protected: set[int]) -> bool:
         """LRUCachePolicy.evict / ARCCachePolicy.evict: all or nothing."""
@@ -316,8 +349,9 @@ class WhatIf:
 
     threshold_rows: list[dict[str, object]] = field(default_factory=list)
     eviction_rows: list[dict[str, object]] = field(default_factory=list)
+    tier_rows: list[dict[str, object]] = field(default_factory=list)
     basis: str = (
-        "exact replay of vLLM 0.26.0's store_threshold and lru/arc rules over the "
+        "exact replay of vLLM 0.26.0's store_threshold, lru/arc and fs-tier rules over the "
         "GPU-missed lookups of the KV events; transfers taken as instantaneous"
     )
 
@@ -325,6 +359,7 @@ class WhatIf:
         return {
             "store_threshold": self.threshold_rows,
             "eviction": self.eviction_rows,
+            "secondary_tier": self.tier_rows,
             "basis": self.basis,
         }
 
@@ -357,12 +392,17 @@ def whatif_for_file(
         for policy in POLICIES:
             configs.append(Config(int(s // bytes_per_block), policy, 1))
             keys.append(("eviction", s, policy, 1))
+    for name, s in named.items():
+        configs.append(Config(int(s // bytes_per_block), "lru", 1, below=True))
+        keys.append(("tier", s, name, 1))
     outcomes = replay_configs(path, configs, max_blocks)
     result = WhatIf()
     for (kind, s, label, n), o in zip(keys, outcomes, strict=True):
         row = _row(o, s, bytes_per_block, block_size, missed_tokens)
         if kind == "threshold":
             result.threshold_rows.append({"size": label, "store_threshold": n, **row})
+        elif kind == "tier":
+            result.tier_rows.append({"size": label, **row, **_tier_columns(o, row, block_size)})
         else:
             named_as = [name for name, v in named.items() if v == s]
             result.eviction_rows.append(
@@ -392,8 +432,26 @@ def _row(
     }
 
 
-# The live sidecar's what-ifs: N = 1..4 under LRU and ARC at N = 1, all at the current size.
+def _tier_columns(o: Outcome, row: dict[str, object], block_size: int) -> dict[str, object]:
+    """What the tier below adds to a row: its share of the hits and tokens a lookup."""
+    hit = row["cpu_hit_ratio"]
+    share = None
+    if isinstance(hit, float):
+        share = hit * o.tier_hit_blocks / o.hit_blocks if o.hit_blocks else 0.0
+    return {
+        "tier_hit_ratio": share,
+        "tier_tokens_per_lookup": None
+        if o.omitted or not o.lookups
+        else o.tier_hit_blocks * block_size / o.lookups,
+        "tier_written_bytes": row["stored_bytes"],
+    }
+
+
+# The live sidecar's what-ifs: N = 1..4 under LRU and ARC at N = 1, all at the current size, and
+# LRU over a tier below (last).
 LIVE_CONFIGS = (*(("lru", n) for n in THRESHOLDS), ("arc", 1))
+# The tier below holds every block stored: its simulation may hold this many times the CPU tier's.
+LIVE_BELOW_FACTOR = 4
 # The largest tier, in blocks, the live what-ifs simulate (36 GiB of Qwen3-8B's 2.25 MiB
 # blocks): the 5 simulations full hold ~45 MB (tracemalloc; vLLM's 64,000-key sighting tables
 # of N = 2..4 are a third of it); a larger tier's rows say they were omitted (analyze --events
@@ -413,6 +471,7 @@ class LiveWhatIf:
         self.capacity_blocks = capacity_blocks
         self.since = since
         self.configs = [Config(capacity_blocks, policy, n) for policy, n in LIVE_CONFIGS]
+        self.configs.append(Config(capacity_blocks, "lru", 1, below=True))
         self.sims: dict[int, list[TierSim]] = {}
         events.listeners_for = self._new
         for rank, eng in events.engines.items():
@@ -420,7 +479,11 @@ class LiveWhatIf:
 
     def _new(self, rank: int) -> list[TierSim]:
         # ARC holds up to twice its tier (T1 + T2 and the ghosts B1 + B2)
-        sims = [TierSim(c, LIVE_MAX_BLOCKS * (2 if c.policy == "arc" else 1)) for c in self.configs]
+        factor = {"arc": 2, "below": LIVE_BELOW_FACTOR}
+        sims = [
+            TierSim(c, LIVE_MAX_BLOCKS * factor.get("below" if c.below else c.policy, 1))
+            for c in self.configs
+        ]
         self.sims[rank] = sims
         return list(sims)
 
@@ -430,21 +493,24 @@ class LiveWhatIf:
         if not out[0].looked_up_blocks:
             return None
         result = WhatIf(basis=_live_basis(self.since, out[0].looked_up_blocks))
-        for (policy, n), o in zip(LIVE_CONFIGS, out, strict=True):
+        for (policy, n), o in zip(LIVE_CONFIGS, out[: len(LIVE_CONFIGS)], strict=True):
             row = _row(o, capacity_bytes, bytes_per_block, block_size, None)
             if policy == "lru":
                 result.threshold_rows.append({"size": "current", "store_threshold": n, **row})
             if n == 1:
                 result.eviction_rows.append({"policy": policy, "size": "current", **row})
+        below = out[len(LIVE_CONFIGS)]
+        row = _row(below, capacity_bytes, bytes_per_block, block_size, None)
+        result.tier_rows.append({"size": "current", **row, **_tier_columns(below, row, block_size)})
         return result
 
 
 def _live_basis(since: float, blocks: int) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
     return (
-        f"live replay of vLLM 0.26.0's store_threshold and lru/arc rules over the {blocks:,} "
-        f"GPU-missed blocks looked up since {started} (when the tier's size was known), at "
-        "the current size; transfers taken as instantaneous"
+        f"live replay of vLLM 0.26.0's store_threshold, lru/arc and fs-tier rules over the "
+        f"{blocks:,} GPU-missed blocks looked up since {started} (when the tier's size was "
+        "known), at the current size; transfers taken as instantaneous"
     )
 
 
@@ -499,5 +565,13 @@ def summary_lines(whatif: dict[str, object], size: str | None = None) -> list[st
         lines.append(
             f"  what-if eviction at the {size} size ({ev[0]['cpu_gib']:.3g} GiB): "
             + ", ".join(f"{r['policy']} hit {r['cpu_hit_ratio']:.3f}" for r in ev)
+        )
+    tier = [r for r in _rows(whatif, "secondary_tier") if r.get("size") == size]
+    if tier and isinstance(tier[0].get("tier_hit_ratio"), float):
+        r = tier[0]
+        lines.append(
+            f"  what-if a file-system tier below at the {size} size: hit {r['cpu_hit_ratio']:.3f}"
+            f" ({r['tier_hit_ratio']:.3f} of it from the tier), {_gib(r['tier_written_bytes'])} "
+            "GiB written there"
         )
     return lines

@@ -343,6 +343,22 @@ SERIES: tuple[Series, ...] = (
         "(policy=lru) and per eviction policy (store_threshold=1), replayed exactly.",
     ),
     Series(
+        "whatif",
+        "kvoffload_whatif_tiered_offload_hit_ratio",
+        "gauge",
+        (*GROUP, "tier"),
+        "Share of GPU-missed prompt tokens the CPU tier would have loaded with a file-system tier "
+        "under it (vLLM's: written through, never evicting), replayed exactly (LRU).",
+    ),
+    Series(
+        "whatif",
+        "kvoffload_whatif_secondary_tier_hit_ratio",
+        "gauge",
+        (*GROUP, "tier"),
+        "Of kvoffload_whatif_tiered_offload_hit_ratio, the share found only in the tier below "
+        "and promoted: what that tier would add.",
+    ),
+    Series(
         "kv_events",
         "kvoffload_curve_provisional",
         "gauge",
@@ -763,6 +779,8 @@ def _whatif(groups: list[GroupAnalysis]) -> Iterator[Metric]:
     stored = _gauge("kvoffload_whatif_stored_bytes")
     never = _gauge("kvoffload_whatif_never_reloaded_bytes")
     hit = _gauge("kvoffload_whatif_offload_hit_ratio")
+    tiered = _gauge("kvoffload_whatif_tiered_offload_hit_ratio")
+    below = _gauge("kvoffload_whatif_secondary_tier_hit_ratio")
     seen: set[tuple[str, ...]] = set()
     for g in groups:
         whatif = (g.kv_events or {}).get("whatif")
@@ -785,7 +803,11 @@ def _whatif(groups: list[GroupAnalysis]) -> Iterator[Metric]:
             value = row.get("cpu_hit_ratio")
             if row.get("size") and isinstance(value, float | int) and tuple(labels) not in seen:
                 hit.add_metric(labels, float(value))
-    yield from (stored, never, hit)
+        for row in _rows(whatif, "secondary_tier"):
+            for family, field_name in ((tiered, "cpu_hit_ratio"), (below, "tier_hit_ratio")):
+                if isinstance(value := row.get(field_name), float | int):
+                    family.add_metric([*key, str(row.get("size"))], float(value))
+    yield from (stored, never, hit, tiered, below)
 
 
 def _rows(whatif: dict[object, object], kind: str) -> list[dict[str, object]]:
