@@ -1,22 +1,8 @@
 """Exact what-ifs from the KV events: vLLM's `store_threshold` (N = 1..4) and eviction policy.
 
-The curve (stackdist.py) covers LRU at every size in one pass thanks to the stack property. A store
-threshold and ARC lack it, so each (size, policy, N) is its own simulation of vLLM 0.26.0's CPU tier
-over the curve's stream of lookups. `WhatIfEvents` is a `TargetEvents` whose trackers hand each
-lookup to the simulations.
-
-vLLM's rules followed (vllm/v1/kv_offload/cpu/manager.py and the offloading connector's
-scheduler.py), per request:
-1. lookup: the GPU-missed blocks in order up to the first absent one; each is one sighting in
-   the `counts` LRU table (at most `max_tracker_size` keys, only when store_threshold >= 2).
-2. touch of all the request's keys, GPU-hit prefix first.
-3. load of the leading run of present blocks (for LRU they become most recent, in order).
-4. store of the GPU-missed blocks whose count reached N, less those present; eviction skips the
-   request's own keys, and a store that cannot evict enough stores nothing.
-Transfers are taken as instantaneous and each key is one GPU block (blocks_per_chunk = 1).
-
-Memory: no sampling (neither ARC nor the threshold is exact under SHARDS). A simulation whose blocks
-pass `max_blocks` (the sampling budget, else DEFAULT_MAX_BLOCKS) stops and reports itself omitted.
+Neither knob has the curve's stack property, so each (size, policy, N) is its own simulation of
+vLLM 0.26.0's CPU tier over the curve's lookups. docs/sizing.md ("What-ifs") gives vLLM's rules
+followed and the limits.
 """
 
 from __future__ import annotations
