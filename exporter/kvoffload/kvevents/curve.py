@@ -49,7 +49,7 @@ def build_curve(
 ) -> Curve | None:
     """The curve, or None when nothing was missed yet or the block size in bytes is unknown.
 
-    missed_tokens: the counters' GPU-missed prompt tokens over the same period, the events' full
+    `missed_tokens`: the counters' GPU-missed prompt tokens over the same period, the events' full
     blocks without it. Why: the counters include each prompt's partial last block, never an event.
     """
     # Hit ratio at size C: GPU-missed tokens with reuse distance under C ÷ all GPU-missed tokens.

@@ -1,8 +1,8 @@
 """The KV-event state of one target on disk, so a restarted sidecar loses nothing.
 
 The state is built from every message since the start, which vLLM's counters cannot rebuild.
-Versioned msgpack inside statefile's checksummed frame, checked field by field on load;
-docs/sizing.md ("Restarts") says what is kept and what is refused.
+It is versioned msgpack in statefile's checksummed frame, checked field by field on load.
+What is kept and refused: docs/sizing.md ("Restarts").
 """
 
 from __future__ import annotations

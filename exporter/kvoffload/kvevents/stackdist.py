@@ -1,6 +1,6 @@
 """LRU stack distances of a block stream (Mattson), exact or spatially sampled (SHARDS).
 
-The CPU tier acts as an LRU cache over GPU-missed blocks: a tier of C blocks serves a block
+The CPU tier acts as an LRU cache over GPU-missed blocks. A tier of C blocks serves a block
 whose distance is under C. So one pass gives the hit ratio at every size (docs/sizing.md §3).
 """
 
@@ -107,7 +107,7 @@ class StackDistanceTracker:
     """Feed block hashes in access order; read hits at any size from `histogram`.
 
     Flat arrays, no Python object per block, keep it at 24-36 B a block (docs/performance.md §5).
-    sample_rate < 1 samples by hash; sample_budget (blocks) lowers the rate to track at most that.
+    A `sample_rate` under 1 samples by hash; `sample_budget` (blocks) caps the blocks tracked.
     """
 
     def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
@@ -281,8 +281,8 @@ class StackDistanceTracker:
     def _touch_all(self, blocks: Sequence[int], ids: list[int], mixes: list[int]) -> None:
         """touch() each of `blocks` in order.
 
-        ids[x], when x < len(ids), is the id blocks[x] had (-1: absent or unsampled), mixes[x] its
-        mixed hash when sampled.
+        `ids[x]`, when x < len(ids), is the id blocks[x] had (-1: absent or unsampled).
+        `mixes[x]` is its mixed hash when sampled.
         """
         index = self._index
         find, add = index.find, index.add

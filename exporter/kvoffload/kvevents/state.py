@@ -332,9 +332,8 @@ class EngineEvents:
     def _is_decode_block(self, hashes: tuple[int, ...], parent: int | None) -> bool:
         """A block that decoding filled: one block extending the last block of an earlier run.
 
-        vLLM offloads prompt blocks only (`offload_prompt_only`), so such a block is never looked up
-        or stored in the CPU tier; counting it would fill the replayed tier with blocks the real one
-        never holds.
+        Why: vLLM offloads prompt blocks only (`offload_prompt_only`), so the real tier never holds
+        such a block and the replayed one must not either.
         """
         return len(hashes) == 1 and parent is not None and parent in self.chain_tails
 
@@ -367,8 +366,8 @@ class EngineEvents:
     ) -> bool:
         """Take in a request's GPU-missed blocks; returns whether all were loaded from the CPU tier.
 
-        continued: a later piece of a long event (STEP_BLOCKS), its prefix the pieces before;
-        loading: whether those were all loaded.
+        `continued`: a later piece of a long event (STEP_BLOCKS), its prefix the pieces before.
+        `loading`: whether those were all loaded.
         """
         # vLLM looks a request up, then touches all its blocks, the GPU-hit prefix too: that
         # prefix is the chain of the first new block's ancestors. Distances are read before the

@@ -1,6 +1,6 @@
 """Subscribing to a vLLM engine's KV events over ZMQ, with replay of missed messages.
 
-vLLM binds a PUB socket (`--kv-events-config`) and a replay ROUTER; DP rank N uses port + N. A
+The engine binds a PUB socket (`--kv-events-config`) and a replay ROUTER, DP rank N at port + N. A
 hostile or vanished publisher can neither wedge nor grow the sidecar: docs/reliability.md lists
 each bound and its test.
 """
@@ -118,9 +118,9 @@ class Subscriber:
         resume_history_from_seq: int | None = None,
         on_rejected: Callable[[int, int], None] | None = None,
     ) -> None:
-        """resume_after_seq: a saved state's last sequence, replayed after on the first message.
+        """`resume_after_seq`: a saved state's last sequence, replayed after on the first message.
 
-        on_rejected(rank, seq): called for a message whose sequence number is out of range (not
+        `on_rejected(rank, seq)`: called for a message whose sequence number is out of range (not
         delivered).
         """
         self.state = SubscriberState(

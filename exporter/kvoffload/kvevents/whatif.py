@@ -1,8 +1,8 @@
 """Exact what-ifs from the KV events: vLLM's `store_threshold` (N = 1..4) and eviction policy.
 
-Neither knob has the curve's stack property, so each (size, policy, N) is its own simulation of
-vLLM 0.26.0's CPU tier over the curve's lookups. docs/sizing.md ("What-ifs") gives vLLM's rules
-followed and the limits.
+Neither knob has the curve's stack property. So each (size, policy, N) is its own simulation of
+vLLM 0.26.0's CPU tier over the curve's lookups. Rules and limits: docs/sizing.md
+("What-ifs").
 """
 
 from __future__ import annotations
@@ -326,8 +326,8 @@ def whatif_for_file(
 ) -> WhatIf:
     """What-if rows of an event file at each named size and curve size.
 
-    sizes: named tier sizes in bytes per engine ("current", "advised"), each with store_threshold
-    rows (N = 1..4, LRU) and eviction rows (LRU, ARC); curve_sizes: more sizes for eviction rows.
+    `sizes`: named tier sizes per engine in bytes, each with store_threshold and eviction rows.
+    `curve_sizes`: more sizes for eviction rows.
     Hit ratios are over missed_tokens when it is at least the events' full-block tokens, else over
     the events'.
     """
