@@ -1,9 +1,9 @@
 """Advisor rules as conditions on figures, defined once: the advisor evaluates them, the alerts
 render them.
 
-A threshold is named, not copied (`thresholds.Thresholds` and `promql.MixinConfig` share the name),
-so the sidecar judges at the value the alert fires at. An undefined figure satisfies no comparison
-in either rendering.
+A threshold is named, not copied (Thresholds and MixinConfig share the name), so the sidecar
+judges at the value the alert fires at. An undefined figure satisfies no comparison in either
+rendering.
 """
 
 from __future__ import annotations

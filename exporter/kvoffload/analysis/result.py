@@ -1,7 +1,7 @@
 """The typed analysis of one (instance, model_name) group: what `analysis` produces and every output
 consumes.
 
-`to_json()` is the JSON contract of `analyze --json` and `/api/v1/status` (docs/metrics.md); code
+Its `to_json()` is the contract of `analyze --json` and `/api/v1/status` (docs/metrics.md). Code
 reads the typed fields, never untyped dicts.
 """
 

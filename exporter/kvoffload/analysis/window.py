@@ -1,14 +1,7 @@
 """Per-series history with counter-reset handling, and increases over a sliding window.
 
-Each counter series keeps an *adjusted total* that only grows, as Prometheus' `increase()` without
-extrapolation. After a restart (a decrease, a changed `_created`, a series back from gone) the new
-raw value is the increase. Group totals are sums of these, so a window's increase is a subtraction,
-the same across a vLLM restart.
-
-A counter that went down without a restart is still a reset, counted in `resets` (reason
-"decrease"). A value outside its catalog range (`Extract.unknown`) is not a value. Either way its
-increase leaves `Delta.inc` while that scrape is in the window, and `anomalies` says why. A gauge
-out of range leaves `Delta.gauge_avg` the same way.
+Each counter keeps an *adjusted total* that only grows, as Prometheus' `increase()` without
+extrapolation. So a window's increase is a subtraction, the same across a vLLM restart.
 """
 
 from __future__ import annotations
@@ -578,6 +571,11 @@ class Window:
         columns.seen_at = scrape_no
         return True
 
+    # After a restart (a decrease, a changed `_created`, a series back from gone) the new raw
+    # value is the increase. A decrease without a restart is still a reset (reason "decrease"),
+    # and like a value outside its catalog range its increase is not believed while that scrape
+    # is in the window: left out of Delta.inc, with `anomalies` saying why. A gauge out of range
+    # leaves Delta.gauge_avg the same way.
     def _count(
         self,
         g: GroupKey,
