@@ -64,9 +64,11 @@ class TtftVerdict:
 
 @dataclass(frozen=True)
 class ReuseHistogram:
-    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative. The bucket at `le`
-    counts what a tier of that size per engine would serve (`le` = inf: all); `sum_bytes`: Σ
-    distance × tokens."""
+    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative.
+
+    The bucket at `le` counts what a tier of that size per engine would serve (`le` = inf: all).
+    Its `sum_bytes` is Σ distance × tokens.
+    """
 
     buckets: tuple[tuple[float, float], ...]
     sum_bytes: float

@@ -509,8 +509,10 @@ class Window:
         return {pair: _SeriesState(*state) for pair, state in _states(columns)}
 
     def _series_of(self, g: GroupKey) -> dict[tuple[str, str], _State]:
-        """A group's series as a dict by (key, engine), taken out of its columns if any (the slow
-        path edits them one by one)."""
+        """A group's series as a dict by (key, engine), taken out of its columns if any.
+
+        Why: the slow path edits them one by one.
+        """
         columns = self._columns.pop(g, None)
         if columns is not None:
             self._series[g] = dict(_states(columns))

@@ -52,8 +52,9 @@ BLOCK_TOKENS = Range(1.0, 2.0**20)
 class Source:
     """One row of the catalog.
 
-    Its `kind` is "counter" (a core counter), "offload" (a transfer counter: `direction`, `naming`),
-    "gauge" (`summed` over engines, else averaged) or "label" (numeric label `label` of `name`).
+    Its `kind` is "counter", "offload" (a transfer counter: `direction`, `naming`), "gauge" or
+    "label". A gauge is `summed` over engines, else averaged; a label is numeric label `label` of
+    `name`.
     """
 
     key: str

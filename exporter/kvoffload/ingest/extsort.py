@@ -33,8 +33,8 @@ def sorted_lines(
 ) -> Iterator[str]:
     """`lines` (each ending in a newline) in ascending order, memory bounded by `budget_chars`.
 
-    A batch that fills the budget is sorted and spooled to an unnamed file in `tmp_dir` (default
-    $TMPDIR), then the runs are merged. Unnamed, so they vanish even if the process is killed.
+    A batch that fills the budget is sorted and spooled to an unnamed file in `tmp_dir`. The runs
+    are merged at the end. Unnamed, so they vanish even if the process is killed.
     """
     budget = BUDGET_CHARS if budget_chars is None else budget_chars
     runs: list[TextIO] = []

@@ -1,6 +1,6 @@
 """Host memory of the container vLLM runs in: what its pinned CPU tier really takes, and the limit.
 
-Why: the pinned tier counts against the container's limit, and vLLM 0.26.0 takes more than
+Why: the pinned tier counts against the container's limit. And vLLM 0.26.0 takes more than
 `--kv-offloading-size` for it (vLLM #53042: ~1.92× as shared memory).
 """
 
@@ -96,7 +96,7 @@ class HostMemory:
     def footprint_ratio(self, tier_bytes: float | None) -> tuple[float, str]:
         """Host bytes the tier takes per configured byte, and how that is known.
 
-        "measured" when the shared memory shows at least the tier, else "bound" (FOOTPRINT_BOUND).
+        It is "measured" when the shared memory shows at least the tier, else "bound".
         """
         return footprint_ratio(self, tier_bytes)
 

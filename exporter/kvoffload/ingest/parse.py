@@ -1,6 +1,6 @@
 """Prometheus text exposition (0.0.4) and OpenMetrics parsing, fast and strict enough.
 
-Why fast: the sidecar parses every scrape, so the hot path skips unwanted samples by name and
+Why fast: the sidecar parses every scrape. So the hot path skips unwanted samples by name and
 parses labels only for kept ones. Errors are `ParseError`, one line naming the line.
 """
 
@@ -471,8 +471,8 @@ def _skip_plan(
     """How to skip an unwanted family's samples after its TYPE `line`.
 
     The plan is a search for the first line not provably one of them. It is `_EVERY_LINE` (look
-    at each line) when `compiles`, the plans this parse may still make, is spent or the line is
-    too long. Why: the kept samples must equal a full parse's.
+    at each line) when the line is too long or `compiles` is spent (the plans still allowed).
+    Why: the kept samples must equal a full parse's.
     """
     # Provably: the family's name plus one of FAMILY_SUFFIXES (or nothing) names no wanted family,
     # since `wanted_families` holds every wanted name's family. When no wanted family even begins

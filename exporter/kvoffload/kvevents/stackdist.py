@@ -491,7 +491,7 @@ class StackDistanceTracker:
     def _set_positions(self, live: int) -> None:
         """The tree with positions 0..live-1 all marked, rebuilt in place with room for 2 × live.
 
-        Node i covers (i - lowbit(i), i], so it holds lowbit(i); nodes past the last position are
+        Node i covers (i - lowbit(i), i], so it holds lowbit(i). Nodes past the last position are
         written before they are read.
         """
         self._limit = limit = max(_MIN_POSITIONS, 2 * live)

@@ -231,8 +231,8 @@ class EngineEvents:
     def sequence(self, seq: int, received: float | None = None) -> int:
         """Account a message's sequence number; returns how many were lost before it.
 
-        `received` (time.time()) tells a gap from a jump: a gap larger than any publisher could
-        have made is flagged, not lost. A number at or below the last is a restart, not a loss.
+        Its `received` time tells a gap from a jump. A gap larger than any publisher could have
+        made is flagged, not lost. A number at or below the last is a restart, not a loss.
         """
         lost = seq - self.last_seq - 1 if self.last_seq is not None and seq > self.last_seq else 0
         if lost:
@@ -332,8 +332,8 @@ class EngineEvents:
     def _is_decode_block(self, hashes: tuple[int, ...], parent: int | None) -> bool:
         """A block that decoding filled: one block extending the last block of an earlier run.
 
-        Why: vLLM offloads prompt blocks only (`offload_prompt_only`), so the real tier never holds
-        such a block and the replayed one must not either.
+        Why: vLLM offloads prompt blocks only (`offload_prompt_only`). The real tier never holds
+        such a block, so the replayed one must not either.
         """
         return len(hashes) == 1 and parent is not None and parent in self.chain_tails
 

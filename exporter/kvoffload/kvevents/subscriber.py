@@ -166,7 +166,7 @@ class Subscriber:
         """One SUB socket until its connection drops, then its whole messages taken and it closed.
 
         Why never `disconnect()` in place: polling pre-reads a frame, and libzmq's `!_more`
-        assertion would abort the sidecar; so the socket is drained, closed and replaced.
+        assertion would abort the sidecar. So the socket is drained, closed and replaced.
         """
         from zmq.utils.monitor import recv_monitor_message
 

@@ -161,8 +161,8 @@ def next_type_line(
 def next_comment(mm: mmap.mmap, pos: int, end: int, pages: Pages) -> int:
     """Where the next line beginning with '#' starts (`end` if none).
 
-    A '#' inside a line is passed over. It is searched a region at a time with the pages behind
-    given back, so skipping a huge family holds none of it.
+    A '#' inside a line is passed over. It is searched a region at a time, the pages behind given
+    back, so skipping a huge family holds none of it.
     """
     step = pages.REGION
     while pos < end:

@@ -27,7 +27,7 @@ def read(
 ) -> T:
     """`consume(the scrapes of the recording at path)`, each instance's in time order.
 
-    Why both readers: strict OpenMetrics reads fast, and the general reader reads the rest (a
+    Why both readers: strict OpenMetrics reads fast. The general reader reads the rest (a
     journal, a snapshot) or says what is wrong. `report` gets the strict reader's bytes done, and
     None when the general reader takes over.
     """

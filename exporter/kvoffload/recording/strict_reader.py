@@ -222,7 +222,7 @@ class _SeriesReader:
     """A family block's wanted lines into the series' columns.
 
     The layout keeps a series' points together. So a piece is split in bulk and read one series'
-    run at a time: one name check, its times and values converted together.
+    run at a time, with one name check.
     """
 
     def __init__(
