@@ -327,8 +327,8 @@ class PrometheusAPI:
         return data
 
     def query_instant(self, expr: str, time: float) -> RangeResult:
-        """An instant query; a range selector's answer (a matrix) keeps every raw sample, an
-        instant vector's each series' one point."""
+        """An instant query. A range selector's answer (a matrix) keeps every raw sample,
+        an instant vector's each series' one point."""
         return self._query(
             "/api/v1/query", {"query": expr, "time": _ts(time)}, ("matrix", "vector")
         )

@@ -1,7 +1,7 @@
 """A fleet read from Prometheus, analyzed on every core.
 
-Why: reading a thousand engines is Python work per sample. Each worker process reads and analyzes
-a batch of whole instances; the parent merges, so the result matches one process.
+Why: reading a thousand engines is Python work per sample. Each worker process reads and analyzes a
+batch of whole instances. The parent merges, so the result matches one process.
 """
 
 from __future__ import annotations

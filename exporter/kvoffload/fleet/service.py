@@ -35,8 +35,8 @@ T = TypeVar("T")
 async def in_daemon_thread(fn: Callable[..., T], *args: object) -> T:
     """`asyncio.to_thread`, but in a daemon thread of its own.
 
-    The default executor's threads are joined at exit, so one stuck in a read would keep a stopped
-    process alive."""
+    Why: the default executor's threads are joined at exit.
+    One stuck in a read would keep a stopped process alive."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 

@@ -272,8 +272,8 @@ def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
 def _runs_vllm(cmdline: bytes, name: bytes = b"vllm") -> bool:
     """Whether a command line is vLLM's own: a program or script named vllm*, or `python -m vllm…`.
 
-    Covers `python …/bin/vllm serve` and the renamed `VLLM::EngineCore`; not a line that merely
-    mentions vllm (a path, a log file).
+    It covers `python …/bin/vllm serve` and the renamed `VLLM::EngineCore`.
+    Not a line that merely mentions vllm (a path, a log file).
     """
     argv = [a.lower() for a in cmdline.split(b"\0") if a]
     if any(os.path.basename(a).startswith(name) for a in argv[:2]):

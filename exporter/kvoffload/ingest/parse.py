@@ -599,7 +599,7 @@ def _with_families(
     """The families a regrouped scrape declares.
 
     A scrape-ordered file says it exactly. Otherwise a scrape gets the families its target has
-    series of anywhere, plus those nobody has a series of, so a target without offloading is still
+    series of anywhere, and those nobody has a series of. So a target without offloading is still
     judged without.
     """
     instances = frozenset({sample[1].get("instance", "") for sample in expo.samples})

@@ -428,8 +428,8 @@ def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | 
 def load(path: Path, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded | None:
     """The saved state, or None when there is none.
 
-    An unusable file (a link, a FIFO, oversized, damaged, out of range) is renamed `*.bad`. It
-    gets a one-line warning, never an exception.
+    An unusable file (a link, a device, a FIFO, oversized, damaged, out of range) goes to `*.bad`.
+    It gets a one-line warning, never an exception.
     """
     try:
         data = statefile.read(path)

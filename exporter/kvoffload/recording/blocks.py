@@ -162,7 +162,7 @@ def next_comment(mm: mmap.mmap, pos: int, end: int, pages: Pages) -> int:
     """Where the next line beginning with '#' starts (`end` if none).
 
     A '#' inside a line is passed over. It is searched a region at a time, the pages behind given
-    back, so skipping a huge family holds none of it.
+    back. So skipping a huge family holds none of it.
     """
     step = pages.REGION
     while pos < end:

@@ -74,7 +74,7 @@ def _format_value(value: float) -> str:
 class RecordingWriter:
     """Append scrapes of one or more targets to a text stream, scrape by scrape.
 
-    Why this journal layout: each scrape repeats its families with its own timestamp, so a reader
+    Why this journal layout: each scrape repeats its families with its own timestamp. So a reader
     streams it in constant memory. A writer killed between scrapes leaves every earlier one whole;
     `Recording` rewrites it as strict OpenMetrics at the end.
     """
@@ -128,8 +128,8 @@ class RecordingWriter:
 def _series_together(fam: str, mtype: str, samples: list[Sample]) -> list[Sample]:
     """A family's samples with each series' together, in order of first appearance.
 
-    Why: 0.0.4 puts a counter's `_created` (folded in here) after all its `_total` lines, and
-    OpenMetrics forbids coming back to a series.
+    Why: 0.0.4 puts a counter's `_created` (folded in here) after all its `_total` lines.
+    And OpenMetrics forbids coming back to a series.
     """
     drop = {"histogram": "le", "gaugehistogram": "le", "summary": "quantile"}.get(mtype)
     series: dict[tuple[tuple[str, str], ...], list[Sample]] = {}
@@ -722,7 +722,7 @@ def _looks_like_openmetrics(head: str, whole: bool = False) -> bool:
     """Whether the file is a recording (samples with timestamps) rather than one 0.0.4 body.
 
     `whole`: `head` is all of the file. Cut in its last line before any whole sample line, it is
-    then a recording cut short, not an empty body.
+    a recording cut short, not an empty body.
     """
     if head.startswith(JOURNAL_MARK):
         return True

@@ -1,8 +1,8 @@
 """`record --finalize/--repair`: turn a journal or a cut recording into a whole one, nothing else.
 
-Why the checks: the rewrite drops what looks like a cut end. A non-recording would lose
-everything (a one-line JSON became `# EOF`). So the input must begin like a recording, and the
-result must read as one before it is renamed into place.
+Why the checks: the rewrite drops what looks like a cut end. A non-recording would lose everything
+(a one-line JSON became `# EOF`). So the input must begin like a recording. The result must read as
+one before it is renamed into place.
 """
 
 from __future__ import annotations
