@@ -1,12 +1,7 @@
 """The advice, decided once: all evidence in one value, then one function picks.
 
-`Evidence` holds what the advice may lean on (counters, KV-event curve, TTFT effect, memory
-budget, knob what-ifs, A/Bs). `decide` picks the action, size and reasons. Why: stronger evidence
-is consulted last (counters < curve < TTFT < knobs < A/B), so no caller patches the advice
-(docs/advisor.md).
-
-Counters cannot show reuse distances. The counter rules use GPU turnover, the reuse ratio, the
-tier's size against the GPU's, and the bytes stored (docs/advisor.md).
+`Evidence` holds what the advice may lean on, and `decide` picks the action, size and reasons.
+Why: stronger evidence is consulted last, so no caller patches the advice (docs/advisor.md).
 """
 
 from __future__ import annotations
@@ -102,8 +97,8 @@ class Evidence:
 def decide(ev: Evidence, t: Thresholds | None = None) -> Recommendation:
     """The advice from all the evidence, each rule in order of strength.
 
-    Why: each rule confirms or revises the weaker rules' proposal and the trace keeps every step, so
-    the advice is explained end to end.
+    Why: each rule confirms or revises the weaker rules' proposal, and the trace keeps every step.
+    So the advice is explained end to end.
     """
     t = t or Thresholds()
     c = ev.counters

@@ -1,5 +1,7 @@
-"""Turns a window of scrapes into each group's typed analysis (`result.GroupAnalysis`). Its JSON is
-the contract of `analyze --json` and the sidecar."""
+"""Turns a window of scrapes into each group's typed analysis (`result.GroupAnalysis`).
+
+Its JSON is the contract of `analyze --json` and the sidecar.
+"""
 
 from __future__ import annotations
 

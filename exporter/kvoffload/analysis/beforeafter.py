@@ -1,9 +1,7 @@
 """Before/after: one engine's TTFT before and after its CPU tier changed, at matched load.
 
-`TierTimeline` cuts each (instance, model) into segments of one tier; `before_after` compares the
-latest change's two sides, with a ±2σ range and a load-match check. Why: a restart with another
-`--kv-offloading-size` is an A/B on the server that matters, and it outranks any estimate (basis
-"before_after").
+Why: a restart with another `--kv-offloading-size` is an A/B on the server that matters. It
+outranks any estimate (basis "before_after"; docs/advisor.md "Before and after").
 """
 
 from __future__ import annotations

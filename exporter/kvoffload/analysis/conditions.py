@@ -1,9 +1,9 @@
 """Advisor rules as conditions on figures, defined once: the advisor evaluates them, the alerts
 render them.
 
-A threshold is named, not copied (`thresholds.Thresholds` and `promql.MixinConfig` share the name),
-so the sidecar judges at the value the alert fires at. An undefined figure satisfies no comparison
-in either rendering.
+A threshold is named, not copied: Thresholds and MixinConfig share the name. So the sidecar
+judges at the value the alert fires at. An undefined figure satisfies no comparison in either
+rendering.
 """
 
 from __future__ import annotations
@@ -65,8 +65,11 @@ class Compare(Condition):
 
 @dataclass(frozen=True)
 class AtMost(Condition):
-    """figure ≤ other figure. PromQL compares the two capacity gauges as a ratio ≤ 1, joined to the
-    vLLM labels, so the alert's value is the ratio."""
+    """figure ≤ other figure.
+
+    PromQL compares the two capacity gauges as a ratio ≤ 1, joined to the vLLM labels. So the
+    alert's value is the ratio.
+    """
 
     figure: str
     other: str

@@ -1,15 +1,7 @@
 """One formula per figure, two renderings: Python over a window, PromQL over a scope.
 
-A figure is a small expression tree (Rate, Increase, Total, GaugeMean, Ratio, FirstOf, Sidecar,
-PythonOnly, …). Each node evaluates over a window's `signals.Context` and renders PromQL over a
-`Scope`, so the sidecar, recording rules and dashboards share one definition.
-
-vLLM's spellings live only in the catalog (`vllm.py`): a key renders under both `vllm:x` and
-`vllm_x`, and an offload transfer key as the flat family `or` the deprecated `transfer_type` series
-(never added).
-
-Conventions in both renderings. Undefined is absent: None in Python, no sample in PromQL. Ratios
-are of sums over engines, by target labels and `model_name`.
+A figure is a small expression tree whose nodes evaluate over a `signals.Context` and render over
+a `Scope`. So the sidecar, recording rules and dashboards share one definition.
 """
 
 from __future__ import annotations
@@ -156,6 +148,8 @@ def counter_sum(
 
 
 # -- the nodes ---------------------------------------------------------------------------------
+# Both renderings: undefined is absent (None in Python, no sample in PromQL), and ratios are of
+# sums over engines, by target labels and `model_name`. vLLM's spellings live only in the catalog.
 class Expr:
     """A figure's formula. `value` renders it in Python, `promql` in bare PromQL (a parent adds
     parentheses)."""

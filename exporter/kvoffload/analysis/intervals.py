@@ -1,16 +1,7 @@
 """Marginal costs from the variation between scrape intervals.
 
-Totals cannot say what one more recomputed token costs (per-step overhead dominates small models),
-but the mix varies between scrapes. A least-squares fit, one row per scrape interval,
-
-    Δprefill_time_sum = a · Δfinished + c · Δcomputed_tokens
-
-gives c: the prefill time per computed prompt token, batching and stores included. Both sides are
-counted at request finish, so reload waits do not leak in. Without a computed-tokens histogram,
-prompt tokens by source stand in.
-
-The fit is kept as running sums in every window point, so any window's fit is a subtraction and
-memory does not grow with the window.
+Totals cannot say what one more recomputed token costs, but the mix varies between scrapes. A
+least-squares fit over intervals gives it, kept as running sums: any window's fit is a subtraction.
 """
 
 from __future__ import annotations
@@ -18,13 +9,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# Δprefill_time_sum = a · Δfinished + c · Δcomputed_tokens, one row per scrape interval: c is the
+# prefill time per computed prompt token, batching and stores included. Both sides are counted at
+# request finish, so reload waits do not leak in; per-step overhead goes to a.
 _X = ("prefill_time_count", "computed_tokens")
 _Y = ("prefill_time_sum",)
 _REQUESTS, _TOKENS = 0, 1
 # Older vLLM has no computed-tokens histogram: the tokens recomputed by source stand in.
 _TOKENS_FALLBACK = "src_local_compute"
-# Layout of the running sums: xx (upper triangle of XᵀX), xy (Xᵀy per response), yy per
-# response, rows.
+# Running sums, so memory does not grow with the window. Layout: xx (upper triangle of XᵀX),
+# xy (Xᵀy per response), yy per response, rows.
 _PAIRS = tuple((i, j) for i in range(len(_X)) for j in range(i, len(_X)))
 _XY = len(_PAIRS)
 _YY = _XY + len(_X) * len(_Y)

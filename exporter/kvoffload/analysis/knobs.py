@@ -1,9 +1,7 @@
 """The CPU tier's two knobs, store_threshold and eviction, advised from their exact what-ifs.
 
-From the what-if rows (kvevents/whatif.py): `store_threshold: N` where it stores fewer bytes without
-losing TTFT, `eviction_policy: arc` where ARC wins by a margin. Why: the TTFT model prices stores
-and lost hits alike, so a knob is advised only where the hits it gives up were not worth their
-stores.
+Why: the TTFT model prices stores and lost hits alike. So a knob is advised only where the hits
+it gives up were not worth their stores (docs/advisor.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Fleet A/B: replicas of one model with and without a CPU tier, compared directly.
 
-Where instances of one `model_name`, some with a tier, see comparable load, their measured TTFT
-difference outranks the estimate (`ttft_change_basis` = "fleet"). Comparable: prompt tokens per
-request within 25% and request rates within 1.5× of the other pool; same engine kind is assumed.
+Why: where such replicas see comparable load, their measured TTFT difference outranks the
+estimate (`ttft_change_basis` = "fleet").
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ from kvoffload.analysis.ttft import Effect
 if TYPE_CHECKING:
     from kvoffload.analysis.result import GroupAnalysis
 
+# Comparable: prompt tokens per request within 25% and request rates within 1.5× of the other
+# pool; the same engine kind is assumed.
 _PROMPT_SPREAD = 0.25
 _RATE_SPREAD = 1.5
 # The fleet's range: the spread of the replicas' means, never under 20% of the difference nor

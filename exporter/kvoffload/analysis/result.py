@@ -1,7 +1,7 @@
 """The typed analysis of one (instance, model_name) group: what `analysis` produces and every output
 consumes.
 
-`to_json()` is the JSON contract of `analyze --json` and `/api/v1/status` (docs/metrics.md); code
+Its `to_json()` is the contract of `analyze --json` and `/api/v1/status` (docs/metrics.md). Code
 reads the typed fields, never untyped dicts.
 """
 
@@ -64,9 +64,11 @@ class TtftVerdict:
 
 @dataclass(frozen=True)
 class ReuseHistogram:
-    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative. The bucket at `le`
-    counts what a tier of that size per engine would serve (`le` = inf: all); `sum_bytes`: Σ
-    distance × tokens."""
+    """GPU-missed prompt tokens by LRU reuse distance in bytes, cumulative.
+
+    The bucket at `le` counts what a tier of that size per engine would serve (`le` = inf: all).
+    Its `sum_bytes` is Σ distance × tokens.
+    """
 
     buckets: tuple[tuple[float, float], ...]
     sum_bytes: float

@@ -1,7 +1,7 @@
 """What PromQL rendering needs to know about where the series live: selectors, labels, names.
 
-`mixin.promql.MixinConfig` is the one implementation; the formulas and conditions here take
-this protocol instead, so `analysis/` never imports `mixin/` (the mixin imports analysis).
+Why: the formulas and conditions take this protocol, not `mixin.promql.MixinConfig`, so
+`analysis/` never imports `mixin/`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The signal catalog: every derived figure, defined once (docs/architecture.md).
 
-A figure is one formula (`analysis.formula`): the sidecar evaluates it over a group's window,
-the rules and dashboards render it as PromQL. What PromQL cannot compute is a `PythonOnly` part.
+A figure is one formula (`analysis.formula`), evaluated by the sidecar and rendered as PromQL.
 Undefined is None: absent from /metrics, null in JSON, never 0 or NaN.
 """
 

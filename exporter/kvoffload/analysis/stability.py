@@ -1,9 +1,7 @@
 """Stable advice: the published action and size change only when a new one has held.
 
-`AdviceHolder` skips `warmup` seconds after a start or tier change. A new action or size is
-published after `dwell` seconds; size moves within the margin are ignored. An advice published
-within the noise yields at once to one that clears it. Why: operators cannot act on advice that
-alternates every few seconds. Times are the data's own, so simulated time works too.
+Why: operators cannot act on advice that alternates every few seconds. The rules are in
+docs/advisor.md ("Stable advice"); times are the data's own, so simulated time works too.
 """
 
 from __future__ import annotations

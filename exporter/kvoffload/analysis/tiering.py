@@ -165,8 +165,8 @@ def _by_replay(
 def _without_hits(figures: Mapping[str, float | None]) -> str:
     """Why there is no verdict without per-tier hits, with the lookup wait where exported.
 
-    vLLM 0.26.0's tiering spec exports lookup delays but no per-tier hits, so the wait shows cost,
-    not return.
+    The tiering spec of vLLM 0.26.0 exports lookup delays but no per-tier hits. So the wait shows
+    cost, not return.
     """
     wait = figures.get("tier_lookup_wait_seconds")
     if wait is None:

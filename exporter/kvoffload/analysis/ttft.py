@@ -1,20 +1,7 @@
 """The TTFT verdict: what the CPU tier does to mean time-to-first-token, now or at another size.
 
-Hit ratio is not payoff. In vLLM 0.26.0 a CPU hit waits for its copy in the queue
-(`request_queue_time`); the compute it saves shows as shorter prefill. Per request, with x
-tokens reloaded from CPU (derivation in docs/advisor.md):
-
-    effect = W + store − x · c_compute
-
-    W        the reload wait: measured (tier on) as queue time less capacity queueing,
-             else predicted.
-    c        prefill time per computed token, fitted over scrape intervals (analysis.intervals);
-             0 when not measured (the fit's t < 2).
-    store    the offload path's stall of other requests, on launch-bound engines;
-             c_compute = c − store on a tier-on server.
-
-Negative = faster with the tier. Each effect has a range (fit ±2σ, store split, predicted wait,
-run-to-run noise), so a small effect reads as "not measurable" rather than as a verdict.
+Why: hit ratio is not payoff, since a CPU hit waits for its copy in the queue. The effect per
+request is W + store − x · c_compute, each term with a range; docs/advisor.md derives it.
 """
 
 from __future__ import annotations
@@ -25,7 +12,10 @@ from dataclasses import dataclass, field
 from kvoffload.analysis.intervals import Coefficient, marginal_recompute_cost
 from kvoffload.analysis.signals import Context, loaded_tokens
 
-# A fitted cost counts only at this t-statistic; it is shrunk by its noise with this z.
+# Terms: W the reload wait (measured as queue time less capacity queueing, else predicted); c the
+# prefill time per computed token (analysis.intervals); store the offload path's stall of others
+# on launch-bound engines, c_compute = c − store on a tier-on server. Negative = faster.
+# A fitted cost counts only at this t-statistic (else c is 0); it is shrunk by its noise with z.
 MIN_COST_T = 2.0
 _SHRINK_Z = 2.0
 # An engine whose step, when it never idles, costs as much as this many computed tokens is bound
@@ -218,9 +208,11 @@ def effect_now(obs: Observed, k: Constants) -> Effect | None:
 def predict(
     obs: Observed, reloaded_tokens: float, k: Constants, stored_share: float = 1.0
 ) -> Effect | None:
-    """The effect per request of a tier reloading `reloaded_tokens` per request, against no tier. On
-    a tier-on server the wait is its own, else predicted (docs/advisor.md); stored_share: the share
-    of computed blocks stored; None on overflow."""
+    """The effect per request of a tier reloading `reloaded_tokens` per request, against no tier.
+
+    On a tier-on server the wait is its own, else predicted (docs/advisor.md). `stored_share` is
+    the share of computed blocks stored. None on overflow.
+    """
     x = max(reloaded_tokens, 0.0)
     costs = _costs(obs, k)
     computed_after = max(obs.missed_tokens - x, 0.0)

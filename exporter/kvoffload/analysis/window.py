@@ -1,14 +1,7 @@
 """Per-series history with counter-reset handling, and increases over a sliding window.
 
-Each counter series keeps an *adjusted total* that only grows, as Prometheus' `increase()` without
-extrapolation. After a restart (a decrease, a changed `_created`, a series back from gone) the new
-raw value is the increase. Group totals are sums of these, so a window's increase is a subtraction,
-the same across a vLLM restart.
-
-A counter that went down without a restart is still a reset, counted in `resets` (reason
-"decrease"). A value outside its catalog range (`Extract.unknown`) is not a value. Either way its
-increase leaves `Delta.inc` while that scrape is in the window, and `anomalies` says why. A gauge
-out of range leaves `Delta.gauge_avg` the same way.
+Each counter keeps an *adjusted total* that only grows, as Prometheus' `increase()` without
+extrapolation. So a window's increase is a subtraction, the same across a vLLM restart.
 """
 
 from __future__ import annotations
@@ -516,8 +509,10 @@ class Window:
         return {pair: _SeriesState(*state) for pair, state in _states(columns)}
 
     def _series_of(self, g: GroupKey) -> dict[tuple[str, str], _State]:
-        """A group's series as a dict by (key, engine), taken out of its columns if any (the slow
-        path edits them one by one)."""
+        """A group's series as a dict by (key, engine), taken out of its columns if any.
+
+        Why: the slow path edits them one by one.
+        """
         columns = self._columns.pop(g, None)
         if columns is not None:
             self._series[g] = dict(_states(columns))
@@ -578,6 +573,11 @@ class Window:
         columns.seen_at = scrape_no
         return True
 
+    # After a restart (a decrease, a changed `_created`, a series back from gone) the new raw
+    # value is the increase. A decrease without a restart is still a reset (reason "decrease"),
+    # and like a value outside its catalog range its increase is not believed while that scrape
+    # is in the window: left out of Delta.inc, with `anomalies` saying why. A gauge out of range
+    # leaves Delta.gauge_avg the same way.
     def _count(
         self,
         g: GroupKey,

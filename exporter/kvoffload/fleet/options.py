@@ -204,8 +204,8 @@ def make_api(
 
 
 class ReadProgress(Progress):
-    """`analyze --prometheus`: instances read, points and questions, as the read goes; the
-    last line is written off a terminal too."""
+    """`analyze --prometheus`: instances read, points and questions, as the read goes.
+    The last line is written off a terminal too."""
 
     def __call__(self, stats: ReadStats) -> None:
         self.update(

@@ -1,16 +1,9 @@
 """A small client of the Prometheus HTTP API (`/api/v1`), for `analyze --prometheus`.
 
-It speaks to Prometheus 2.x and 3.x, Thanos Query, Mimir/Cortex (their `/prometheus` prefix is part
-of the URL given) and VictoriaMetrics. It is synchronous (`requests`) on purpose: the fleet reader
-asks one question at a time, so a keep-alive session is all it needs.
-
-Every failure becomes a `PromAPIError`: one line naming the question and what went wrong. The caller
-decides whether it fails the run or only the engines asked about.
-
-A hostile or broken server is bounded (`PromLimits`). Each question has a total deadline, enforced
-by a watchdog that shuts its sockets. Answers are read as a stream, capped on the wire and once
-inflated, and in points. Error bodies are read only to their first kilobytes. Server text is escaped
-before a terminal or log sees it. `--header` values do not follow a redirect to another host."""
+It is synchronous (`requests`) on purpose: the fleet reader asks one question at a time. Every
+failure is a one-line `PromAPIError`. What a hostile server may cost is bounded (docs/exporter.md,
+"What a Prometheus may answer").
+"""
 
 from __future__ import annotations
 
@@ -48,8 +41,8 @@ MIB = 1024 * 1024
 class PromLimits:
     """What one answer may cost.
 
-    The reader asks for about `promsource.POINT_BUDGET` points a question; these limits leave room
-    for a plan that was off and stop a server that answers far more."""
+    Why: the reader asks for about `fleet.source.POINT_BUDGET` points a question. These limits leave
+    room for a plan that was off and stop a server that answers far more."""
 
     max_answer_bytes: int = 128 * MIB  # on the wire and once inflated
     max_points: int = 1_000_000  # points and series (or label sets) in one answer
@@ -243,6 +236,8 @@ class _Reply:
     truncated: bool  # an error body read only as far as its first max_error_bytes
 
 
+# Prometheus 2.x and 3.x, Thanos Query, Mimir/Cortex (their `/prometheus` prefix is part of the
+# URL given), VictoriaMetrics. One question at a time, so a keep-alive session is all it needs.
 class PrometheusAPI:
     def __init__(
         self,
@@ -332,8 +327,8 @@ class PrometheusAPI:
         return data
 
     def query_instant(self, expr: str, time: float) -> RangeResult:
-        """An instant query; a range selector's answer (a matrix) keeps every raw sample, an
-        instant vector's each series' one point."""
+        """An instant query. A range selector's answer (a matrix) keeps every raw sample,
+        an instant vector's each series' one point."""
         return self._query(
             "/api/v1/query", {"query": expr, "time": _ts(time)}, ("matrix", "vector")
         )

@@ -1,9 +1,8 @@
 """A fleet read from Prometheus, analyzed on every core.
 
-Reading a thousand engines is Python work per sample, and Prometheus needs CPU of its own. The
-reader's batches are independent (whole instances each), so each worker process reads, windows and
-analyzes one batch at a time. The parent only merges, running the fleet-wide replica comparison
-(`add_fleet_evidence`) once all groups are in, so the result matches one process."""
+Why: reading a thousand engines is Python work per sample. Each worker process reads and analyzes a
+batch of whole instances. The parent merges, so the result matches one process.
+"""
 
 from __future__ import annotations
 
@@ -122,6 +121,7 @@ def analyze_from_prometheus(
         raise InputError(
             "no instance could be read: " + "; ".join(sorted(set(total.errors.values()))[:3])
         )
+    # The fleet-wide replica comparison needs every group, so it runs once, here in the parent.
     add_fleet_evidence(groups, settings)
     groups = need_order(groups)
     return FleetResult(groups, summarize(groups), sum(r.scrapes for r in results), total)

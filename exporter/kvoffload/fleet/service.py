@@ -1,17 +1,8 @@
 """`serve --prometheus`: the sidecar's HTTP face for a whole fleet, read back from Prometheus.
 
-Every `interval_seconds` it reads all engines' vLLM series with what `analyze --prometheus` runs
-(`fleet.runs.analyze_from_prometheus` over a `fleet.source.FleetReader`). It publishes the same
-output: groups in need order, the fleet summary, per-instance read errors. The range slides (the
-last `range_seconds`, the default) or is fixed (`--start`/`--end`: a post-mortem).
-
-The read and analysis run in a thread and the result is swapped in whole, so the event loop keeps
-answering meanwhile. A stop (SIGTERM) aborts the current question (`PrometheusAPI.abort`) and does
-not wait: the thread is a daemon, so a stuck server cannot hold the process.
-
-An instance that could not be read is down with its one-line error, its last figures kept stale. A
-read that fails as a whole keeps the last good analysis, every target down and its groups stale,
-with the error shown."""
+Every `interval_seconds` it runs what `analyze --prometheus` runs and publishes the same output.
+How it slides and fails: docs/architecture.md ("A whole fleet from Prometheus").
+"""
 
 from __future__ import annotations
 
@@ -44,8 +35,8 @@ T = TypeVar("T")
 async def in_daemon_thread(fn: Callable[..., T], *args: object) -> T:
     """`asyncio.to_thread`, but in a daemon thread of its own.
 
-    The default executor's threads are joined at exit, so one stuck in a read would keep a stopped
-    process alive."""
+    Why: the default executor's threads are joined at exit.
+    One stuck in a read would keep a stopped process alive."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -125,6 +116,8 @@ def read_fleet(
     )
 
 
+# The read runs in a daemon thread and its result is swapped in whole, so the loop keeps
+# answering and a stuck server cannot hold a stop (SIGTERM aborts the question in flight).
 class FleetService:
     """The interface of `sidecar.service.Service`, fed by reads from Prometheus."""
 
@@ -192,6 +185,7 @@ class FleetService:
             return
         self._publish(read)
 
+    # A read failed as a whole: the last good analysis stays, every target down, its groups stale.
     def _failed(self, error: str) -> None:
         self.failures += 1
         self.last_error = error

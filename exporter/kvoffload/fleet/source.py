@@ -1,20 +1,8 @@
 """vLLM series read back from Prometheus (or Thanos, Mimir…) as the scrapes they came from.
 
-`analyze --prometheus` must match `analyze FILE` on the same data. So it turns stored samples back
-into one `Exposition` per (instance, scrape time) and feeds the same window and analysis. What it
-asks for:
-
-- only the sample names the catalog reads (`ingest.catalog`), also in the underscore form some
-  pipelines store (`vllm_…`), without `_created`;
-- by default every stored sample, through range selectors (`{…}[D]` at the chunk's end), so
-  points are the scrapes themselves, unaligned and with no lookback repeats; with `step`,
-  `query_range` instead (less to read over a long range);
-- batches of whole instances, at most `point_budget` points each (one instance alone is
-  chunked in time), so memory does not grow with the fleet.
-
-A failed question is retried for half the batch, down to one instance. An instance that still fails,
-or whose values are not vLLM's figures (not finite, or absurd), is reported and left out, and the
-run goes on. A read needing more than `max_questions` questions is refused up front."""
+Why: `analyze --prometheus` must match `analyze FILE` on the same data. So stored samples become
+one `Exposition` per (instance, scrape time), fed to the same window and analysis.
+"""
 
 from __future__ import annotations
 
@@ -130,6 +118,10 @@ class Plan:
     points_per_series: float
 
 
+# It asks only for the catalog's sample names (also as `vllm_…`, without `_created`), by default
+# every stored sample through range selectors (no alignment, no lookback repeats), in batches of
+# whole instances within POINT_BUDGET, so memory does not grow with the fleet. A failed question
+# is asked again for each half; an instance that still fails or is not vLLM's is left out.
 class FleetReader:
     """Reads the vLLM series of every instance matching `selector` between `start` and `end`."""
 

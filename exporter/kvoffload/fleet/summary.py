@@ -1,9 +1,8 @@
 """One view over many engines: what to change first, and what the changes add up to.
 
-The summary counts engines to enable, grow, shrink or disable, the pinned host memory the advice
-asks for against what is configured, and the fleet's mean TTFT change per request. Engines follow in
-need order: changes first, largest TTFT gain (per-request change × request rate) first; then engines
-to keep as they are; then those with too little data."""
+It counts the actions and the host memory they ask for, and puts engines in need order. Why: an
+operator of many engines acts on the largest TTFT gain first.
+"""
 
 from __future__ import annotations
 
@@ -89,6 +88,8 @@ class FleetSummary:
         }
 
 
+# Counts engines per action, pinned host memory advised against configured, and the fleet's mean
+# TTFT change per request.
 def summarize(groups: list[GroupAnalysis]) -> FleetSummary:
     actions = dict.fromkeys(ACTIONS, 0)
     for g in groups:

@@ -1,11 +1,8 @@
 """The vLLM metric catalog: the samples we read, their legacy names, their believable range.
 
-The catalog is rows of one shape (`Source`), like dcgm-exporter's default-counters.csv. Everything
-downstream works on canonical keys (`load_bytes`, `prefix_hits`, ...), so the rest of the package
-never sees the naming history (docs/rules.md, "Conventions"). Flat `vllm:kv_offload_{load,store}_*`
-(≥0.24) are preferred; the deprecated `vllm:kv_offload_total_*{transfer_type}` are used only when
-the flat family is absent, so the two are never added. A sample outside its row's range is unknown
-(`Extract.unknown`, with a reason), never a figure.
+The catalog is rows of one shape (`Source`), like dcgm-exporter's default-counters.csv. Why:
+everything downstream works on canonical keys, so the rest never sees vLLM's naming history
+(docs/rules.md, "Conventions").
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from kvoffload.ingest.parse import Exposition
 # No count, size, time or ratio vLLM reports comes near this (a day at 10 GB/s is 1e15
 # bytes); a value beyond it is garbage, and products of a few such values (a fit's squares,
 # a rate × a size) stay within the float range, so nothing downstream overflows to inf.
+# A sample outside its row's range is unknown (`Extract.unknown`, with a reason), never a figure.
 MAX_VALUE = 1e30
 
 # (sample name, required label, its value): a row as the PromQL renderings select it
@@ -54,9 +52,9 @@ BLOCK_TOKENS = Range(1.0, 2.0**20)
 class Source:
     """One row of the catalog.
 
-    kind: "counter" (a core counter), "offload" (an offload transfer counter; see `direction`,
-    `naming`), "gauge" (`summed` over engines, else averaged) or "label" (a numeric label `label` of
-    the info metric `name`).
+    Its `kind` is "counter", "offload" (a transfer counter: `direction`, `naming`), "gauge" or
+    "label". A gauge is `summed` over engines, else averaged; a label is numeric label `label` of
+    `name`.
     """
 
     key: str
@@ -192,7 +190,8 @@ CATALOG: tuple[Source, ...] = (
     # Engine steps and the tokens they ran: a step's length when the engine never idles.
     _counter("steps", "vllm:iteration_tokens_total_count"),
     _counter("step_tokens", "vllm:iteration_tokens_total_sum"),
-    # Offload transfers: the flat series (≥0.24) and the deprecated transfer_type mirror.
+    # Offload transfers: the flat series (≥0.24) and the deprecated transfer_type mirror, used
+    # only when the flat family is absent, so the two are never added.
     *_offload(
         "load_bytes",
         "load",

@@ -1,8 +1,7 @@
 """Sorting more lines than fit in memory: sorted runs spooled to temporary files, then merged.
 
-Why: recordings are regrouped both ways (families into scrapes for `analyze`, a journal into
-families for `record`), and a day's recording is hundreds of MB. Lines carry their sort key as a
-fixed-width prefix, so plain string comparison in C orders them.
+Why: recordings are regrouped both ways, and a day's recording is hundreds of MB. Lines carry
+their sort key as a fixed-width prefix, so plain string comparison in C orders them.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ def sorted_lines(
 ) -> Iterator[str]:
     """`lines` (each ending in a newline) in ascending order, memory bounded by `budget_chars`.
 
-    A batch that fills the budget (default BUDGET_CHARS) is sorted and spooled to an unnamed
-    temporary file in `tmp_dir` (default $TMPDIR); the runs are merged at the end. Input within
-    budget never touches the disk, and temporary files vanish even if the process is killed.
+    A batch that fills the budget is sorted and spooled to an unnamed file in `tmp_dir`. The runs
+    are merged at the end. Unnamed, so they vanish even if the process is killed.
     """
     budget = BUDGET_CHARS if budget_chars is None else budget_chars
     runs: list[TextIO] = []

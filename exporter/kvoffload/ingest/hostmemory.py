@@ -1,8 +1,7 @@
 """Host memory of the container vLLM runs in: what its pinned CPU tier really takes, and the limit.
 
-Why: the pinned tier counts against the container's limit, and vLLM 0.26.0 takes more than
-`--kv-offloading-size` for it (vLLM #53042: ~1.92× as shared memory). The cgroup files say what is
-taken; vLLM's processes, where visible, say how much is theirs.
+Why: the pinned tier counts against the container's limit. And vLLM 0.26.0 takes more than
+`--kv-offloading-size` for it (vLLM #53042: ~1.92× as shared memory).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ FOOTPRINT_BOUND = 2.0
 _POD_CGROUP = re.compile(r"pod[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_]")
 
 
+# The cgroup files say what is taken; vLLM's processes, where visible, say how much is theirs.
 class HostMemoryError(Exception):
     """A cgroup that cannot be read as one (the message is one line, for the page)."""
 
@@ -96,7 +96,7 @@ class HostMemory:
     def footprint_ratio(self, tier_bytes: float | None) -> tuple[float, str]:
         """Host bytes the tier takes per configured byte, and how that is known.
 
-        "measured" when the shared memory shows at least the tier, else "bound" (FOOTPRINT_BOUND).
+        It is "measured" when the shared memory shows at least the tier, else "bound".
         """
         return footprint_ratio(self, tier_bytes)
 
@@ -272,8 +272,8 @@ def vllm_pids(proc: str = "/proc", pattern: str = "vllm") -> list[int]:
 def _runs_vllm(cmdline: bytes, name: bytes = b"vllm") -> bool:
     """Whether a command line is vLLM's own: a program or script named vllm*, or `python -m vllm…`.
 
-    Covers `python …/bin/vllm serve` and the renamed `VLLM::EngineCore`; not a line that merely
-    mentions vllm (a path, a log file).
+    It covers `python …/bin/vllm serve` and the renamed `VLLM::EngineCore`.
+    Not a line that merely mentions vllm (a path, a log file).
     """
     argv = [a.lower() for a in cmdline.split(b"\0") if a]
     if any(os.path.basename(a).startswith(name) for a in argv[:2]):
@@ -319,8 +319,8 @@ def read_host_memory(
 ) -> HostMemory:
     """vLLM's container memory: `setting` is a cgroup directory, "auto" or "off".
 
-    auto tries the pod's cgroup less this container's own, then the cgroup of vLLM's processes where
-    visible. Never this process's own cgroup alone: the sidecar's usage is not vLLM's.
+    With "auto" it tries the pod's cgroup less this container's own, then the cgroup of vLLM's
+    processes where visible. Never this process's own cgroup alone: the sidecar's is not vLLM's.
     """
     if setting == "off":
         return HostMemory("off", None, None)

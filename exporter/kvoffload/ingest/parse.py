@@ -1,7 +1,7 @@
 """Prometheus text exposition (0.0.4) and OpenMetrics parsing, fast and strict enough.
 
-The hot path skips unwanted samples by name and parses labels only for kept ones, since the sidecar
-parses every scrape. Errors are `ParseError`, one line naming the line.
+Why fast: the sidecar parses every scrape. So the hot path skips unwanted samples by name and
+parses labels only for kept ones. Errors are `ParseError`, one line naming the line.
 """
 
 from __future__ import annotations
@@ -318,9 +318,8 @@ def parse_text(
     """Parse one classic (0.0.4) exposition; `wanted(name)` keeps a sample (None: keep all).
 
     Over one of `limits`, `LimitError` as soon as that sample is read. With `wanted_families`
-    (catalog.WANTED_FAMILIES), a family none of them names is skipped with one search from its TYPE
-    line; the samples kept are those a full parse keeps. Timestamps (milliseconds in 0.0.4) become
-    seconds.
+    (catalog.WANTED_FAMILIES), a family none of them names is skipped with one search. Timestamps
+    (milliseconds in 0.0.4) become seconds.
     """
     text = _decode(body)
     expo = Exposition()
@@ -471,15 +470,14 @@ def _skip_plan(
 ) -> _Search:
     """How to skip an unwanted family's samples after its TYPE `line`.
 
-    The plan is a search for the first line not provably one of them; `_EVERY_LINE` (look at each
-    line) when `compiles`, the plans this parse may still make, is spent or the line is too long.
-
-    Provably: a line named the family's name plus one of FAMILY_SUFFIXES (or nothing) belongs to no
-    wanted family, since `wanted_families` holds every wanted name's family. When no wanted family
-    even begins with the name, any line beginning with it is skipped (a cheaper search). The first
-    other line is read as usual, so the kept samples equal a full parse's; a differently spelled
-    sample (`vllm_x` after `# TYPE vllm:x`) is read too.
+    The plan is a search for the first line not provably one of them. It is `_EVERY_LINE` (look
+    at each line) when the line is too long or `compiles` is spent (the plans still allowed).
+    Why: the kept samples must equal a full parse's.
     """
+    # Provably: the family's name plus one of FAMILY_SUFFIXES (or nothing) names no wanted family,
+    # since `wanted_families` holds every wanted name's family. When no wanted family even begins
+    # with the name, any line beginning with it is skipped (a cheaper search). The first other
+    # line is read as usual, so a differently spelled sample (`vllm_x` after `# TYPE vllm:x`) is.
     if compiles[0] <= 0 or len(line) > 1024:
         return _EVERY_LINE
     compiles[0] -= 1
@@ -544,16 +542,12 @@ def iter_openmetrics(
 ) -> Iterator[Exposition]:
     """Stream the scrapes of a recording (OpenMetrics, a timestamp on every sample).
 
-    `chunks`: text ending at line boundaries (see `read_chunks`). A scrape is a run of samples with
-    one timestamp; TYPE lines between runs go to the next run. Unwanted families are jumped over,
-    and memory stays at one scrape.
-
-    `unordered`: the other valid layouts, families or series contiguous (what `record` and other
-    tools write). Kept samples are then sorted by timestamp on disk (ingest.extsort, in `tmp_dir`)
-    and read back scrape by scrape, still bounded.
-
-    `journal`: the path of a `record` journal being read, named in the warning if it was cut.
+    A scrape is a run of samples with one timestamp, and memory stays at one scrape. The
+    `chunks` end at line boundaries (see `read_chunks`). With `unordered` (families or series
+    contiguous), kept samples are first sorted by timestamp on disk (ingest.extsort, in `tmp_dir`).
+    The `journal` path, when given, is named in the warning if the file was cut.
     """
+    # TYPE lines between runs go to the next run; unwanted families are jumped over.
     state = _OMState(wanted, wanted_families, journal)
     if unordered:
         yield from _regrouped(state, chunks, tmp_dir)
@@ -572,7 +566,7 @@ _LINE_KEY = _TS_KEY + 10
 def _regrouped(state: _OMState, chunks: Iterable[str], tmp_dir: str | None) -> Iterator[Exposition]:
     """Families or series contiguous → scrapes, by on-disk sort on (timestamp, file order).
 
-    The sorted lines are parsed again one scrape at a time (mostly from the caches); each was
+    The sorted lines are parsed again one scrape at a time, mostly from the caches. Each was
     checked on the first pass, so no error comes from this one.
     """
     from kvoffload.ingest.extsort import sorted_lines
@@ -605,7 +599,7 @@ def _with_families(
     """The families a regrouped scrape declares.
 
     A scrape-ordered file says it exactly. Otherwise a scrape gets the families its target has
-    series of anywhere, plus those nobody has a series of, so a target without offloading is still
+    series of anywhere, and those nobody has a series of. So a target without offloading is still
     judged without.
     """
     instances = frozenset({sample[1].get("instance", "") for sample in expo.samples})

@@ -1,7 +1,7 @@
 """Reading a target's /metrics, the one way the sidecar, `record` and `analyze --target` do it.
 
-A fetch bounded in time and size (each failure one line), the parse, and the scrape's time: the
-samples' own timestamps when set (as Prometheus honours them), else the fetch's moment.
+A fetch bounded in time and size (each failure one line), the parse, and the scrape's time. That
+time is the samples' own timestamps when set (as Prometheus honours them), else the fetch's moment.
 """
 
 from __future__ import annotations
@@ -122,12 +122,11 @@ def plausible_timestamp(ts: float, fetched_at: float) -> bool:
 def read_numbers(expo: Exposition, fetched_at: float, drop: bool) -> tuple[float, dict[str, int]]:
     """One pass over the samples: the scrape's time, and unbelievable samples counted by reason.
 
-    When `drop`, such samples are made unknown. The time honours plausible sample timestamps (a
-    simulator on a virtual clock stamps virtual time). One bad sample must not poison any target's
-    figures: a NaN, infinite or far-off timestamp makes the value NaN and drops the stamp. A NaN,
-    infinite or absurd value (beyond catalog.MAX_VALUE) is kept; `catalog.extract` marks such a
-    counter unknown, so its figures are absent rather than read as a restart.
+    Why: one bad sample must not poison any target's figures. When `drop`, such samples are made
+    unknown; the time honours plausible sample timestamps (a simulator stamps virtual time).
     """
+    # A NaN, infinite or far-off timestamp makes the value NaN and drops the stamp. An absurd
+    # value is kept: catalog.extract marks that counter unknown, so it is not read as a restart.
     rejected: dict[str, int] = {}
     kept: list[Sample] = []
     latest: float | None = None

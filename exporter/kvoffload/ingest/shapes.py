@@ -1,10 +1,7 @@
 """Scrapes rebuilt from stored series, turned into the catalog's `Extract` cheaply.
 
-Readers holding samples by series know each series' name and labels once, then only (time, value)
-points. So `catalog.extract` runs once per *shape* (the series present and the families declared),
-with each sample's value its own index; the shape then maps each series to its Extract place, a few
-dict writes a scrape. A scrape with a value out of its row's range (`catalog.value_range`) goes
-through `catalog.extract` itself, which marks it unknown.
+Why: readers holding samples by series know each series' name and labels once. So
+`catalog.extract` runs once per *shape*, and each later scrape of it is a few dict writes.
 """
 
 from __future__ import annotations
@@ -20,6 +17,9 @@ from kvoffload.ingest.parse import Exposition, Sample
 Member = tuple[str, dict[str, str]]
 
 
+# A shape is the series present and the families declared; `catalog.extract` runs on it with each
+# sample's value its own index, which maps each series to its Extract place. A scrape with a value
+# out of its row's range (`catalog.value_range`) goes through `catalog.extract` itself.
 class ScrapeShapes:
     """The scrapes of one instance. `members` may grow between calls (a series that appears
     later gets the next index); indices never change."""

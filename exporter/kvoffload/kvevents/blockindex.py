@@ -1,8 +1,7 @@
 """Block hash → dense integer id, in flat arrays instead of a dict.
 
-A dict entry costs ~100 B a block; here a hash costs 8-16 B in `keys` plus 4 B per slot of an
-open-addressing table (linear probing, at most half full, backward-shift deletion). Ids are dense
-and reused, so per-block state lives in parallel arrays indexed by id (docs/performance.md).
+A dict entry costs ~100 B a block, a hash here 8-16 B plus 4 B a slot (docs/performance.md §5).
+Ids are dense and reused, so per-block state lives in parallel arrays indexed by id.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ class BlockIndex:
         self.keys = array("Q")  # id → the hash's low 64 bits
         self.wide: array[int] | None = None  # id → bits 64..127, once any hash needs them
         self.other: dict[int, int] = {}  # hashes outside [_LOW, _HIGH) → id
+        # Open addressing: linear probing, at most half full, backward-shift deletion.
         self.slots = array("i", [-1]) * (1 << _MIN_BITS)  # id, or -1 when empty
         self.mask = (1 << _MIN_BITS) - 1
         self.shift = 64 - _MIN_BITS

@@ -1,8 +1,6 @@
 """The miss-ratio curve: predicted offload hit ratio at every CPU-tier size, and the right size.
 
-Hit ratio at size C = GPU-missed tokens with reuse distance under C ÷ all GPU-missed tokens, the
-counter-based ratio's denominator, so the two compare. The right size is the smallest tier reaching
-95% of the unbounded tier's hit ratio (the simulator oracle's definition).
+Its denominator is the counter-based ratio's, so the two compare (docs/sizing.md §3).
 """
 
 from __future__ import annotations
@@ -51,10 +49,12 @@ def build_curve(
 ) -> Curve | None:
     """The curve, or None when nothing was missed yet or the block size in bytes is unknown.
 
-    missed_tokens: GPU-missed prompt tokens from the counters over the same period (with each
-    prompt's partial last block, which events never show); without it, the events' full blocks are
-    the denominator.
+    `missed_tokens`: the counters' GPU-missed prompt tokens over the same period, the events' full
+    blocks without it. Why: the counters include each prompt's partial last block, never an event.
     """
+    # Hit ratio at size C: GPU-missed tokens with reuse distance under C ÷ all GPU-missed tokens.
+    # The right size: the smallest tier reaching target_share of the unbounded tier's ratio (the
+    # simulator oracle's definition).
     from_events = events.missed_tokens_from_events()
     denominator = missed_tokens if missed_tokens and missed_tokens >= from_events else from_events
     if not denominator or not 0 < bytes_per_block < math.inf or not events.block_size:

@@ -1,9 +1,6 @@
 """Decoding vLLM's KV-event batches into plain, version-independent records.
 
-vLLM's msgspec `KVEventBatch` has moved between releases: an array `[ts, events,
-data_parallel_rank]` (vLLM 0.33) or a map; events as tagged maps or arrays with the tag first. All
-decode here into `Event`s. Unknown fields are ignored and unknown event types counted, so a newer
-vLLM still decodes.
+Unknown fields are ignored and unknown event types counted, so a newer vLLM still decodes.
 """
 
 from __future__ import annotations
@@ -108,6 +105,8 @@ def _event(raw: Any) -> Event | None:
     )
 
 
+# vLLM's msgspec KVEventBatch has moved between releases: an array [ts, events,
+# data_parallel_rank] (vLLM 0.33) or a map; events tagged maps or arrays with the tag first.
 def decode_batch(payload: bytes, default_rank: int = 0) -> Batch:
     """One message's payload; anything that is not a KV-event batch is a DecodeError."""
     try:

@@ -1,8 +1,6 @@
 """Raw KV-event streams on disk: exactly the ZMQ messages vLLM published, in order.
 
-Format: the line `KVOFFLOAD-KVEVENTS 1\n`, then records of a 4-byte big-endian length and a msgpack
-array `[dp_rank, seq, received_at, topic, payload]`. The payload is vLLM's bytes untouched, so a
-newer vLLM's fields survive a round trip.
+The payload is kept as vLLM's bytes, so a newer vLLM's fields survive a round trip.
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ import msgspec
 
 from kvoffload.errors import InputError
 
+# The file: MAGIC, then records of a 4-byte big-endian length and a msgpack array
+# [dp_rank, seq, received_at, topic, payload].
 MAGIC = b"KVOFFLOAD-KVEVENTS 1\n"
 _LEN = struct.Struct(">I")
 _MAX_RECORD = 256 * 2**20

@@ -1,16 +1,8 @@
 """The KV-event state of one target on disk, so a restarted sidecar loses nothing.
 
-Unlike vLLM's counters, the event state is built from every message since the start. `--state-dir`
-keeps it in one file per target, written atomically every few seconds and at shutdown. A restarted
-sidecar loads it and asks vLLM to replay from its last sequence, so a SIGKILL costs nothing vLLM's
-replay buffer still has.
-
-The format is versioned msgpack, framed with its length and SHA-256 (kvevents.statefile). Hash lists
-travel as packed 17-byte signed blobs (hashes can be 128-bit), float arrays as packed doubles.
-Loading trusts nothing: a typed schema range-checks every field, and block lists are held to the
-budget before they are unpacked. A file that fails a check, or is of another format, version, target
-or sampling setting, is renamed `*.bad` with one line and the sidecar starts fresh
-(docs/reliability.md). Version 1 files (no frame) are still read, with the same checks.
+The state is built from every message since the start, which vLLM's counters cannot rebuild.
+It is versioned msgpack in statefile's checksummed frame, checked field by field on load.
+What is kept and refused: docs/sizing.md ("Restarts").
 """
 
 from __future__ import annotations
@@ -136,6 +128,7 @@ def snapshot(
 
 
 def _pack_hashes(hashes: Any) -> bytes:
+    # One blob per list, not a msgpack int each: smaller, and its length is checkable unread.
     return b"".join(h.to_bytes(_HASH_BYTES, "big", signed=True) for h in hashes)
 
 
@@ -293,6 +286,7 @@ _FILE_DECODER = msgspec.msgpack.Decoder(_File)
 
 
 def _floats(blob: bytes, n: int, what: str) -> list[float]:
+    # Float arrays travel as packed doubles (array "d"), their size known before unpacking.
     if len(blob) != 8 * n:
         raise StateError(f"{what} has the wrong size")
     values = array("d", blob).tolist()
@@ -434,8 +428,8 @@ def decode(data: bytes, instance: str, sample_rate: float, sample_budget: int | 
 def load(path: Path, instance: str, sample_rate: float, sample_budget: int | None) -> Loaded | None:
     """The saved state, or None when there is none.
 
-    An unusable file (a link, a device, a FIFO, oversized, damaged, out of range) is renamed `*.bad`
-    with a one-line warning, never raised.
+    An unusable file (a link, a device, a FIFO, oversized, damaged, out of range) goes to `*.bad`.
+    It gets a one-line warning, never an exception.
     """
     try:
         data = statefile.read(path)

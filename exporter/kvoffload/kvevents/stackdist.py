@@ -1,14 +1,7 @@
 """LRU stack distances of a block stream (Mattson), exact or spatially sampled (SHARDS).
 
-The native CPU tier stores every new full prompt block and is read only on GPU misses, so it acts as
-an LRU cache over the GPU-missed blocks. A block's stack distance is the count of distinct blocks
-missed since its previous miss; a tier of C blocks serves it iff distance < C. One pass gives the
-hit ratio at every size.
-
-Exact mode keeps one Fenwick tree over access positions and compacts them when they run out; memory
-grows with distinct blocks. Sampled mode (SHARDS, Waldspurger et al., FAST '15) tracks only blocks
-whose hash falls under a threshold and scales by 1/rate. With a budget the threshold drops as
-needed, so memory stays bounded.
+The CPU tier acts as an LRU cache over GPU-missed blocks. A tier of C blocks serves a block
+whose distance is under C. So one pass gives the hit ratio at every size (docs/sizing.md §3).
 """
 
 from __future__ import annotations
@@ -63,8 +56,8 @@ class _Fenwick:
 class DistanceHistogram:
     """Weighted counts of stack distances (in blocks), with cold misses apart.
 
-    Exact below 2^16 blocks, then 64 log-spaced bins per doubling up to 2^48, so memory is fixed.
-    Sizes inside a coarse bin are interpolated linearly.
+    Exact below EXACT, then log-spaced bins up to 2^48, so memory is fixed; sizes within a bin
+    are interpolated linearly.
     """
 
     EXACT = 1 << 16
@@ -113,16 +106,8 @@ class DistanceHistogram:
 class StackDistanceTracker:
     """Feed block hashes in access order; read hits at any size from `histogram`.
 
-    sample_rate < 1 samples blocks by hash; sample_budget (blocks) lowers the rate to keep at most
-    that many tracked. Both None/1.0: exact.
-
-    Flat arrays, no Python object per block: a dense id per block (`BlockIndex`), its latest
-    position (`_last`), its mixed hash when sampled (`_mixed`), and an int32 Fenwick tree over
-    positions. That is 24-36 B per block in exact mode, up to 2^30 blocks (docs/performance.md).
-
-    The tree is filled as positions are used, so a new mark costs O(1) and moving a mark walks only
-    the nodes after it. Positions are compacted when there are twice as many as tracked blocks
-    (ahead of need, in pieces: `upkeep`).
+    Flat arrays, no Python object per block, keep it at 24-36 B a block (docs/performance.md §5).
+    A `sample_rate` under 1 samples by hash; `sample_budget` (blocks) caps the blocks tracked.
     """
 
     def __init__(self, sample_rate: float = 1.0, sample_budget: int | None = None) -> None:
@@ -139,10 +124,11 @@ class StackDistanceTracker:
         self._index = BlockIndex()
         self._last = array("i")  # id → position of its latest access; -1: a free id
         self._mixed = array("i")  # id → _mix(hash), when sampled; -1: a free id
-        # Fenwick tree over positions, 1-based, nodes 1.._pos in use, _limit allocated
+        # Fenwick tree over positions, 1-based, nodes 1.._pos in use, _limit allocated. Filled as
+        # positions are used: a new mark costs O(1), moving one walks only the nodes after it.
         self._tree = array("i", bytes(4 * (_MIN_POSITIONS + 1)))
         self._pos = 0  # the next position
-        self._limit = _MIN_POSITIONS  # compact when _pos reaches it
+        self._limit = _MIN_POSITIONS  # compact when _pos reaches it (twice the tracked blocks)
         # Sampled with a budget: tracked blocks that go first when over it, as (mixed hash,
         # -hash) ascending — the end is the largest mixed hash, the smallest hash among equal
         # ones. It holds every tracked block whose mixed hash is at least `_drop_floor`.
@@ -219,14 +205,11 @@ class StackDistanceTracker:
     def lookup(self, hashes: Sequence[int], ancestors: Sequence[int] = ()) -> None:
         """One request's lookup in an LRU tier, as vLLM's offloading scheduler does it.
 
-        `hashes` (its GPU-missed blocks, in order) are looked up first. vLLM loads only the leading
-        run of present blocks, so each is recorded at the running maximum distance. Then `hashes`
-        from the last, and `ancestors` (its GPU-hit prefix, root first) from the last, are made most
-        recent.
-
-        The same as probe/record then touch on each block, written out as one loop: this is the hot
-        path.
+        `hashes` are its GPU-missed blocks in order, `ancestors` its GPU-hit prefix, root first.
+        Probe, record and touch are written out as one loop because this is the hot path.
         """
+        # vLLM loads only the leading run of present blocks: each is recorded at the running
+        # maximum distance. Then `hashes`, then `ancestors`, each from the last, become recent.
         index = self._index
         find = index.find
         histogram = self.histogram
@@ -298,8 +281,8 @@ class StackDistanceTracker:
     def _touch_all(self, blocks: Sequence[int], ids: list[int], mixes: list[int]) -> None:
         """touch() each of `blocks` in order.
 
-        ids[x], when x < len(ids), is the id blocks[x] had (-1: absent or unsampled), mixes[x] its
-        mixed hash when sampled.
+        `ids[x]`, when x < len(ids), is the id blocks[x] had (-1: absent or unsampled).
+        `mixes[x]` is its mixed hash when sampled.
         """
         index = self._index
         find, add = index.find, index.add
@@ -429,10 +412,10 @@ class StackDistanceTracker:
     def upkeep(self) -> Iterator[None]:
         """The O(n) work the next step could need, done ahead in pieces (UPKEEP_PIECE).
 
-        Covers the index's growth, the blocks to drop at the budget and the positions' compaction.
-        Nothing may access the tracker between the pieces; readers see the old state until the end,
-        and the figures equal those of doing it at once.
+        Why: the event loop keeps turning, and the figures equal those of doing it at once.
+        Nothing may access the tracker between the pieces; readers see the old state until the end.
         """
+        # The index's growth, the blocks to drop at the budget, the positions' compaction.
         most = None if self.budget is None else self.budget + 1
         yield from self._index.grow_steps(most)
         if self.sampled and self.budget is not None:
@@ -508,7 +491,7 @@ class StackDistanceTracker:
     def _set_positions(self, live: int) -> None:
         """The tree with positions 0..live-1 all marked, rebuilt in place with room for 2 × live.
 
-        Node i covers (i - lowbit(i), i], so it holds lowbit(i); nodes past the last position are
+        Node i covers (i - lowbit(i), i], so it holds lowbit(i). Nodes past the last position are
         written before they are read.
         """
         self._limit = limit = max(_MIN_POSITIONS, 2 * live)

@@ -1,13 +1,7 @@
 """What one target's KV-event stream says: reuse distances, CPU occupancy, true waste.
 
-One `EngineEvents` per DP rank (each engine has its own CPU tier). GPU `BlockStored` blocks are
-exactly the GPU misses and feed the stack-distance tracker; CPU `BlockStored`/`BlockRemoved` give
-the tier's occupancy and, joined with later GPU misses, which stored blocks were loaded back.
-
-One budget bounds it all (`--kv-events-sample-budget`, blocks per engine): the tracker lowers its
-sampling rate, and the parent map and CPU residency forget their oldest blocks (counted). Parent
-walks have an allowance, and sequence numbers are checked: out of range is rejected, an impossible
-forward jump is flagged, not counted as losses.
+One `EngineEvents` per DP rank, since each engine has its own CPU tier. One budget
+(`--kv-events-sample-budget`) bounds its memory; docs/sizing.md §3 says what each event feeds.
 """
 
 from __future__ import annotations
@@ -74,8 +68,7 @@ class ParentMap(dict[int, int | None]):
     """GPU block → its parent (None for a first block), at most `limit` blocks.
 
     A dict, so a chain walk costs one C-level lookup a step (docs/performance.md). Past the limit
-    the oldest stored eighth goes at once (amortised O(1) a store, counted in `evicted`), so a
-    publisher that never sends BlockRemoved cannot grow it.
+    the oldest eighth goes at once, so a publisher that never sends BlockRemoved cannot grow it.
     """
 
     __slots__ = ("evicted", "limit", "trimmed")
@@ -91,7 +84,7 @@ class ParentMap(dict[int, int | None]):
     def trim(self) -> None:
         limit = self.limit
         if limit is not None and len(self) > limit:
-            drop = len(self) - limit + limit // 8
+            drop = len(self) - limit + limit // 8  # an eighth more: amortised O(1) a store
             # insertion order: the oldest first; deleted by C-level calls (a rebuild here
             # was 0.45 s at 1M blocks, the event loop held); `rebuilt` compacts later
             deque(map(self.__delitem__, list(islice(self, drop))), maxlen=0)
@@ -120,6 +113,9 @@ def _at_once(steps: Generator[None, None, ParentMap]) -> ParentMap:
             return done.value
 
 
+# GPU BlockStored blocks are exactly the GPU misses and feed the tracker; CPU BlockStored and
+# BlockRemoved give the tier's occupancy and, joined with later misses, the blocks loaded back.
+# At the budget the tracker samples less and the parent map and residency forget their oldest.
 @dataclass
 class EngineEvents:
     sample_rate: float = 1.0
@@ -184,13 +180,11 @@ class EngineEvents:
         self._in_upkeep = False
 
     def upkeep(self) -> Iterator[None]:
-        """The O(n) upkeep the next step could need, done now in pieces.
+        """The O(n) upkeep the next step could need, done now in pieces, between steps.
 
-        Why: the event loop keeps turning.
-
-        It covers table doubling, the blocks to drop at the budget, compaction and the parent map's
-        rebuild. Called between steps; another message for this engine waits for it.
+        Why: the event loop keeps turning; another message for this engine waits for it.
         """
+        # Table doubling, the blocks to drop at the budget, compaction, the parent map's rebuild.
         if not self.upkeep_ahead:
             if self.gpu_parent.trimmed:
                 self.gpu_parent = _at_once(self.gpu_parent.rebuilt_steps())
@@ -237,9 +231,8 @@ class EngineEvents:
     def sequence(self, seq: int, received: float | None = None) -> int:
         """Account a message's sequence number; returns how many were lost before it.
 
-        `received`: when it arrived (time.time()), to tell a gap from a jump. A number at or below
-        the last means the publisher restarted, not a loss; a gap larger than any publisher could
-        have made is a jump, flagged, not lost.
+        Its `received` time tells a gap from a jump. A gap larger than any publisher could have
+        made is flagged, not lost. A number at or below the last is a restart, not a loss.
         """
         lost = seq - self.last_seq - 1 if self.last_seq is not None and seq > self.last_seq else 0
         if lost:
@@ -339,9 +332,8 @@ class EngineEvents:
     def _is_decode_block(self, hashes: tuple[int, ...], parent: int | None) -> bool:
         """A block that decoding filled: one block extending the last block of an earlier run.
 
-        vLLM offloads prompt blocks only (`offload_prompt_only`), so such a block is never looked up
-        or stored in the CPU tier; counting it would fill the replayed tier with blocks the real one
-        never holds.
+        Why: vLLM offloads prompt blocks only (`offload_prompt_only`). The real tier never holds
+        such a block, so the replayed one must not either.
         """
         return len(hashes) == 1 and parent is not None and parent in self.chain_tails
 
@@ -374,13 +366,12 @@ class EngineEvents:
     ) -> bool:
         """Take in a request's GPU-missed blocks; returns whether all were loaded from the CPU tier.
 
-        continued: a later piece of a long event (STEP_BLOCKS), its prefix the pieces before;
-        loading: whether those were all loaded.
-
-        vLLM looks each request up in the CPU tier, then touches all its blocks, GPU-hit prefix too.
-        That prefix is the chain of the first new block's ancestors, known from GPU events.
-        Distances are read before the touches: presence is decided at lookup time.
+        `continued`: a later piece of a long event (STEP_BLOCKS), its prefix the pieces before.
+        `loading`: whether those were all loaded.
         """
+        # vLLM looks a request up, then touches all its blocks, the GPU-hit prefix too: that
+        # prefix is the chain of the first new block's ancestors. Distances are read before the
+        # touches, since presence is decided at lookup time.
         allowance = min(
             PREFIX_ALLOWANCE_MAX,
             self._prefix_allowance

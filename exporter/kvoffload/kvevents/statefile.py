@@ -1,12 +1,7 @@
 """A `--state-dir` file's bytes and directory, defended against the local file system.
 
-It guards against damage, planted links, devices, FIFOs and a second sidecar.
-
-A file is MAGIC, the payload's length (8 bytes, big-endian), its SHA-256 and the payload, so any
-changed byte is found before decoding (docs/reliability.md). Files are opened O_NOFOLLOW|O_NONBLOCK
-and must be regular and within MAX_BYTES before a byte is read. Temporary files are created
-exclusively under a random name, so a planted link is never written through. An flock on
-`kvoffload.lock` keeps a second sidecar out.
+It guards against damage, planted links, devices, FIFOs and a second sidecar
+(docs/reliability.md lists each case and its test).
 """
 
 from __future__ import annotations
@@ -33,6 +28,7 @@ class StateFileError(Exception):
 
 
 def frame(payload: bytes) -> bytes:
+    # MAGIC, the length (8 bytes, big-endian), SHA-256: any changed byte is found before decoding.
     return MAGIC + len(payload).to_bytes(8, "big") + hashlib.sha256(payload).digest() + payload
 
 
@@ -57,6 +53,7 @@ def unframe(data: bytes) -> bytes:
 def read(path: Path, limit: int = MAX_BYTES) -> bytes | None:
     """The file's bytes; None when there is none. StateFileError (nothing read) for a link,
     anything but a regular file, or a file over `limit`."""
+    # O_NOFOLLOW refuses a link, O_NONBLOCK keeps a FIFO from blocking the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
@@ -79,6 +76,7 @@ def read(path: Path, limit: int = MAX_BYTES) -> bytes | None:
 
 
 def _exclusive(directory: Path, base: str) -> tuple[Path, int]:
+    # Created exclusively under a random name, so a planted link is never written through.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
         tmp = directory / f".{base}.{os.urandom(6).hex()}.tmp"

@@ -1,22 +1,8 @@
 """Subscribing to a vLLM engine's KV events over ZMQ, with replay of missed messages.
 
-vLLM binds a PUB socket (`--kv-events-config`); DP rank N publishes on port + N. A message is
-(topic, 8-byte big-endian sequence, msgpack payload). When the sequence jumps we ask the replay
-endpoint (a ROUTER) for the missing messages; what cannot be replayed is counted as lost. On the
-first message and after a vLLM restart we ask for all vLLM still buffers; older history is reported
-as unseen (`history_from_seq`).
-
-A hostile publisher cannot wedge it: out-of-range sequences are rejected, a replay reads at most
-REPLAY_MAX_MESSAGES and ends by REPLAY_DEADLINE_SECONDS, and failed replays are rate-limited
-(REPLAY_BURST, then one per REPLAY_EVERY_SECONDS), the rest counted as lost.
-
-Memory is bounded: a message is at most MAX_MESSAGE_BYTES and a socket queues at most RCVHWM of them
-(QUEUE_BUDGET_BYTES); vLLM keeps the rest and a gap is replayed. A message's work yields to the
-event loop in steps.
-
-A dropped connection is never disconnected in place: polling pre-reads a frame, and `disconnect()`
-would hit libzmq's `!_more` assertion and abort the sidecar. The socket is drained, closed with
-linger 0 and replaced (docs/reliability.md).
+The engine binds a PUB socket (`--kv-events-config`) and a replay ROUTER, DP rank N at port + N. A
+hostile or vanished publisher can neither wedge nor grow the sidecar: docs/reliability.md lists
+each bound and its test.
 """
 
 from __future__ import annotations
@@ -132,9 +118,9 @@ class Subscriber:
         resume_history_from_seq: int | None = None,
         on_rejected: Callable[[int, int], None] | None = None,
     ) -> None:
-        """resume_after_seq: a saved state's last sequence, replayed after on the first message.
+        """`resume_after_seq`: a saved state's last sequence, replayed after on the first message.
 
-        on_rejected(rank, seq): called for a message whose sequence number is out of range (not
+        `on_rejected(rank, seq)`: called for a message whose sequence number is out of range (not
         delivered).
         """
         self.state = SubscriberState(
@@ -179,7 +165,8 @@ class Subscriber:
     async def _connection(self) -> None:
         """One SUB socket until its connection drops, then its whole messages taken and it closed.
 
-        Never disconnected in place: see the module's docstring.
+        Why never `disconnect()` in place: polling pre-reads a frame, and libzmq's `!_more`
+        assertion would abort the sidecar. So the socket is drained, closed and replaced.
         """
         from zmq.utils.monitor import recv_monitor_message
 
@@ -224,6 +211,7 @@ class Subscriber:
     async def _take(self, frames: list[bytes]) -> None:
         """One live message: checked, any gap or restart before it replayed, delivered."""
         self.state.connected = True
+        # vLLM's frames: topic, 8-byte big-endian sequence, msgpack payload
         if len(frames) != 3 or len(frames[1]) != 8:
             self.state.last_error = (
                 f"{self.state.endpoint}: malformed message ({len(frames)} frames)"
@@ -321,9 +309,8 @@ class Subscriber:
     async def _replay(self, start: int, stop: int) -> bool:
         """Fetch messages [start, stop) from vLLM's replay buffer; returns whether it was answered.
 
-        At most REPLAY_MAX_MESSAGES frames are read and REPLAY_DEADLINE_SECONDS spent, whatever the
-        ROUTER sends. Answered means its end marker or the gap's last message came; what it did not
-        bring is counted in `unreplayed`.
+        Answered: its end marker or the gap's last message came. Whatever the ROUTER sends, it
+        stops at REPLAY_MAX_MESSAGES frames or REPLAY_DEADLINE_SECONDS; the rest is `unreplayed`.
         """
         replayed_before = self.state.replayed
         try:

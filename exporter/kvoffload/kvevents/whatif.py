@@ -1,24 +1,8 @@
 """Exact what-ifs from the KV events: `store_threshold` (N = 1..4), eviction, and a tier below.
 
-The curve (stackdist.py) covers LRU at every size in one pass thanks to the stack property. A store
-threshold and ARC lack it, so each (size, policy, N) is its own simulation of vLLM 0.26.0's CPU tier
-over the curve's stream of lookups. `WhatIfEvents` is a `TargetEvents` whose trackers hand each
-lookup to the simulations.
-
-vLLM's rules followed (vllm/v1/kv_offload/cpu/manager.py and the offloading connector's
-scheduler.py), per request:
-1. lookup: the GPU-missed blocks in order up to the first absent one; each is one sighting in
-   the `counts` LRU table (at most `max_tracker_size` keys, only when store_threshold >= 2).
-2. touch of all the request's keys, GPU-hit prefix first.
-3. load of the leading run of present blocks (for LRU they become most recent, in order).
-4. store of the GPU-missed blocks whose count reached N, less those present; eviction skips the
-   request's own keys, and a store that cannot evict enough stores nothing.
-Transfers are taken as instantaneous and each key is one GPU block (blocks_per_chunk = 1).
-A tier below (`Config.below`) is vLLM 0.26.0's file-system tier: write-through and never evicting
-(tiering/manager.py, fs/manager.py); a block found only there is promoted into the CPU tier.
-
-Memory: no sampling (neither ARC nor the threshold is exact under SHARDS). A simulation whose blocks
-pass `max_blocks` (the sampling budget, else DEFAULT_MAX_BLOCKS) stops and reports itself omitted.
+Neither knob has the curve's stack property. So each (size, policy, N) is its own simulation of
+vLLM 0.26.0's CPU tier over the curve's lookups, alone or over its fs tier. Rules and limits:
+docs/sizing.md ("What-ifs", "A tier below, replayed").
 """
 
 from __future__ import annotations
@@ -375,8 +359,8 @@ def whatif_for_file(
 ) -> WhatIf:
     """What-if rows of an event file at each named size and curve size.
 
-    sizes: named tier sizes in bytes per engine ("current", "advised"), each with store_threshold
-    rows (N = 1..4, LRU) and eviction rows (LRU, ARC); curve_sizes: more sizes for eviction rows.
+    `sizes`: named tier sizes per engine in bytes, each with store_threshold and eviction rows.
+    `curve_sizes`: more sizes for eviction rows.
     Hit ratios are over missed_tokens when it is at least the events' full-block tokens, else over
     the events'.
     """

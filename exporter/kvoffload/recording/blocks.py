@@ -1,8 +1,8 @@
 """A strict recording's family blocks in the mapped file: where they are, what to read of them.
 
-The strict reader (recording/strict_reader.py) jumps between `#` lines with memchr and passes over
-unread families unseen. This module holds those steps, each family's sample names and series, and
-`Declined`, raised for a file it cannot read exactly as the general reader would.
+The strict reader jumps between `#` lines with memchr and passes over unread families unseen.
+This module holds those steps and `Declined`, raised for a file it cannot read exactly as the
+general reader would.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Instance:
 def wanted_lines(block: bytes, spec: Family) -> list[bytes]:
     """The lines of a family block the catalog reads, in file order.
 
-    A block of only wanted names is split; one with other names (a histogram's buckets) is searched
+    A block of only wanted names is split. One with other names (a histogram's buckets) is searched
     for the wanted ones, its other lines only counted.
     """
     if not spec.unwanted:
@@ -161,8 +161,8 @@ def next_type_line(
 def next_comment(mm: mmap.mmap, pos: int, end: int, pages: Pages) -> int:
     """Where the next line beginning with '#' starts (`end` if none).
 
-    A '#' inside a line is passed over. It is searched a region at a time with the pages behind
-    given back, so skipping a huge family holds none of it.
+    A '#' inside a line is passed over. It is searched a region at a time, the pages behind given
+    back. So skipping a huge family holds none of it.
     """
     step = pages.REGION
     while pos < end:
@@ -180,8 +180,8 @@ def next_comment(mm: mmap.mmap, pos: int, end: int, pages: Pages) -> int:
 class Pages:
     """Keeps what the reader holds of the mapped file to a few regions.
 
-    The region ahead is checked for NUL and CR bytes before it is read (left to iter_openmetrics),
-    and the pages behind are given back, so RSS does not grow with the file.
+    Why: the pages behind are given back, so RSS does not grow with the file. The region ahead is
+    checked for NUL and CR bytes before it is read (those files are left to iter_openmetrics).
     """
 
     REGION = 2 * 2**20

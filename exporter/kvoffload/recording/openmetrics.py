@@ -1,14 +1,8 @@
-"""Recordings: OpenMetrics 1.0 files with a timestamp on every sample (README, "Recordings").
+"""Recordings: OpenMetrics 1.0 files with a timestamp on every sample, and the general reader.
 
-`record` writes in two steps. While it runs, scrapes are appended whole and flushed to a journal
-(`OUT.partial`): scrape-ordered text that `analyze` streams, and all a SIGKILL leaves. On a clean
-end the journal is rewritten into OUT as strict OpenMetrics (each family once and contiguous, each
-series' points together in time order, `# EOF`) through an on-disk sort, so memory stays bounded;
-then the journal goes. OUT is what prometheus_client's parser and `promtool tsdb create-blocks-from
-openmetrics` accept; like Prometheus, the writer adds `instance` and `job` to every series.
-
-`read_recording` takes either layout and any other valid one: scrape-ordered files stream, the
-others are sorted by timestamp on disk.
+`record` appends scrapes to a journal, then rewrites it as strict OpenMetrics through an on-disk
+sort, so memory stays bounded. README ("Recordings") describes both layouts; docs/exporter.md
+says what each way of stopping leaves.
 """
 
 from __future__ import annotations
@@ -39,6 +33,8 @@ log = logging.getLogger("kvoffload")
 
 # The journal of a recording to OUT is OUT + JOURNAL_SUFFIX; its first line is JOURNAL_MARK
 # (a comment every OpenMetrics reader of ours skips), so `analyze` knows what it was given.
+# The journal (OUT.partial) is scrape-ordered text that `analyze` streams, and all a SIGKILL
+# leaves; OUT is what prometheus_client's parser and promtool's backfill accept.
 JOURNAL_SUFFIX = ".partial"
 JOURNAL_MARK = "# kvoffload recording journal"
 
@@ -78,10 +74,9 @@ def _format_value(value: float) -> str:
 class RecordingWriter:
     """Append scrapes of one or more targets to a text stream, scrape by scrape.
 
-    This is the journal layout: each scrape repeats its families with its own timestamp, so a reader
-    streams it in constant memory and a writer killed between scrapes leaves every earlier one
-    whole. One scrape alone is strict OpenMetrics (families contiguous, each series' samples
-    together); across scrapes families repeat, and `Recording` rewrites it at the end.
+    Why this journal layout: each scrape repeats its families with its own timestamp. So a reader
+    streams it in constant memory. A writer killed between scrapes leaves every earlier one whole;
+    `Recording` rewrites it as strict OpenMetrics at the end.
     """
 
     def __init__(
@@ -109,6 +104,7 @@ class RecordingWriter:
         if self._last_ts is not None and timestamp < self._last_ts:
             raise ValueError("recording timestamps must not go back in time")
         self._last_ts = timestamp
+        # Like Prometheus, the writer adds `instance` and `job` to every series.
         extra = {"instance": instance if instance is not None else self.instance, "job": self.job}
         extra = {k: v for k, v in extra.items() if v}
         ts = repr(float(timestamp))
@@ -132,8 +128,8 @@ class RecordingWriter:
 def _series_together(fam: str, mtype: str, samples: list[Sample]) -> list[Sample]:
     """A family's samples with each series' together, in order of first appearance.
 
-    Why: 0.0.4 puts a counter's `_created` (folded in here) after all its `_total` lines, and
-    OpenMetrics forbids coming back to a series.
+    Why: 0.0.4 puts a counter's `_created` (folded in here) after all its `_total` lines.
+    And OpenMetrics forbids coming back to a series.
     """
     drop = {"histogram": "le", "gaugehistogram": "le", "summary": "quantile"}.get(mtype)
     series: dict[tuple[tuple[str, str], ...], list[Sample]] = {}
@@ -238,8 +234,8 @@ class Recording:
     ) -> None:
         """Append a scrape to the journal.
 
-        A failed write (disk full, a file size limit) stops the recording with InputError, one line;
-        the whole scrapes stay in the journal (`record --finalize` turns it into the file later).
+        A failed write (disk full, a file size limit) stops the recording (a one-line InputError).
+        The whole scrapes stay in the journal, for `record --finalize` to turn into the file.
         """
         if self.failed is not None:
             raise InputError(self._stopped())
@@ -316,11 +312,9 @@ def finalize_journal(
 ) -> int:
     """Rewrite a journal into `out` as strict OpenMetrics; returns the timestamps written.
 
-    Each family once under one TYPE line, each series' points together in time order, `# EOF`.
-    Memory is bounded by an on-disk sort (temporary files in `tmp_dir`, default beside `out`), and
-    `out` appears whole or not at all. A journal without '# EOF' loses its last, possibly partial
-    scrape; a strict file cut short (`record --repair`), its last point. `verify(tmp, timestamps)`
-    may refuse the result (raising) before it is renamed.
+    Memory is bounded by an on-disk sort (in `tmp_dir`, default beside `out`), and `out` appears
+    whole or not at all. A journal without '# EOF' loses its last scrape, a strict file cut short
+    its last point. `verify(tmp, timestamps)` may refuse the result (raising) before the rename.
     """
     from kvoffload.ingest.extsort import sorted_lines
 
@@ -509,9 +503,8 @@ class _JournalScan:
     def empty_family(self, fam: int) -> str:
         """The TYPE line of a family declared without a sample.
 
-        "" when only some instances declared it: a strict file's TYPE line is everyone's. That a
-        family is there decides how others are read (vLLM's per-direction offload families before
-        the first transfer).
+        It is "" when only some instances declared it: a strict file's TYPE line is everyone's.
+        Why: that a family is there decides how others are read (vLLM's offload families).
         """
         if self.instances and self.declared_by.get(fam, set()) >= self.instances:
             return "# TYPE {} {}\n".format(*self.families[fam])
@@ -536,6 +529,7 @@ CHUNK = 4 * 2**20
 _LAST_NUMBER = re.compile(r"\s(\S+)\s*$")
 
 
+# Either layout, or any other valid one: scrape-ordered files stream, others sort on disk.
 def read_recording(
     path: str,
     wanted: Callable[[str], bool] | None = None,
@@ -628,17 +622,16 @@ def _read_recording(
 def _scrape_ordered(fh: TextIO, chunk_size: int = CHUNK) -> bool:
     """Whether the file reads scrape by scrape (it streams) or must be sorted by timestamp.
 
-    Scrape-ordered files (the journal, older recordings) declare each family in every scrape; the
-    strict layout declares each once and goes back in time at its second series. Whichever comes
-    first decides (neither: scrape-ordered), so the answer depends on the bytes only, never on read
-    sizes; a streamed file that later goes back in time is refused there. A last line without its
-    newline is not looked at: its timestamp may be cut.
+    Scrape-ordered files repeat each family's TYPE line; the strict layout goes back in time at a
+    family's second series. Whichever comes first decides, so the answer depends on the bytes only,
+    never on read sizes.
     """
     declared: set[str] = set()
     last = -math.inf
     for chunk in read_chunks(fh, chunk_size):
         lines = chunk.split("\n")
-        lines.pop()  # "" after the last newline, or a line cut short
+        # "" after the last newline, or a line cut short: its timestamp may be cut
+        lines.pop()
         for line in lines:
             if not line:
                 continue
@@ -659,17 +652,18 @@ def _scrape_ordered(fh: TextIO, chunk_size: int = CHUNK) -> bool:
             if ts < last:
                 return False
             last = ts
+    # Neither seen: scrape-ordered. A streamed file that later goes back in time is refused there.
     return True
 
 
 def whole_runs(fh: TextIO, size: int = CHUNK, most: int = 4 * CHUNK) -> Iterator[str]:
     """`read_chunks` for the recording parser: blocks of about `size` characters.
 
-    Each ends before a comment line. Why: the parser jumps over a run of unread sample lines within
-    a block, so a block starting mid-run would parse its first line, and a malformed line there
-    would be an error or not depending on where blocks fall. A TYPE line ends every run. Only `most`
-    characters without one are cut at their last whole line.
+    Each ends before a comment line, so what is accepted never depends on where blocks fall.
+    Only `most` characters without one are cut at their last whole line.
     """
+    # The parser jumps over a run of unread sample lines within a block: a block starting mid-run
+    # would parse its first line, a malformed one an error or not. A TYPE line ends every run.
     carry = ""
     while True:
         block = fh.read(size)
@@ -727,8 +721,8 @@ _HEAD = 65536
 def _looks_like_openmetrics(head: str, whole: bool = False) -> bool:
     """Whether the file is a recording (samples with timestamps) rather than one 0.0.4 body.
 
-    `whole`: `head` is all of the file; cut in its last line before any whole sample line, it is a
-    recording cut short, not an empty body.
+    `whole`: `head` is all of the file. Cut in its last line before any whole sample line, it is
+    a recording cut short, not an empty body.
     """
     if head.startswith(JOURNAL_MARK):
         return True

@@ -1,9 +1,8 @@
 """The one way to read a recording: the strict reader where it takes the file, else the general one.
 
-`read(path, consume, report)` hands the file's scrapes, in the catalog's terms, to `consume` and
-returns its result. The strict reader may decline part-way (a journal, an unknown layout, a
-non-UTF-8 name); `consume` is then called again from the start on the general reader's scrapes,
-which is why it takes a consumer instead of returning an iterator.
+Why a consumer, not an iterator: the strict reader may decline part-way (a journal, an unknown
+layout, a non-UTF-8 name). Then `consume` is called again from the start on the general reader's
+scrapes.
 """
 
 from __future__ import annotations
@@ -28,10 +27,9 @@ def read(
 ) -> T:
     """`consume(the scrapes of the recording at path)`, each instance's in time order.
 
-    Strict OpenMetrics goes through the strict reader; anything else (a killed `record`'s journal, a
-    snapshot, a faulty file) through the general reader, which reads it or says what is wrong.
-    `report` gets the strict reader's bytes done now and then, and None when the general reader
-    takes over (a reader of the file's descriptor follows that one).
+    Why both readers: strict OpenMetrics reads fast. The general reader reads the rest (a
+    journal, a snapshot) or says what is wrong. `report` gets the strict reader's bytes done, and
+    None when the general reader takes over.
     """
     try:
         return consume(strict_extracts(path, report))

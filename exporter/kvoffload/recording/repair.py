@@ -1,10 +1,8 @@
 """`record --finalize/--repair`: turn a journal or a cut recording into a whole one, nothing else.
 
-Why the checks: the rewrite drops what looks like a cut end, so a non-recording would lose
-everything (a one-line JSON became `# EOF`). The input must be a regular file within
-REPAIR_MAX_BYTES that begins like a recording (the journal's mark, or a whole OpenMetrics line). The
-result is checked by the general reader before it is renamed into place, and replaces its own input
-only if it holds a point.
+Why the checks: the rewrite drops what looks like a cut end. A non-recording would lose everything
+(a one-line JSON became `# EOF`). So the input must begin like a recording. The result must read as
+one before it is renamed into place.
 """
 
 from __future__ import annotations
@@ -116,6 +114,8 @@ def repair(journal: str, out: str) -> int:
 
     Returns the timestamps written.
     """
+    # The input: a regular file within REPAIR_MAX_BYTES, beginning with the journal's mark or a
+    # whole OpenMetrics line. The result replaces its own input only if it holds a point.
     check_repairable(journal)
     if os.path.lexists(out) and not os.path.isfile(out):
         raise InputError(f"{out}: not a regular file (the result is renamed over it)")

@@ -1,15 +1,8 @@
 """A fast reader for recordings in the strict OpenMetrics layout that `record` leaves.
 
-Where the general reader sorts the kept lines on disk and parses them again, this one reads the file
-as it lies, series by series (recording/_scan.c's `scan_series` where built, else Python). It fills
-compact columns (8 bytes per kept point), then rebuilds each instance's scrapes in time order into
-Extracts via `ingest.shapes`.
-
-Declared families follow the general reader (parse._with_families), for the offload families only,
-the ones that change an Extract. It declines (`blocks.Declined`) what it cannot read exactly as the
-general reader would: no `# EOF`, NUL or CR bytes, an unknown line, a family declared twice, a
-series going back in time, two instances at one instant. Lines of unread families are not looked at
-(its speed), so a malformed one there is passed over (tests/test_recording_read.py).
+Why: the general reader sorts the kept lines on disk and parses them again. This one reads the
+file as it lies, into compact columns (8 bytes per kept point). It declines (`blocks.Declined`)
+what it cannot read exactly as the general reader would; docs/reliability.md lists those cases.
 """
 
 from __future__ import annotations
@@ -40,6 +33,7 @@ from kvoffload.recording.blocks import (
 _INSTANCE = re.compile(rb'[{,]instance="((?:[^"\\]|\\.)*)"')
 
 
+# Declared families follow the general reader (parse._with_families), for these families only.
 def _relevant(family: str) -> bool:
     """A family whose being declared can change what catalog.extract makes of a scrape."""
     return family.startswith(OFFLOAD_FAMILY_PREFIXES) or family in FLAT_FAMILY.values()
@@ -105,6 +99,9 @@ def strict_extracts(path: str, report: Callable[[int], None] | None = None) -> I
 
     Each instance's in time order; `report` is told the byte offset reached now and then.
     """
+    # Series by series (_scan.c's `scan_series` where built, else Python), then each instance's
+    # scrapes rebuilt in time order via `ingest.shapes`. Lines of unread families are not looked
+    # at (its speed), so a malformed one there is passed over (tests/test_recording_read.py).
     with mapped(path) as mm:
         columns, instances, users = _read_columns(mm, report)
     yield from _scrapes(columns, instances, users)
@@ -224,8 +221,8 @@ def _spans(
 class _SeriesReader:
     """A family block's wanted lines into the series' columns.
 
-    The layout keeps a series' points together, so a piece is split in bulk and read one series' run
-    at a time: one name check, its times and values converted together.
+    The layout keeps a series' points together. So a piece is split in bulk and read one series'
+    run at a time, with one name check.
     """
 
     def __init__(
