@@ -1,8 +1,7 @@
 """The command-line conventions of a Prometheus exporter, for every `kvoffload` subcommand.
 
-That is: `--log.level`/`--log.format` before or after the subcommand, a `KVOFFLOAD_*` variable for
-every flag, and the `--web.*` flags for the commands that listen (serve, sim, demo), which exit 2
-with one line when the address is taken."""
+`--log.*` go before or after the subcommand, and every flag has a `KVOFFLOAD_*` variable.
+The commands that listen get `--web.*`, and exit 2 in one line when the address is taken."""
 
 from __future__ import annotations
 
