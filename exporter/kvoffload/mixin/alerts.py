@@ -1,9 +1,7 @@
 """The alert group: each alert declared once, with its name, `for`, severity, PromQL and texts.
 
-Kubernetes-mixin style: an alert and its texts sit in one place, and the config checks read alert
-names and `for` defaults from here. Alerts read the recording rules, so a threshold is compared with
-exactly the figure the dashboards show. Traffic floors keep idle servers quiet; a `reason` label
-tells the branches of an `or` apart."""
+Names and `for` defaults are read from here, kubernetes-mixin style, so an alert lives in one place.
+Alerts read the recording rules: a threshold meets exactly the figure the dashboards show."""
 
 from __future__ import annotations
 
@@ -117,6 +115,7 @@ def _pct(x: float) -> str:
     return f"{x * 100:g}%"
 
 
+# Traffic floors (min_*) keep idle servers quiet; a `reason` label tells an `or`'s branches apart.
 def _reason(expr: str, reason: str) -> str:
     """Tag one branch of an alert so its description can say which condition fired."""
     return f'label_replace(\n{indent(expr)},\n  "reason", "{reason}", "", ""\n)'

@@ -1,9 +1,7 @@
 """The selectors of one dashboard, and the raw PromQL that stands in for a missing rule.
 
-Like vLLM's own generator, one scope selector per source goes into every query: a variable per
-`target_labels` entry, `model_name`, and `engine` on per-engine views. Without kvoffload's rules
-(import-only, the usual first step) a panel reads `rule or <the rule's PromQL over vLLM's series>`,
-so it shows the same figure."""
+Without kvoffload's rules (import only, the usual first step) a panel reads `rule or <its PromQL>`.
+So it shows the same figure either way."""
 
 from __future__ import annotations
 
@@ -33,6 +31,8 @@ from kvoffload.mixin.promql import (
 # A recording rule's name (level:metric:operation); `vllm[:_]name` selectors do not match.
 RULE_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
 # What the description of a panel that reads a rule with no raw fallback says.
+# Like vLLM's own generator, one scope selector per source goes into every query: a variable per
+# `target_labels` entry, `model_name`, and `engine` on per-engine views.
 NEEDS_RULES = "Needs kvoffload's recording rules"
 NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
 
@@ -40,8 +40,8 @@ NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
 def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "") -> str | None:
     """The rule's own PromQL with `scope` added to its vLLM selectors, and its static labels.
 
-    None where it reads another recording rule and so cannot stand in for it. The offload gate is
-    inlined unscoped (vLLM's config info has no model_name)."""
+    None where it reads another recording rule, which it cannot stand in for."""
+    # The offload gate is inlined unscoped: vLLM's config info has no model_name.
     if not cfg.dashboard_raw_fallback:
         return None
     expr = _scoped(r.build(cfg, r.window(cfg, which) if which else ""), cfg, scope)
@@ -220,9 +220,9 @@ class Scope:
     def coded(self, name: str, label: str, codes: dict[str, int], by: str, flag: bool) -> str:
         """Which value of `label` a sidecar series holds per `by`, as its code.
 
-        PromQL cannot turn a label into a number, so there is one branch per value: where the series
-        is 1 (`flag`: a 0/1 series per value, like kvoffload_recommendation), or else where it
-        exists."""
+        PromQL cannot turn a label into a number, so there is one branch per value."""
+        # A branch holds where the series is 1 (`flag`: a 0/1 series per value, like
+        # kvoffload_recommendation), or else where it exists.
         branches = []
         for value, code in codes.items():
             sel = self.sidecar_by_instance(name, f'{label}="{value}"')
