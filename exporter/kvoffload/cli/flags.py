@@ -150,8 +150,7 @@ def _set_format(ctx: click.Context, param: click.Parameter, value: str | None) -
 def log_options(defaults: bool) -> list[click.Option]:
     """--log.level and --log.format, on the group and on each subcommand.
 
-    The group's have defaults and apply first; a subcommand's have none, so when given there or in
-    the environment they win."""
+    Only the group's have defaults, so a subcommand's, when given, win."""
     return [
         click.Option(
             ["--log.level", "--log-level", "log_level"],

@@ -319,7 +319,7 @@ def serve_forever(
 ) -> None:
     """Serve `app` on the bound `sock` until SIGTERM or Ctrl-C, then run its cleanup.
 
-    aiohttp's run_app, with the Listener in place of asyncio's server."""
+    It is aiohttp's run_app with the Listener in place of asyncio's server."""
 
     async def main() -> None:
         app_runner = runner(app, handle_signals=True)

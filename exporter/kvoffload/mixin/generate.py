@@ -67,8 +67,9 @@ def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> di
 def make_config(
     config: MixinConfig | None = None, *, selector: str | None = None, **overrides: Any
 ) -> MixinConfig:
-    """The default config (or `config`) with `selector` (the vLLM matchers, e.g.
-    'job="vllm"') and any other MixinConfig field overridden by name."""
+    """The default config (or `config`), with MixinConfig fields overridden by name.
+
+    `selector` is the vLLM matchers, e.g. 'job="vllm"', as `--selector` gives them."""
     cfg = config or MixinConfig()
     if selector is not None:
         overrides["vllm_selector"] = selector

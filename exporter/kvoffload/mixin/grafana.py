@@ -1,6 +1,6 @@
 """Grafana dashboard JSON through grafanalib, the only module that imports it.
 
-grafanalib (0.7.1, dormant) emits an old shape; it is normalised here to what Grafana 10–12 export.
+Its output (grafanalib 0.7.1, dormant) is an old shape, normalised here to Grafana 10–12's.
 Swapping grafanalib out then touches only this file."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The recording rules that render the signal catalog in PromQL, one `Rendering` per family.
 
-Each figure of `signals.FIGURES` is one formula (`formula.py`). A rendering names its rule and
-windows, the formula gives its PromQL, so rules, alerts and dashboards read the same figure."""
+Each figure of `signals.FIGURES` is one formula (`formula.py`), and a rendering names its rule.
+So rules, alerts and dashboards read the same figure."""
 
 from __future__ import annotations
 

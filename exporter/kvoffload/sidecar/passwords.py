@@ -93,10 +93,9 @@ class PasswordChecks:
         self._bad.clear()
 
     async def check(self, user: str, password: bytes, hashed: bytes, known: bool) -> Verdict:
-        """Whether `password` matches `hashed`.
+        """Whether `password` matches `hashed`; always BAD for a user that is not `known`.
 
-        For a user that is not `known`, `hashed` is a dummy of the same cost, checked all the same
-        (no timing oracle of names) and BAD."""
+        Such a user's `hashed` is a dummy of the same cost, so timing does not tell names apart."""
         key = self.key(user, password, hashed)
         if key in self._ok:
             return Verdict.OK if known else Verdict.BAD

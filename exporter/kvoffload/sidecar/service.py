@@ -680,8 +680,7 @@ class EventFigures:
 class SidecarView:
     """The sidecar at one moment (`Sidecar.snapshot`).
 
-    Copies of its targets and KV-event counts, the published analyses (never changed) and the rest
-    of its status, so a thread reading it never sees a scrape half-landed."""
+    It holds copies and never-changed analyses: a reader thread never sees a scrape half-landed."""
 
     def __init__(
         self,

@@ -419,9 +419,9 @@ class Engine:
         return True
 
     def _load_copied(self, t: float, r: Request, rank_s: float) -> None:
-        """Mark the load's copy done, to be noticed at the end of the running (or next idle) step.
+        """Mark the load's copy done; it is noticed at the end of the running (or next idle) step.
 
-        vLLM's scheduler learns of it only then and schedules the request after that."""
+        That is when vLLM's scheduler learns of it, to schedule the request in the step after."""
         if self.in_step:
             self.copied.append((r, rank_s))
         else:

@@ -62,8 +62,7 @@ def _scoped(expr: str, cfg: MixinConfig, scope: str) -> str:
 def pooled_expr(e: Expr, cfg: MixinConfig, w: str, scope: str, gate: bool = False) -> str:
     """Figure `e` over every selected target and model at once.
 
-    Each ratio is a sum over sum, not an average of ratios; each other node is summed where it is a
-    sum of targets' figures (rates)."""
+    Each ratio is a sum over sum, not an average of ratios; rates are summed over targets."""
     if isinstance(e, WhenOffloading):
         return pooled_expr(e.inner, cfg, w, scope, gate or e.gate)
     if isinstance(e, Ratio):
@@ -126,8 +125,8 @@ class Scope:
     ) -> str:
         """The rule, else its own expression over the raw series, scoped by the variables.
 
-        Without kvoffload's rules the panel still shows it; with them both sides hold the same label
-        sets, so `or` adds nothing."""
+        Without kvoffload's rules the panel still shows it. With them, `or` adds nothing."""
+        # Both sides hold the same label sets, so the raw side never adds a series.
         scope = self.scope if scope is None else scope
         rule = f"{r.record(self.cfg, which)}{{{', '.join([scope, *matchers])}}}"
         raw = raw_expr(r, self.cfg, which, scope)
@@ -146,8 +145,7 @@ class Scope:
     def fleet_mean(self, metric: str, op: str, which: str) -> str:
         """A per-model fleet rule scoped by the model alone, else all its renderings raw.
 
-        Such a rule has no target labels and one rendering per static label set (e.g. with and
-        without a tier)."""
+        Such a rule has no target labels, and one rendering per static label set (tier or none)."""
         scope = 'model_name=~"$model_name"'
         family = [r for r in RENDERINGS if r.metric == metric and r.op == op]
         rule = f"{family[0].record(self.cfg, which)}{{{scope}}}"
