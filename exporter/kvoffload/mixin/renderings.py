@@ -50,16 +50,15 @@ def offload_configured(cfg: MixinConfig) -> str:
 class Rendering:
     """One recording rule family: `level:metric:<op><window>` for each window it is needed at.
 
-    `keys` are the catalog figures it renders (empty for helper rules feeding alerts and
-    dashboards). `labels` are static labels that tell series of one name apart."""
+    A figure's rule name is declared here once, and rules, alerts and dashboards derive it."""
 
-    keys: tuple[str, ...]
+    keys: tuple[str, ...]  # the catalog figures it renders; empty for helper rules
     metric: str
     op: str
     windows: tuple[str, ...]  # "fast" (rate_window) and/or "slow" (slow_window)
     build: Callable[[MixinConfig, str], str]
     level: str = "model_name"
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()  # static labels telling series of one name apart
     help: str = ""
 
     def window(self, cfg: MixinConfig, which: str) -> str:

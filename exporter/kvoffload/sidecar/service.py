@@ -160,7 +160,7 @@ class KVEventsSource:
 class ScrapeLimits:
     """What one scrape of one target may hold (0: no limit), like Prometheus' `sample_limit`.
 
-    Over one, that scrape fails and other targets are untouched (docs/reliability.md)."""
+    Over one, that scrape fails and other targets are untouched (docs/exporter.md, `--scrape.*`)."""
 
     # The defaults pass a real vLLM with room to spare and bound one scrape's event-loop time.
 

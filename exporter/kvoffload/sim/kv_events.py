@@ -25,7 +25,7 @@ _SEG_STRIDE = 1_000_003
 _MIX = 2_654_435_761  # Knuth's multiplicative hash constant
 _MASK32 = 0xFFFF_FFFF
 
-Event = dict[str, Any]
+Event = dict[str, Any]  # vLLM's field names, plus "type": the event class's name
 Batch = tuple[int, float, list[Event]]  # (dp_rank, ts in epoch seconds, events)
 
 
