@@ -1,6 +1,6 @@
 """Where the documentation lives, as absolute URLs.
 
-Why: the wheel carries no docs/, so `--help`, rules' `runbook_url` and dashboard panels link here.
+Why: the wheel carries no docs/, so `--help`, runbook URLs and dashboard panels link here.
 pyproject.toml's `[project.urls]` must agree (tests/test_packaging.py).
 """
 

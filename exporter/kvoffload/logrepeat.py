@@ -1,5 +1,6 @@
-"""Rate-limits repeated log lines: the first is written, repeats within the interval are counted,
-the next written says how many.
+"""Rate-limits repeated log lines: repeats within the interval are counted, not written.
+
+The next line written says how many there were.
 
 Why: a target that is down fails every scrape, which drowned the log in identical warnings.
 """

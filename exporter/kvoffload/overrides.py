@@ -1,7 +1,6 @@
 """KEY=VALUE settings on the command line (`serve`/`analyze --threshold`, `generate --set`).
 
-Why: one parser, so both options split, check and read numbers alike and refuse a bad pair with the
-same one-line InputError.
+Why: with one parser, both options read numbers alike and refuse a bad pair with the same line.
 """
 
 from __future__ import annotations

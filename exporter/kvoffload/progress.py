@@ -1,7 +1,7 @@
 """Progress of long work on stderr, never stdout, so reports and JSON stay clean.
 
-On a terminal one line is rewritten in place; elsewhere only one final line is written, and none for
-a short run.
+On a terminal one line is rewritten in place.
+Elsewhere one final line is written, and none for a short run.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class Progress:
             self.shown = False
 
     def finish(self, line: str | None = None) -> None:
-        """The final line: kept on a terminal if progress was shown, written elsewhere if the work
-        took at least `final_after` seconds."""
+        """The final line: kept on a terminal if progress showed, else written past `final_after`.
+
+        A short run off a terminal stays silent, so logs of quick commands stay clean."""
         with self._lock:
             final = line if line is not None else self._line
             if final and self.tty:
@@ -133,10 +134,10 @@ def format_seconds(seconds: float) -> str:
 class FileReadProgress:
     """How far a reader has got through a file it opened itself, watched from outside.
 
-    A thread reads the offset of the file's descriptor every `every` seconds, so the reader needs no
-    hook. Where no descriptor shows it (no /proc or /dev/fd, a mapped file) only `count`'s items are
-    shown; a second pass over the file shows as one.
-    """
+    A thread reads the descriptor's offset every `every` seconds, so the reader needs no hook."""
+
+    # Where no descriptor shows it (no /proc or /dev/fd, a mapped file) only `count`'s items are
+    # shown; a second pass over the file shows as one.
 
     def __init__(self, path: str, progress: Progress, what: str = "scrapes") -> None:
         self.path = path

@@ -80,8 +80,8 @@ def summary_line(group: GroupAnalysis, now: float | None = None) -> str:
 
 
 def _why(rec: Recommendation) -> str | None:
-    """What decided the advice: the last stage of its trace (the rule that had the last
-    word), else its first reason."""
+    """What decided the advice: its trace's last stage (the rule with the last word), else its first
+    reason."""
     if rec.trace and rec.trace[-1].get("why"):
         return str(rec.trace[-1]["why"])
     return rec.reasons[0] if rec.reasons else None

@@ -1,8 +1,7 @@
 """The command-line conventions of a Prometheus exporter, for every `kvoffload` subcommand.
 
-That is: `--log.level`/`--log.format` before or after the subcommand, a `KVOFFLOAD_*` variable for
-every flag, and the `--web.*` flags for the commands that listen (serve, sim, demo), which exit 2
-with one line when the address is taken."""
+`--log.*` go before or after the subcommand, and every flag has a `KVOFFLOAD_*` variable.
+The commands that listen get `--web.*`, and exit 2 in one line when the address is taken."""
 
 from __future__ import annotations
 
@@ -151,8 +150,7 @@ def _set_format(ctx: click.Context, param: click.Parameter, value: str | None) -
 def log_options(defaults: bool) -> list[click.Option]:
     """--log.level and --log.format, on the group and on each subcommand.
 
-    The group's have defaults and apply first; a subcommand's have none, so when given there or in
-    the environment they win."""
+    Only the group's have defaults, so a subcommand's, when given, win."""
     return [
         click.Option(
             ["--log.level", "--log-level", "log_level"],

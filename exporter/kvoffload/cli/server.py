@@ -1,19 +1,7 @@
-"""The HTTP server of every command that listens (serve, sim).
+"""The HTTP server of every command that listens (serve, sim): aiohttp behind our own accept loop.
 
-aiohttp's request handling behind our own accept loop, so unauthenticated clients cannot take it
-down (measurements: docs/reliability.md).
-
-- Out of file descriptors: asyncio retries failed accepts without end, logging each. Here a
-  failed accept pauses accepting (50 ms, doubling to 1 s) and closes idle connections (no
-  request in progress, accepted over `IDLE_AGE` ago), as nginx does. One warning line, its
-  repeats counted (logrepeat).
-- Idle connections close after `KEEPALIVE_SECONDS`, longer than Prometheus' scrape interval so
-  its connections are reused.
-- A rejected request (oversized, malformed, too many headers) logs one warning line with its
-  status and reason, not aiohttp's traceback.
-- Stalled TLS handshakes: a connection's read buffer is `TLS_READ_BYTES` (asyncio's is 256 KiB,
-  kept by the heap after close, #25), a handshake has `TLS_HANDSHAKE_SECONDS`, and at most
-  `MAX_HANDSHAKES` run at once; one more closes the oldest."""
+The loop is ours so that unauthenticated clients cannot take the server down.
+Its limits and what they were measured against: docs/reliability.md ("HTTP connections")."""
 
 from __future__ import annotations
 
@@ -39,14 +27,20 @@ log = logging.getLogger("kvoffload.http")
 
 # Failed accepts that mean "out of a resource", where retrying at once cannot succeed.
 _OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# asyncio retries such accepts without end, logging each; here one pauses accepting (doubling
+# from PAUSE_MIN to PAUSE_MAX) and sheds idle connections, as nginx does, with one warning line.
 PAUSE_MIN, PAUSE_MAX = 0.05, 1.0
 # An idle connection younger than this is spared when connections are shed: a client that
 # just connected (a probe) has its request on the way.
 IDLE_AGE = 1.0
-KEEPALIVE_SECONDS = 75.0  # aiohttp's default for run_app; Prometheus scrapes every 15-60 s
+# Longer than Prometheus' scrape interval (15-60 s), so its connections are reused; aiohttp's
+# default for run_app.
+KEEPALIVE_SECONDS = 75.0
+# Stalled TLS handshakes: each has this long, at most MAX_HANDSHAKES at once (one more closes
+# the oldest), on a small read buffer (asyncio's 256 KiB was kept by the heap after close, #25).
 TLS_HANDSHAKE_SECONDS = 5
 MAX_HANDSHAKES = 128
-TLS_READ_BYTES = 16 * 1024  # one TLS record's payload; asyncio's default is 256 KiB
+TLS_READ_BYTES = 16 * 1024  # one TLS record's payload
 
 
 class _ServerTLS(sslproto.SSLProtocol):
@@ -61,7 +55,10 @@ _QUOTED = re.compile(r":? (?:bytearray\()?b['\"]")
 
 
 class _OneLine(logging.Filter):
-    """aiohttp's "Error handling request" for a request it could not parse → one line."""
+    """aiohttp's "Error handling request" for a request it could not parse → one line.
+
+    A rejected request (oversized, malformed, too many headers) then logs its status and reason,
+    not a traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -322,7 +319,7 @@ def serve_forever(
 ) -> None:
     """Serve `app` on the bound `sock` until SIGTERM or Ctrl-C, then run its cleanup.
 
-    aiohttp's run_app, with the Listener in place of asyncio's server."""
+    It is aiohttp's run_app with the Listener in place of asyncio's server."""
 
     async def main() -> None:
         app_runner = runner(app, handle_signals=True)

@@ -1,9 +1,7 @@
 """The alert group: each alert declared once, with its name, `for`, severity, PromQL and texts.
 
-Kubernetes-mixin style: an alert and its texts sit in one place, and the config checks read alert
-names and `for` defaults from here. Alerts read the recording rules, so a threshold is compared with
-exactly the figure the dashboards show. Traffic floors keep idle servers quiet; a `reason` label
-tells the branches of an `or` apart."""
+Names and `for` defaults are read from here, kubernetes-mixin style, so an alert lives in one place.
+Alerts read the recording rules: a threshold meets exactly the figure the dashboards show."""
 
 from __future__ import annotations
 
@@ -117,6 +115,7 @@ def _pct(x: float) -> str:
     return f"{x * 100:g}%"
 
 
+# Traffic floors (min_*) keep idle servers quiet; a `reason` label tells an `or`'s branches apart.
 def _reason(expr: str, reason: str) -> str:
     """Tag one branch of an alert so its description can say which condition fired."""
     return f'label_replace(\n{indent(expr)},\n  "reason", "{reason}", "", ""\n)'
@@ -129,8 +128,7 @@ def _on(cfg: MixinConfig) -> str:
 def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
     """Alert text naming the size the sidecar advises for the engine, or how to get one.
 
-    It joins kvoffload_recommended_size_bytes on instance and model in the template, so the on-call
-    gets the fix, not a pointer to it."""
+    It joins kvoffload_recommended_size_bytes in the template: the on-call gets the fix itself."""
     matchers = [cfg.sidecar_selector] if cfg.sidecar_selector else []
     matchers += [f'{cfg.sidecar_target_label}="%s"', 'model_name="%s"']
     selector = "kvoffload_recommended_size_bytes{" + ", ".join(matchers) + "}"
@@ -148,8 +146,8 @@ def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
 def _sidecar_ttft(cfg: MixinConfig) -> str:
     """Alert text with the mean TTFT change the sidecar predicts if its advice is applied.
 
-    It joins kvoffload_recommended_ttft_change_seconds (estimate and basis) on instance and model,
-    so the on-call weighs the change before making it."""
+    It joins kvoffload_recommended_ttft_change_seconds (estimate and basis) in the template.
+    So the on-call weighs the change before making it."""
     matchers = [cfg.sidecar_selector] if cfg.sidecar_selector else []
     matchers += [f'{cfg.sidecar_target_label}="%s"', 'model_name="%s"', 'bound="estimate"']
     selector = "kvoffload_recommended_ttft_change_seconds{" + ", ".join(matchers) + "}"
@@ -229,8 +227,7 @@ def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
 def _slower_than_recompute(cfg: MixinConfig) -> tuple[str, str]:
     """The sidecar's TTFT effect (a fit PromQL cannot do) over the threshold.
 
-    It fires only where the low end of its range is a cost too: like the advice, never within the
-    noise."""
+    It fires only where the low end of its range is a cost too, so never within the noise."""
     effect = sidecar_as_vllm(cfg, "kvoffload_offload_ttft_effect_seconds", 'bound="estimate"')
     low = sidecar_as_vllm(cfg, "kvoffload_offload_ttft_effect_seconds", 'bound="low"')
     expr = f"{effect}\n> {_num(cfg.min_ttft_saving_seconds)}\nand ignoring(bound)\n{low} > 0"
@@ -336,8 +333,9 @@ def _configured_without_series(cfg: MixinConfig) -> str:
     "The metrics KV offloading figures need are missing.",
 )
 def _metrics_missing(cfg: MixinConfig) -> tuple[str, str]:
-    """Four ways to be blind, one `reason` each: no offload series, target down, no vLLM
-    metrics, no target at all."""
+    """Four ways to be blind, one `reason` each.
+
+    They are: no offload series, target down, no vLLM metrics, no target at all."""
     tb = target_by(cfg)
     up = f"up{{{cfg.vllm_selector}}}" if cfg.vllm_selector else "up"
     traffic = f"sum by ({tb}) (rate({vllm(cfg, 'prompt_tokens_total')}[{cfg.rate_window}])) > 0"

@@ -1,8 +1,7 @@
 """`kvoffload generate`: write the rule files and dashboards for the user's labels.
 
-Everything users import into Prometheus and Grafana comes from the signal catalog through one config
-(`MixinConfig`). The committed copies under alerts/ and dashboards/ are its output for the default
-config; a test fails on drift."""
+Everything users import comes from the signal catalog through one config (`MixinConfig`).
+The committed alerts/ and dashboards/ are its output for the defaults; a test fails on drift."""
 
 from __future__ import annotations
 
@@ -68,8 +67,9 @@ def parse_overrides(pairs: Iterable[str], base: MixinConfig | None = None) -> di
 def make_config(
     config: MixinConfig | None = None, *, selector: str | None = None, **overrides: Any
 ) -> MixinConfig:
-    """The default config (or `config`) with `selector` (the vLLM matchers, e.g.
-    'job="vllm"') and any other MixinConfig field overridden by name."""
+    """The default config (or `config`), with MixinConfig fields overridden by name.
+
+    `selector` is the vLLM matchers, e.g. 'job="vllm"', as `--selector` gives them."""
     cfg = config or MixinConfig()
     if selector is not None:
         overrides["vllm_selector"] = selector
@@ -86,10 +86,9 @@ def generate(
 ) -> list[Path]:
     """Write every generated file under `out_dir` (alerts/…, dashboards/…); return the paths.
 
-    `overrides` are MixinConfig fields: thresholds (`low_reuse_ratio=0.1`), windows
-    (`rate_window="2m"`), selectors (`sidecar_selector='job="kvo"'`), `alert_for={...}`. Files are
-    written only when changed, and only after `validate` passed them. `promtool` is the promtool
-    binary: by default the one on the PATH, if any; None skips it."""
+    Files are written only when changed, and only after `validate` passed them all.
+    `overrides` are MixinConfig fields, e.g. `low_reuse_ratio=0.1`, `rate_window="2m"`."""
+    # `promtool`: by default the one on the PATH, if any; None skips it.
     return generate_checked(out_dir, config, selector=selector, promtool=promtool, **overrides)[0]
 
 

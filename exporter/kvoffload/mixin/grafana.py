@@ -1,10 +1,7 @@
 """Grafana dashboard JSON through grafanalib, the only module that imports it.
 
-grafanalib (0.7.1, dormant) emits an old shape: `schemaVersion` 12, string datasources, legacy keys,
-Grafana 6's bar gauge options. The JSON is normalised here to what Grafana 10–12 export: object
-datasource refs `{"type": "prometheus", "uid": "${datasource}"}`, schemaVersion 39,
-`fieldConfig`/`options.reduceOptions`, no legacy or null keys. Swapping grafanalib out only touches
-this file."""
+Its output (grafanalib 0.7.1, dormant) is an old shape, normalised here to Grafana 10–12's.
+Swapping grafanalib out then touches only this file."""
 
 from __future__ import annotations
 
@@ -524,6 +521,9 @@ def _variable(v: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# grafanalib writes schemaVersion 12, string datasources, legacy keys and Grafana 6's bar gauge
+# options; Grafana 10–12 export object datasource refs (DATASOURCE_REF), schemaVersion 39,
+# `fieldConfig`/`options.reduceOptions` and no legacy or null keys.
 def _normalise(d: dict[str, Any]) -> dict[str, Any]:
     for k in _DASHBOARD_DROP:
         d.pop(k, None)

@@ -1,13 +1,7 @@
-"""kustomization.yaml files next to the generated rules and dashboards.
+"""kustomization.yaml files that make alerts/ and dashboards/ kustomize bases.
 
-They make alerts/ and dashboards/ kustomize bases, so deploy/kustomize/ or a user's overlay takes
-the files `kvoffload generate` wrote, nothing copied by hand:
-
-- alerts/kubernetes/kustomization.yaml: the PrometheusRule;
-- dashboards/kustomization.yaml: one ConfigMap per provisioning dashboard, labelled
-  `grafana_dashboard: "1"` (for Grafana's dashboard sidecar) with a `grafana_folder`
-  annotation. Names carry no content hash, so a changed dashboard replaces its ConfigMap.
-  One per dashboard keeps each under client-side `kubectl apply`'s 256 KiB annotation limit."""
+A user's overlay or deploy/kustomize/ then takes what `kvoffload generate` wrote, nothing copied.
+They hold the PrometheusRule and one ConfigMap per provisioning dashboard."""
 
 from __future__ import annotations
 
@@ -44,10 +38,9 @@ def configmap_name(cfg: MixinConfig, dashboard_file: str) -> str:
 def render(
     cfg: MixinConfig, generated: Iterable[str], alerts: str, dashboards: str
 ) -> dict[str, str]:
-    """Relative path → text of alerts/kubernetes/kustomization.yaml and
-    dashboards/kustomization.yaml.
+    """Relative path → text of alerts/kubernetes/ and dashboards/ kustomization.yaml.
 
-    Takes the relative paths of the other generated files and the two folders' names."""
+    It lists the other generated files (`generated`, relative paths), so none is named by hand."""
     names = {
         str(PurePosixPath(rel).relative_to(alerts))
         for rel in generated
@@ -68,6 +61,9 @@ def render(
     dashboards_base = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
+        # Labelled for Grafana's dashboard sidecar. No content hash in the names, so a changed
+        # dashboard replaces its ConfigMap; one per dashboard keeps each under client-side
+        # `kubectl apply`'s 256 KiB annotation limit.
         "generatorOptions": {
             "disableNameSuffixHash": True,
             "labels": dict(DASHBOARD_LABEL),

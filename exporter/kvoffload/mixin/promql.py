@@ -1,8 +1,7 @@
-"""The one config every rule, alert and dashboard reads (the mixin `_config`), and shared PromQL
-names.
+"""The one config every rule, alert and dashboard reads (the mixin `_config`), and shared names.
 
-The catalog's renderings are in renderings.py, the alerts in alerts.py. This module checks a
-config against them (alert names, durations, matchers) so a bad setting fails at once, by name."""
+It checks a config against the renderings and alerts (names, durations, matchers).
+So a bad setting fails at once, by name."""
 
 from __future__ import annotations
 
@@ -63,9 +62,10 @@ SELECTOR_SETTINGS = {"vllm_selector": "--selector", "sidecar_selector": "--sidec
 def check_matchers(what: str, value: str) -> str:
     """`value` as PromQL label matchers to splice into `{__name__=~"…", <here>, …}`.
 
-    Braces around it and a trailing comma are dropped; "" means none. Anything else is a one-line
-    InputError: an unbalanced quote, a bare word, a smuggled selector or operator, `__name__`, or
-    Prometheus 3's `or`."""
+    Braces and a trailing comma are dropped, "" means none, anything else is a one-line InputError.
+    A setting then cannot smuggle a selector or operator into every generated query."""
+    # Refused: an unbalanced quote, a bare word, a selector or operator, `__name__`, Prometheus 3's
+    # `or`.
     text = value.strip()
     if text.startswith("{") and text.endswith("}"):
         text = text[1:-1].strip()
@@ -96,8 +96,8 @@ def check_matchers(what: str, value: str) -> str:
 class MixinConfig:
     """Selectors, windows, thresholds and names of everything generated (the mixin `_config`).
 
-    Users regenerate with their own values (`kvoffload generate`). The defaults suit a `job="vllm"`
-    scrape next to a `job="kvoffload"` sidecar."""
+    Users regenerate with their own values (`kvoffload generate`).
+    The defaults suit a `job="vllm"` scrape next to a `job="kvoffload"` sidecar."""
 
     # -- what to read ----------------------------------------------------------------------
     # Matchers added to every vLLM selector; they must be target labels (they also select `up`).

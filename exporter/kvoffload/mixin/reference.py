@@ -1,13 +1,7 @@
-"""The generated tables of the docs, rendered from the renderings and the figures' catalog.
+"""The generated tables of docs/rules.md and docs/runbooks.md, from the renderings and the catalog.
 
-So the docs say what the rules compute, in the words of /metrics and docs/metrics.md:
-
-- docs/rules.md: every recording rule, its figure, meaning and formula;
-- docs/runbooks.md: every rule and sidecar series the runbooks cite. Citing a name that no
-  rule or series has fails the generator (and the drift test).
-
-`python -m kvoffload.mixin.reference docs/rules.md docs/runbooks.md` rewrites the part between each
-file's two marker lines (`make generate` does)."""
+So the docs say what the rules compute; a runbook citing a name no rule or series has fails.
+`make generate` runs `python -m kvoffload.mixin.reference docs/rules.md docs/runbooks.md`."""
 
 from __future__ import annotations
 
@@ -107,6 +101,9 @@ def cited_table(text: str, cfg: MixinConfig | None = None) -> str:
 
 
 def splice(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    """`text` with the part between its two marker lines replaced by `table`.
+
+    The hand-written prose around a generated table stays as it is."""
     try:
         head, rest = text.split(begin, 1)
         _old, tail = rest.split(end, 1)

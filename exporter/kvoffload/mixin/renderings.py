@@ -1,7 +1,7 @@
 """The recording rules that render the signal catalog in PromQL, one `Rendering` per family.
 
-Each figure of `signals.FIGURES` is one formula (`formula.py`). A rendering names its rule and
-windows, the formula gives its PromQL, so rules, alerts and dashboards read the same figure."""
+Each figure of `signals.FIGURES` is one formula (`formula.py`), and a rendering names its rule.
+So rules, alerts and dashboards read the same figure."""
 
 from __future__ import annotations
 
@@ -50,16 +50,15 @@ def offload_configured(cfg: MixinConfig) -> str:
 class Rendering:
     """One recording rule family: `level:metric:<op><window>` for each window it is needed at.
 
-    `keys` are the catalog figures it renders (empty for helper rules feeding alerts and
-    dashboards). `labels` are static labels that tell series of one name apart."""
+    A figure's rule name is declared here once, and rules, alerts and dashboards derive it."""
 
-    keys: tuple[str, ...]
+    keys: tuple[str, ...]  # the catalog figures it renders; empty for helper rules
     metric: str
     op: str
     windows: tuple[str, ...]  # "fast" (rate_window) and/or "slow" (slow_window)
     build: Callable[[MixinConfig, str], str]
     level: str = "model_name"
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()  # static labels telling series of one name apart
     help: str = ""
 
     def window(self, cfg: MixinConfig, which: str) -> str:

@@ -28,8 +28,7 @@ HEADER = (
 def recording_rules(cfg: MixinConfig) -> list[dict[str, object]]:
     """Every rendering at every window it is needed at, in dependency order, without repeats.
 
-    The offload gate comes first: rules later in the same group see its value of the same
-    evaluation. With equal fast and slow windows two renderings can coincide; one is kept.
+    The offload gate comes first, so rules later in the group see its value of the same evaluation.
     """
     out: list[dict[str, object]] = []
     seen: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
@@ -38,7 +37,7 @@ def recording_rules(cfg: MixinConfig) -> list[dict[str, object]]:
             name = r.record(cfg, which)
             expr = r.build(cfg, r.window(cfg, which) if which else "")
             key = (name, r.labels)
-            if key in seen:
+            if key in seen:  # equal fast and slow windows: two renderings coincide, one is kept
                 if seen[key] != expr:
                     raise ValueError(f"two different rules would record {name}{dict(r.labels)}")
                 continue

@@ -1,15 +1,7 @@
-"""Every expression `generate` writes is checked before any file is written.
+"""Every expression `generate` writes, checked by promql-parser and promtool before any is written.
 
-Two checks, both on the rendered text:
-
-- promql-parser (the `generate` extra) parses every rule `expr`, panel query and variable's
-  `label_values()` selector, after replacing `$__rate_interval`-style ranges with a duration;
-- `promtool check rules`, where promtool is on the PATH (or given), on both rule files and the
-  PrometheusRule's groups. It speaks for the user's Prometheus version: Prometheus 2's refuses
-  Prometheus 3 syntax (quoted label names) that promql-parser accepts.
-
-A failure is a generator bug or a setting past MixinConfig's checks: nothing is written, and the
-user gets one line."""
+A failure is a generator bug or a setting past MixinConfig's checks: the user gets one line.
+Nothing half-valid then reaches a user's Prometheus or Grafana."""
 
 from __future__ import annotations
 
@@ -112,7 +104,9 @@ def parse_problems(files: Mapping[str, str]) -> tuple[int, list[str]]:
 
 
 def promtool_problems(files: Mapping[str, str], promtool: str) -> tuple[int, list[str]]:
-    """(rule files checked, problems) with `promtool check rules`."""
+    """(rule files checked, problems) with `promtool check rules`, the PrometheusRule's groups too.
+
+    It speaks for the user's Prometheus: 2 refuses 3's quoted label names; the parser takes them."""
     rule_files: dict[str, str] = {}
     for rel, text in files.items():
         if not rel.endswith((".yaml", ".yml")):

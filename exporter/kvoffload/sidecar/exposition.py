@@ -1,13 +1,7 @@
 """The sidecar's /metrics body, written off the event loop and fast.
 
-`render` writes byte for byte what prometheus_client's `generate_latest` (text 0.0.4 or OpenMetrics)
-writes for the same registry, without its per-sample name and label checks, which took seconds per
-request at a thousand targets (docs/performance.md). A family this writer does not cover exactly
-(other types, exemplars, timestamps, names needing escapes) goes to prometheus_client as it is;
-tests/test_exposition.py holds the two to the same bytes.
-
-`render_metrics` is what the HTTP face calls in a worker thread, on a snapshot of the service
-(`Service.snapshot`)."""
+`render` writes prometheus_client's `generate_latest` bytes without its per-sample checks.
+Those took seconds a request at a thousand targets (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -46,6 +40,9 @@ class _One(Collector):
         return [self.metric]
 
 
+# A family this writer does not cover exactly (other types, exemplars, timestamps, names
+# needing escapes) goes to prometheus_client as it is; tests/test_exposition.py holds the two
+# to the same bytes.
 def _covered(metric: Metric, openmetrics: bool) -> bool:
     if metric.type not in _TYPES or not _METRIC_NAME.fullmatch(metric.name):
         return False
@@ -183,13 +180,13 @@ SWITCH_INTERVAL = 0.0005
 
 @contextlib.contextmanager
 def rendering() -> Iterator[None]:
-    """While a body (/metrics, the status JSON) is written in a worker thread:
+    """While a body (/metrics, the status JSON) is written in a worker thread: no cyclic GC, short
+    switch interval.
 
-    - the cyclic garbage collector does not run automatically. The body's tens of thousands of
-      samples stay alive until written; collections would move them to the oldest generation and
-      set off a full collection that holds every thread. They hold no cycles, so reference
-      counting frees them.
-    - the switch interval is short (SWITCH_INTERVAL), so the event loop waits less for the GIL."""
+    Both keep the event loop answering while tens of thousands of samples are written."""
+    # The samples stay alive until written: collections would move them to the oldest generation
+    # and set off a full collection that holds every thread. They hold no cycles, so reference
+    # counting frees them. SWITCH_INTERVAL says why it is short.
     global _writers, _collecting, _interval
     with _lock:
         if _writers == 0:

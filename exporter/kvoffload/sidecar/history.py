@@ -1,12 +1,7 @@
 """A long, thinned history of each group's headline figures, TTFT effect and advice, for trends.
 
-The status page (sidecar.page) draws its trends from it on the server, so they show at once, with
-JavaScript off too; /api/v1/history serves the same as JSON. The HTTP face samples the groups every
-interval (scrape or fleet read); a group whose target is down records gaps.
-
-Bounded: at most `points` samples per group, thinned as it fills (every other sample dropped, the
-stride doubled), so the span grows while memory does not. Only the first `max_groups` groups are
-kept (a fleet's are in need order), values to four digits."""
+The status page draws its trends from it on the server, and /api/v1/history serves it as JSON.
+Memory stays bounded however long the sidecar runs: old samples are thinned as it fills."""
 
 from __future__ import annotations
 
@@ -44,6 +39,7 @@ Trends = dict[tuple[str, str], dict[str, object]]
 
 
 def _round(value: float | None) -> float | None:
+    # Four significant digits: plenty for a trend, and a smaller JSON.
     if value is None or not math.isfinite(value):
         return None
     return float(f"{value:.4g}")
@@ -98,6 +94,9 @@ class _Series:
 
 class History:
     """Each group's trend samples, at most `points` of them, over the sidecar's whole run."""
+
+    # The HTTP face samples every interval (scrape or fleet read); a group whose target is down
+    # records gaps. Only the first `max_groups` are kept: a fleet's come in need order.
 
     def __init__(self, points: int = 240, max_groups: int = 64) -> None:
         self.points = points

@@ -1,9 +1,7 @@
-"""The sidecar's status page, rendered whole on the server.
+"""The sidecar's status page, rendered whole on the server from the status JSON and the history.
 
-It shows every group's verdict, reasons, figures, trends and curve, the targets, the fleet and host
-memory, so JavaScript off or a headless screenshot shows everything. The page's small script
-(web/index.html) only swaps in a fresh body every 5 s (GET /?part=body). It reads /api/v1/status and
-sidecar.history: nothing is judged here."""
+With JavaScript off, or in a headless screenshot, it still shows everything; nothing is judged here.
+Its small script (web/index.html) only swaps in a fresh body every 5 s (GET /?part=body)."""
 
 from __future__ import annotations
 

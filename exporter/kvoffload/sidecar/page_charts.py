@@ -1,8 +1,7 @@
-"""Inline-SVG trend charts for the status page.
+"""Inline-SVG trend charts for the status page: figures, the TTFT effect's band, the advice's runs.
 
-A figure over time with value and time axes, the TTFT effect with its range as a band, and the
-advice as coloured runs. Drawn on the server from sidecar.history, so they show without JavaScript;
-a gap (a target down) breaks the line."""
+They are drawn on the server from sidecar.history, so they show without JavaScript.
+A gap (a target down) breaks the line."""
 
 from __future__ import annotations
 

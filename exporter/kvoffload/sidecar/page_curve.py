@@ -1,8 +1,7 @@
-"""The status page's predicted hit ratio by CPU tier size (the KV events' curve).
+"""The status page's predicted hit ratio by CPU tier size (the KV events' curve), chart and table.
 
-A chart with the current and advised sizes marked, and a table of the sizes, each once. Rendered on
-the server from GroupAnalysis.to_json (`curve`, `kv_events`, the advice's size), so it shows without
-JavaScript."""
+It is drawn on the server from GroupAnalysis.to_json (`curve`, `kv_events`, the advice's size).
+So it shows without JavaScript, the current and advised sizes marked."""
 
 from __future__ import annotations
 

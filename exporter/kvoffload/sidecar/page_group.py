@@ -42,9 +42,9 @@ TRENDS = (
 
 
 def badge(g: Group) -> Html:
-    """The advice badge, only when the sidecar has advice.
+    """The advice badge, or "target down" / "waiting for data" when there is no advice.
 
-    "target down" and "waiting for data" are not advice, and never look like a green "keep"."""
+    Those two are not advice, so they never look like a green "keep"."""
     r = g["recommendation"]
     if g.get("stale"):
         title = "the target cannot be scraped: these figures and advice are its last ones"

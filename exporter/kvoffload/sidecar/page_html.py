@@ -1,8 +1,7 @@
 """HTML building and number formatting for the server-rendered status page.
 
-Every text is escaped on the way in (`tag` escapes what is not already `Html`) and an absent part is
-left out, so no value can inject markup or show as "null". The formatters round for people (0.117 s,
-57.3 GB, 12.5 %)."""
+Every text is escaped on the way in (`tag`), so no value can inject markup or show as "null".
+The formatters round for people: 0.117 s, 57.3 GB, 12.5 %."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """Basic-auth password checks that unauthenticated clients cannot turn against the server.
 
-bcrypt is slow on purpose; in the default thread pool, a crowd of wrong passwords once delayed an
-authorized scrape past Prometheus' timeout (#25, docs/reliability.md).
-
-Checks run on one worker thread of their own (exporter-toolkit serialises bcrypt too), with at
-most `queue` waiting; past that a check is refused at once (the caller answers 503). Results are
-cached by a SHA-256 of credential and hash: a success while in use (Prometheus resends it every
-scrape), a failure briefly. The two caches are apart, so new wrong passwords cannot evict the
-good credential."""
+A bcrypt check is slow on purpose: in a shared pool, wrong passwords once held a scrape past its
+timeout (#25). The bounds are in docs/exporter.md ("TLS and basic auth") and docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -78,6 +72,9 @@ class PasswordChecks:
 
     def __init__(self, queue: int = QUEUE) -> None:
         self.queue = queue
+        # One worker of its own (exporter-toolkit serialises bcrypt too); past `queue` waiting a
+        # check is refused at once (the caller answers 503). Successes and failures are cached
+        # apart, so new wrong passwords cannot evict the good credential.
         self._ok = _Cache(OK_TTL_SECONDS, OK_ENTRIES, sliding=True)
         self._bad = _Cache(BAD_TTL_SECONDS, BAD_ENTRIES, sliding=False)
         self._executor: ThreadPoolExecutor | None = None
@@ -96,10 +93,9 @@ class PasswordChecks:
         self._bad.clear()
 
     async def check(self, user: str, password: bytes, hashed: bytes, known: bool) -> Verdict:
-        """Whether `password` matches `hashed`.
+        """Whether `password` matches `hashed`; always BAD for a user that is not `known`.
 
-        For a user that is not `known`, `hashed` is a dummy of the same cost, checked all the same
-        (no timing oracle of names) and BAD."""
+        Such a user's `hashed` is a dummy of the same cost, so timing does not tell names apart."""
         key = self.key(user, password, hashed)
         if key in self._ok:
             return Verdict.OK if known else Verdict.BAD

@@ -1,9 +1,7 @@
 """The sidecar's engine: one scrape loop per target feeding one bounded window.
 
-Counters need no saving: vLLM's are cumulative, so rates are back two scrapes after a restart. The
-KV-event state does: with `state_dir` it is saved every `state_interval_seconds` and at shutdown,
-and a restart resumes from it, asking vLLM to replay what it missed. A failing target is marked down
-with its one-line error; the others go on."""
+A failing target is marked down with its one-line error; the others go on.
+Only KV-event state is saved (`state_dir`, docs/sizing.md), since vLLM's counters are cumulative."""
 
 from __future__ import annotations
 
@@ -160,12 +158,11 @@ class KVEventsSource:
 
 @dataclass(frozen=True)
 class ScrapeLimits:
-    """What one scrape of one target may hold; 0: no limit.
+    """What one scrape of one target may hold (0: no limit), like Prometheus' `sample_limit`.
 
-    Like Prometheus' `sample_limit` and `label_value_length_limit`, plus the groups the analysis
-    makes. Over one, that scrape fails (target down, counted by limit) and other targets are
-    untouched. The defaults pass a real vLLM with room to spare and bound one scrape's event-loop
-    time (docs/reliability.md)."""
+    Over one, that scrape fails and other targets are untouched (docs/exporter.md, `--scrape.*`)."""
+
+    # The defaults pass a real vLLM with room to spare and bound one scrape's event-loop time.
 
     samples: int = 20_000
     groups: int = 64  # model_name × engine
@@ -544,8 +541,8 @@ class Sidecar:
     def groups(self) -> list[GroupAnalysis]:
         """Analysis of every group as of its target's latest scrape, the replicas compared.
 
-        The list and entries never change once returned (a target going down or back gets a flagged
-        copy), so the HTTP face reads them in a thread while scrapes go on."""
+        What it returns never changes, so the HTTP face reads it in a thread while scrapes go on."""
+        # A target going down or back gets a flagged copy, never an edit in place.
         moved = {
             g
             for g, seen in self._events_seen.items()
@@ -683,8 +680,7 @@ class EventFigures:
 class SidecarView:
     """The sidecar at one moment (`Sidecar.snapshot`).
 
-    Copies of its targets and KV-event counts, the published analyses (never changed) and the rest
-    of its status, so a thread reading it never sees a scrape half-landed."""
+    It holds copies and never-changed analyses: a reader thread never sees a scrape half-landed."""
 
     def __init__(
         self,

@@ -1,24 +1,7 @@
-"""`--web.config.file`: TLS and basic auth in the format of Prometheus' exporter-toolkit
-(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md), so one
-file serves every exporter of a node.
+"""`--web.config.file`: TLS and basic auth in the format of Prometheus' exporter-toolkit.
 
-    tls_server_config:
-      cert_file: server.crt          # relative paths are relative to this file
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert
-      client_ca_file: ca.crt
-      min_version: TLS12
-    http_server_config:
-      headers: {Strict-Transport-Security: max-age=31536000}
-    basic_auth_users:
-      prometheus: $2b$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
-
-Like exporter-toolkit, changed files (a renewed certificate, a new password) are re-read without
-a restart, checked at each TLS handshake and request. A change that does not load (a half-written
-key) is logged and the last good configuration stays. A reload never turns basic auth off by
-accident: a file that is empty or names no users keeps the users in force; only
-`basic_auth_users: {}` turns it off.
-"""
+One file then serves every exporter of a node, re-read on change without a restart.
+The format, the reload rules and what is refused: docs/exporter.md ("TLS and basic auth")."""
 
 from __future__ import annotations
 

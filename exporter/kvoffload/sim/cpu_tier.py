@@ -1,19 +1,7 @@
-"""The CPU tier of vLLM's native OffloadingConnector (CPUOffloadingSpec).
+"""The CPU tier of vLLM's native OffloadingConnector (CPUOffloadingSpec): chunk slots and their LRU.
 
-A fixed number of chunk slots (`cpu_bytes_to_use // aligned chunk bytes`), keyed by the hash of the
-chunk's last GPU block. As in vLLM's CPU manager:
-
-- lookups see only chunks whose store has completed;
-- a lookup touches all of the request's chunks (LRU/ARC recency), first blocks most recent;
-- `prepare_store` skips chunks already present and applies `store_threshold` (a chunk is
-  stored on its Nth offer, counted in an LRU table of `max_tracker_size` keys);
-- a store needs free + evictable slots for all new chunks or fails whole (one allocation
-  failure); the request's own chunks are never evicted for it (vLLM's `protected` set), and
-  new chunks go in first-to-last;
-- chunks with a store or load in flight are pinned: not evictable, and what the
-  `kv_offload_cpu_cache_*usage_perc` gauges report (not occupancy).
-
-It also keeps the ground truth /metrics cannot show: bytes stored and never loaded back."""
+It behaves as vLLM's CPU manager does, and also keeps what /metrics cannot show: bytes never
+loaded back. The rules it follows are in docs/scenarios.md ("What is modelled")."""
 
 from __future__ import annotations
 
@@ -276,10 +264,9 @@ class CpuTier:
 class SecondaryTier:
     """A tier below the CPU tier (TieringOffloadingSpec's `fs` or `obj`), LRU over chunk keys.
 
-    As in vLLM's tiering manager, every chunk whose CPU-tier store completes is cascaded into it. A
-    lookup the CPU tier misses continues here, and the chunks found are promoted into the CPU tier
-    before the load. Promotion moves through the CPU tier's load path without taking slots; its
-    staging is not modelled, so it never fails to allocate."""
+    It takes every completed CPU store and serves the CPU tier's misses, as vLLM's tiering does.
+    Promotion staging is not modelled, so it never fails to allocate (docs/scenarios.md,
+    `tiered`)."""
 
     def __init__(self, tier_type: str, num_chunks: int) -> None:
         self.tier_type = tier_type

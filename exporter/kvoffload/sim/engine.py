@@ -1,17 +1,7 @@
-"""One vLLM engine core (one data-parallel rank) as a discrete-event model.
+"""One vLLM engine core (one data-parallel rank) as a discrete-event model of its steps.
 
-The engine runs steps. A step admits waiting requests in FIFO order while GPU blocks and the token
-budget allow; each does a GPU prefix lookup and, with offloading, a CPU-tier lookup. A request with
-CPU hits waits in WAITING_FOR_REMOTE_KVS for its async load, so the copy plus one step lands in
-queue time and TTFT, not prefill. With max_tokens=1 a request finishes at the end of its prefill
-step.
-
-New full chunks are prepared for storing when the step is scheduled (pinned, `write_usage`) and
-copied after it. The store is noticed one step after the copy ends, so store counters move about one
-scrape after the request, like real vLLM.
-
-Transfers are per TP rank: each copies bytes/TP of every block at its own link speed. The counters
-add bytes and times over ranks, so Δbytes/Δtime is the per-rank bandwidth."""
+Its timing decides where offloading's cost lands (queue time, TTFT, one scrape late), as on vLLM.
+Its rules are in docs/scenarios.md ("What is modelled": transfers, steps)."""
 
 from __future__ import annotations
 
@@ -306,10 +296,9 @@ class Engine:
         return chunks * self.sz.chunk_bytes / (self.s.secondary_read_gbps * 1e9)
 
     def _tier_lookups(self, keys: list[int], w: float) -> tuple[list[int], int]:
-        """TieringOffloadingSpec's lookup, chunk by chunk, counting both tiers' queries and hits.
+        """(chunks found in the CPU tier, how many found below it are promoted), chunk by chunk.
 
-        The CPU tier first, the secondary tier where it misses, until a chunk is in neither. Returns
-        (the chunks found in the CPU tier, how many were found below it and are promoted)."""
+        It is TieringOffloadingSpec's lookup: it stops at a chunk in neither tier, counting both."""
         assert self.cpu is not None and self.secondary is not None
         in_cpu: list[int] = []
         promoted = primary_q = tier_q = 0
@@ -430,10 +419,9 @@ class Engine:
         return True
 
     def _load_copied(self, t: float, r: Request, rank_s: float) -> None:
-        """Mark the load's copy done.
+        """Mark the load's copy done; it is noticed at the end of the running (or next idle) step.
 
-        vLLM's scheduler learns it at the end of the running (or next idle) step and schedules the
-        request after that."""
+        That is when vLLM's scheduler learns of it, to schedule the request in the step after."""
         if self.in_step:
             self.copied.append((r, rank_s))
         else:

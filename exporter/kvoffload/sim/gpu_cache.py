@@ -1,14 +1,7 @@
-"""The GPU KV cache with vLLM's prefix caching: a block pool and a free queue.
+"""The GPU KV cache with vLLM's prefix caching: a block pool, a free queue, residency samples.
 
-Close enough to vLLM v1's BlockPool for the metrics to mean the same:
-
-- block 0 is the null block, so `num_gpu_blocks - 1` blocks are usable;
-- one free queue holds every unreferenced block, hashed or not; allocation pops its front,
-  evicting that block's hash (LRU eviction of unreferenced blocks);
-- a request frees its blocks in reverse, so a prefix's tail is evicted before its head;
-- only full blocks get a hash; a prefix hit is whole blocks, at most prompt - 1 tokens.
-
-It can sample blocks for the `--kv-cache-metrics` residency histograms."""
+It follows vLLM v1's BlockPool closely enough for the metrics to mean the same.
+Those rules are in docs/scenarios.md ("What is modelled": GPU prefix cache)."""
 
 from __future__ import annotations
 
@@ -116,9 +109,9 @@ class GpuPrefixCache:
     ) -> None:
         """Give blocks[start:end] their hashes once their KV is computed or loaded.
 
-        With `runs`, appends the [first, last + 1) ranges of blocks that really became cached
-        (vLLM's BlockStored). A block whose hash is already resident is skipped and splits the
-        range: one hash maps to one GPU block."""
+        `runs` gets the [first, last + 1) ranges that really became cached, for BlockStored."""
+        # A block whose hash is already resident is skipped and splits the range: one hash maps
+        # to one GPU block here (vLLM would keep both copies).
         run_start = -1
         for i in range(start, end):
             h = hashes[i]

@@ -1,22 +1,7 @@
-"""vLLM's KV cache events from the simulator: the events, their wire encoding, a ZMQ publisher.
+"""vLLM's KV cache events from the simulator: the event log, its wire encoding, a ZMQ publisher.
 
-Model side (KvEventLog): engines report what their caches did, as vLLM's scheduler and
-OffloadingConnector do (docs/scenarios.md, "KV events"):
-
-- GPU `BlockStored`: one per contiguous run a request newly cached (computed or loaded), with
-  parent hash and token ids; GPU `BlockRemoved`: one per prefix-cache eviction;
-- CPU `BlockStored`: one per completed chunk store, a placeholder as in vLLM 0.26 (block_size
-  0, no tokens or parent, the GPU's hash); CPU `BlockRemoved`: one per eviction batch;
-- `AllBlocksCleared`: the first event of a restarted process (sequence back at 0).
-
-Events are dicts with vLLM's field names plus `"type"` (the class name). One engine's events at one
-virtual instant form one batch, stamped `start_epoch + t`.
-
-Wire side: `encode_batch` encodes a batch as vLLM's msgspec structs do. `ZmqEventPublisher` sends it
-as vLLM's does (topic, 8-byte sequence, payload; a replay ROUTER). Only the publisher imports pyzmq.
-
-Block hashes are the simulator's chain hashes masked to unsigned 64-bit, like vLLM's
-`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` ints; GPU and CPU events carry the same value for a block."""
+Tests and `kvoffload sim` need vLLM's stream with the ground truth behind it.
+Each event, the wire format and what adds up: docs/scenarios.md ("KV events")."""
 
 from __future__ import annotations
 
@@ -29,6 +14,8 @@ import msgspec
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
+# Hashes are masked to unsigned 64-bit, like vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES ints;
+# GPU and CPU events carry the same value for a block.
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
 
 # Synthetic token ids: a pure function of (segment id, position in the segment), so prompts
@@ -38,7 +25,7 @@ _SEG_STRIDE = 1_000_003
 _MIX = 2_654_435_761  # Knuth's multiplicative hash constant
 _MASK32 = 0xFFFF_FFFF
 
-Event = dict[str, Any]
+Event = dict[str, Any]  # vLLM's field names, plus "type": the event class's name
 Batch = tuple[int, float, list[Event]]  # (dp_rank, ts in epoch seconds, events)
 
 
@@ -66,10 +53,9 @@ def is_restart_batch(events: Sequence[Event]) -> bool:
 
 
 class KvEventLog:
-    """Collects the events of one simulated process, batched per engine and virtual instant.
+    """The events of one simulated process, batched per engine and virtual instant.
 
-    Only engines given this log (the primary model's DP ranks) report. Batches keep the order they
-    were opened, which is virtual-time order."""
+    Only engines given this log (the primary model's ranks) report; batches stay in time order."""
 
     def __init__(self, epoch: float) -> None:
         self.epoch = epoch
@@ -221,12 +207,9 @@ def _to_struct(event: Event) -> _KVCacheEvent:
 
 
 def encode_batch(ts: float, events: list[Event], dp_rank: int) -> bytes:
-    """One KVEventBatch payload as vLLM 0.33 sends it.
+    """One KVEventBatch payload, `[ts, [events...], dp_rank]`, as vLLM 0.33 sends it.
 
-    `[ts, [events...], dp_rank]`, array-like. Each event is a map with "type" first; fields at their
-    default (None) are left out, except those vLLM declares without one (BlockStored's lora_id,
-    medium, lora_name; BlockRemoved's medium). The rank is always there, 0 included, as vLLM's
-    publisher stamps it."""
+    Fields at their default are left out, as msgspec does; docs/scenarios.md lists which stay."""
     return _ENCODER.encode(_EventBatch(ts, [_to_struct(e) for e in events], dp_rank))
 
 
@@ -248,12 +231,11 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
 
 
 def should_bind(endpoint: str) -> bool:
-    """Whether to bind the PUB socket (else connect it).
+    """Whether to bind the PUB socket rather than connect it.
 
-    vLLM binds when the endpoint contains `*` or `::` (or is ipc/inproc), and connects otherwise.
-    The simulator also binds on this machine's addresses (127.0.0.1, localhost, 0.0.0.0), since it
-    plays the server. Any other host is a subscriber that bound first, so the publisher connects
-    there. Pass `bind=` to override."""
+    The simulator plays the server, so it binds on local addresses too, where vLLM would connect."""
+    # vLLM binds only on `*`, `::`, ipc and inproc; any other non-local host is a subscriber
+    # that bound first, so the publisher connects there (ZmqEventPublisher's `bind=` overrides).
     if endpoint.startswith(("ipc://", "inproc://")) or "*" in endpoint or "::" in endpoint:
         return True
     rest = endpoint.split("://", 1)[-1]
@@ -264,14 +246,11 @@ def should_bind(endpoint: str) -> bool:
 class ZmqEventPublisher:
     """vLLM's ZmqEventPublisher, synchronous: a PUB socket and an optional replay ROUTER.
 
-    Each message is (topic, sequence as 8-byte big-endian, payload), the sequence counting from 0.
-    The last `buffer_steps` messages are kept for replay. A ROUTER request `[identity, b"",
-    start_seq]` gets `[identity, b"", topic, seq, payload]` for every buffered seq ≥ start_seq. Then
-    comes the end marker `[identity, b"", b"", -1 (8-byte signed), b""]` (vLLM 0.26's frames).
+    Subscribers written for vLLM must read it unchanged, so frames and ports follow vLLM 0.26's."""
 
-    DP rank N uses the endpoints' ports + N. The PUB socket binds or connects by `should_bind` (or
-    `bind`); the ROUTER always binds."""
-
+    # Messages are (topic, 8-byte big-endian sequence from 0, payload); the last `buffer_steps`
+    # are kept. A ROUTER request [identity, b"", start_seq] gets [identity, b"", topic, seq,
+    # payload] for each buffered seq >= start_seq, then this end marker as the seq frame.
     END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
     def __init__(

@@ -1,8 +1,7 @@
 """Model shapes and hardware profiles: the physics the simulator runs on.
 
-All timing derives from a handful of numbers, so "Qwen3-8B on an H200 with a slow link" gets
-consistent KV sizes, prefill speed and transfer times. The laptop profile is calibrated to the seed
-article's measurement (tests/sim/test_sim_calibration.py)."""
+All timing derives from a few numbers, so KV sizes, prefill speed and transfers stay consistent.
+The laptop profile is calibrated to the seed article (tests/sim/test_sim_calibration.py)."""
 
 from __future__ import annotations
 

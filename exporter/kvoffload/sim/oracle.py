@@ -20,8 +20,8 @@ def run_point(
 ) -> dict[str, Any]:
     """One full run at a CPU tier of `cpu_gib` GiB per engine (0 = offloading off).
 
-    The scenario's restart is dropped unless keep_restart; then both halves count, as a prediction
-    from the restarted run's events should be judged."""
+    The restart is dropped unless keep_restart. With it both halves count, as a prediction from the
+    restarted run's events should be judged."""
     s = replace(
         scenario,
         cpu_gib=cpu_gib if cpu_gib > 0 else None,
@@ -45,9 +45,9 @@ def sweep(
 ) -> dict[str, Any]:
     """Hit ratio and mean TTFT at each size, and the smallest size worth having.
 
-    `right_size_gib` is the smallest swept size reaching 95% of the sweep's best hit ratio; None
-    when no size gets a hit (offloading only costs). `best_ttft_gib` is the size with the lowest
-    mean TTFT; 0 (offloading off) can win. The restart is dropped unless keep_restart."""
+    The advisor's sizing is checked against it; the restart is dropped unless keep_restart."""
+    # right_size_gib stays None when no size gets a hit (offloading only costs);
+    # best_ttft_gib may be 0, offloading off.
     points = [run_point(scenario, size, seed, keep_restart) for size in sorted(sizes_gib)]
     best = max((p["hit_ratio"] for p in points), default=0.0)
     right: float | None = None

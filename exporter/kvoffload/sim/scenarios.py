@@ -1,7 +1,6 @@
 """The scenario library: named, documented situations with a known right answer.
 
-docs/scenarios.md describes each: what it models, its parameters, the correct action and why, and
-the simulator's measurements."""
+Each is described in docs/scenarios.md: what it models, its right action and why, its figures."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
 """Serve a SimServer over HTTP like a vLLM API server: GET /metrics and GET /ground-truth.
 
-Simulated time = speed × wall seconds since the app started. The clock advances on every request
-and in a background task, so time-driven state (stores landing) moves unscraped.
-
-Timestamps follow the simulator's clock (SimServer's `epoch`/`time_scale`):
-
-- a wall-clock simulator (`SimServer(..., **SimServer.wall_clock(speed))`, what `kvoffload
-  sim` runs) serves samples without timestamps, like vLLM, so Prometheus ingests them at any
-  speed. The app re-anchors the clock when it starts serving.
-- a simulator on the scenario's virtual calendar (the library default) stamps every sample
-  when faster than real time, so an in-process sidecar sees simulated seconds. Prometheus
-  rejects such samples; at speed 1 the body is exactly vLLM's.
-
-`timestamps=True/False` forces either.
-
-With `kv_events_endpoint` the app also publishes vLLM's KV cache events over ZMQ, like
-`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`. Each tick sends
-one message per batch on its DP rank's publisher (endpoint port + rank) and answers replay
-requests. A restart starts each rank's sequence at 0 again."""
+The sidecar, Prometheus and tests scrape it like a real vLLM, at any speed.
+Its clocks, timestamps and KV events: docs/scenarios.md ("Serving")."""
 
 from __future__ import annotations
 
@@ -52,13 +36,10 @@ def make_app(
     clock: Callable[[], float] = time.monotonic,
     metrics_path: str = "/metrics",
 ) -> web.Application:
-    """The HTTP app; sockets open at start-up and close at cleanup.
+    """The HTTP app, publishing KV events too with `kv_events_endpoint` (kv_events.should_bind).
 
-    With `kv_events_endpoint` (e.g. `tcp://127.0.0.1:5557`; see kv_events.should_bind) it publishes
-    the simulator's KV events, with an optional replay ROUTER at `kv_events_replay`.
-
-    `clock` is the wall clock (seconds) simulated time follows; a test passes one it steps itself,
-    so progress never depends on scheduling."""
+    Sockets open at start-up and close at cleanup, so the app owns them whole. `clock` is the wall
+    clock simulated time follows: a test steps its own, so progress never depends on scheduling."""
     if speed <= 0:
         raise ValueError("speed must be positive")
     if kv_events_replay is not None and kv_events_endpoint is None:
@@ -70,6 +51,8 @@ def make_app(
         )
     if kv_events_endpoint is not None:
         sim.enable_kv_events()
+    # A wall-clock simulator serves no timestamps, like vLLM, so Prometheus ingests any speed;
+    # a virtual one stamps samples above speed 1 so an in-process sidecar sees simulated seconds.
     stamped = (speed != 1.0 and not mapped) if timestamps is None else timestamps
     events = None
     if kv_events_endpoint is not None:
@@ -139,12 +122,14 @@ class _ServedSim:
         for rank, ts, events in self.sim.drain_kv_events():
             pub = self.publishers[rank]
             if is_restart_batch(events):
-                pub.reset()
+                pub.reset()  # a restarted process's sequence starts at 0 again
             pub.publish(encode_batch(ts, events, rank))
         for pub in self.publishers:
             pub.service_replay()
 
     async def ticker(self) -> None:
+        # Requests advance the clock too; this keeps time-driven state (stores landing) moving
+        # between scrapes.
         while True:
             await asyncio.sleep(_TICK_S)
             self.advance()

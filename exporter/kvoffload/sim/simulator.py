@@ -1,16 +1,7 @@
-"""SimServer: one simulated vLLM process on a virtual clock.
+"""SimServer: one simulated vLLM process on a virtual clock, deterministic for a seed.
 
-It owns the event queue, the engines (DP ranks of each model), the metric store on a private
-CollectorRegistry, and the ground truth. Time moves only when asked (advance_to), so an hour of
-traffic runs in seconds, deterministic for a seed.
-
-Two clocks: simulated time `t` (seconds since start, for every duration and TTFT) and the wall time
-instants are reported at (`_created`, KV event `ts`, stamped samples): `wall_time(t) = epoch + t *
-time_scale`. By default that is the scenario's calendar (start_epoch, scale 1). A sped-up server
-next to real scrapers maps t onto the real clock (epoch = now, time_scale = 1/speed).
-
-`endless=True` keeps traffic coming past the scenario's length, period after period
-(workload.generate), on the same caches and counters; per-request records are capped."""
+Time moves only when asked (advance_to), so an hour of traffic runs in seconds.
+Its two clocks and endless runs: docs/scenarios.md ("Serving")."""
 
 from __future__ import annotations
 
@@ -57,12 +48,14 @@ _PRIMARY_KEYS = (
 
 
 class SimServer:
-    """One simulated vLLM process.
+    """One simulated vLLM process: event queue, engines per model and rank, metrics, ground truth.
 
-    `kv_events=True` also records the primary model's engines' KV cache events, taken with
-    drain_kv_events(); off by default, at no cost. `endless=True` continues past the scenario's
-    length (see the module doc). `epoch`/`time_scale` set the reporting wall clock (default:
-    start_epoch, 1.0); `wall_clock(speed)` gives the pair for a sped-up server."""
+    Tests and `kvoffload sim` drive it in place of a GPU, knowing what /metrics cannot show."""
+
+    # `kv_events=True` records the primary model's KV events (off: nothing is built).
+    # `endless=True` keeps traffic coming past the scenario's length, period after period.
+    # `epoch`/`time_scale` set the reporting clock: wall_time(t) = epoch + t * time_scale,
+    # the scenario's calendar by default, `wall_clock(speed)` for a sped-up server.
 
     def __init__(
         self,
@@ -141,10 +134,9 @@ class SimServer:
 
     @staticmethod
     def wall_clock(speed: float, now: float | None = None) -> dict[str, float]:
-        """`epoch`/`time_scale` for a server running `speed` simulated seconds per real second from
-        now.
+        """`epoch`/`time_scale` for a server running `speed` simulated seconds per real second.
 
-        Its instants then land where they happen on the real clock."""
+        Its instants then land where they happen on the real clock, from now."""
         import time
 
         if speed <= 0:
@@ -341,12 +333,9 @@ class SimServer:
             eng.enable_kv_events(self._kv_log)
 
     def drain_kv_events(self) -> list[tuple[int, float, list[dict[str, Any]]]]:
-        """KV event batches `(dp_rank, ts_epoch, events)` since the last drain, in virtual-time
-        order.
+        """KV event batches `(dp_rank, ts_epoch, events)` since the last drain, in time order.
 
-        One batch per engine and virtual instant (an engine step); events are dicts with vLLM's
-        field names and "type". Only the primary model's engines publish. Empty when events are
-        off."""
+        One batch is one engine step of the primary model; the list is empty with events off."""
         if self._kv_log is None:
             return []
         batches = self._kv_log.drain()
@@ -381,9 +370,8 @@ class SimServer:
     def render(self, timestamped: bool = False) -> bytes:
         """The /metrics body (text format 0.0.4), exactly as prometheus_client renders it.
 
-        vLLM puts no timestamps on samples. `timestamped=True` stamps each with wall_time(now), so a
-        scraper honouring timestamps (the sidecar) sees simulated time on a sped-up clock;
-        Prometheus drops such samples."""
+        `timestamped=True` stamps samples with wall_time(now), unlike vLLM, for the sidecar's sake.
+        A scraper honouring timestamps then sees simulated time; Prometheus drops such samples."""
         if not timestamped:
             return generate_latest(self.registry)
         self._collector.timestamp = self.wall_time(self.now)

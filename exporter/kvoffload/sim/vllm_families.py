@@ -1,11 +1,8 @@
 """vLLM's /metrics families, rendered from plain-Python state on a private registry.
 
-prometheus_client stamps `_created` with time.time(), but the simulator needs virtual times, lazy
-children and registry resets on restart. So values live in MetricStore and a custom collector yields
-Metric objects from them; generate_latest() renders them as vLLM's registry does.
-
-Names, HELP strings, label names and buckets are vLLM 0.33.0's (`vllm/v1/metrics/loggers.py`;
-tests/fixtures/vllm-0.33-offload-sample.prom); "0.23" mode keeps only what 0.23.0 had."""
+The simulator needs virtual `_created` times, lazy children and resets; prometheus_client has none.
+Names, HELP, labels and buckets are vLLM 0.33.0's (`vllm/v1/metrics/loggers.py`).
+The "0.23" mode keeps only what 0.23.0 had."""
 
 from __future__ import annotations
 
@@ -18,6 +15,7 @@ from prometheus_client.utils import floatToGoString
 
 BASE = ("model_name", "engine")
 
+# tests/fixtures/vllm-0.33-offload-sample.prom is a real 0.33 body these families must match.
 # --- buckets (the defaults of vLLM's vllm/v1/metrics/loggers.py) -------------------------
 TTFT_BUCKETS = (
     0.001,
@@ -690,11 +688,11 @@ class _Hist:
 
 
 class MetricStore:
-    """Children of every family, keyed by their label values; `created` is virtual wall time.
+    """Children of every family, keyed by label values; a custom collector renders them.
 
-    A family with no child renders as HELP/TYPE only (vLLM's lazily created series). Label
-    names of cache_config_info vary per version, so its children carry their own names.
-    """
+    A family with no child renders as HELP/TYPE only, like vLLM's lazily created series."""
+
+    # cache_config_info's label names vary per version, so its children carry their own names.
 
     def __init__(self, families: Sequence[Family]) -> None:
         self.families: dict[str, Family] = {f.name: f for f in families}

@@ -1,9 +1,7 @@
-"""Workloads: which prompts arrive when.
+"""Workloads: which prompts arrive when, deterministic for a seed.
 
-A prompt is a tuple of segments `(segment_id, tokens)`: an optional shared system prompt, a document
-(the reusable prefix) and a unique question. Token ids are never materialised: a block is the chain
-hash of its segment pieces, so the same prefix gives the same block hashes, as in vLLM.
-Deterministic for a seed."""
+A prompt is a tuple of segments `(segment_id, tokens)`: system prompt, document, question.
+Token ids are never built: shared segments give shared block hashes, as in vLLM."""
 
 from __future__ import annotations
 
@@ -27,26 +25,15 @@ _PERIOD_ID_STRIDE = 1 << 40
 
 @dataclass(frozen=True)
 class Workload:
-    """Traffic of one served model.
+    """Traffic of one served model: a kind of reuse, an arrival process, prompt lengths.
 
-    kind:
+    Scenarios differ mostly here; docs/scenarios.md ("Workloads") describes each kind."""
 
-    - "documents": Poisson (or evenly spaced) arrivals at `rate_rps`, each a new question about
-      a document from a library of `num_docs`, drawn by `popularity` (uniform, or Zipf with
-      `zipf_alpha`). `unique_fraction` of requests bring a new document instead.
-      `rotate_every_s` replaces the library periodically.
-    - "sessions": documents arrive at `rate_rps / (1 + reuses)`, each asked again `reuses` times
-      with exponential gaps of mean `reuse_gap_s` (the reuse distance).
-    - "batches": an explicit sequence repeated `num_batches` times (or until the duration), one
-      request every `request_interval_s`. Each batch uses fresh documents; equal keys in a batch
-      are the same prompt (the article's A, A, B, C, A).
-
-    `output_tokens` per request is vLLM's max_tokens (1 = prefill only). `concurrency` makes a
-    closed loop like a benchmark client: that many clients each send their next request `think_s`
-    after the last completes, `requests` in all, in the open-loop order."""
-
+    # "documents": questions about a library of `num_docs`, drawn by `popularity`.
+    # "sessions": each document asked `reuses` more times, gaps of mean `reuse_gap_s`.
+    # "batches": `batch` repeated `num_batches` times, fresh documents in each.
     kind: str = "documents"
-    rate_rps: float = 1.0
+    rate_rps: float = 1.0  # sessions: new documents arrive at rate_rps / (1 + reuses)
     arrival: str = "poisson"  # "poisson" | "uniform"
     num_docs: int = 20
     doc_tokens: tuple[int, int] = (1500, 2500)
@@ -54,14 +41,18 @@ class Workload:
     zipf_alpha: float = 1.0
     question_tokens: tuple[int, int] = (20, 80)
     system_tokens: int = 0
-    unique_fraction: float = 0.0
-    rotate_every_s: float | None = None
+    unique_fraction: float = 0.0  # share of requests that bring a brand-new document
+    rotate_every_s: float | None = None  # replace the whole library this often
     reuses: int = 3
-    reuse_gap_s: float = 60.0
-    batch: tuple[tuple[str, str, int], ...] = ()  # (label, prompt key, prompt tokens)
-    num_batches: int | None = None
+    reuse_gap_s: float = 60.0  # the reuse distance, exponential
+    # (label, prompt key, prompt tokens); equal keys in a batch are the same prompt (the
+    # article's A, A, B, C, A).
+    batch: tuple[tuple[str, str, int], ...] = ()
+    num_batches: int | None = None  # None: until the duration
     request_interval_s: float = 0.3
-    output_tokens: int = 1
+    output_tokens: int = 1  # vLLM's max_tokens; 1 = prefill only
+    # A closed loop like a benchmark client: `concurrency` clients each send their next request
+    # `think_s` after the last completes, `requests` in all, in the open-loop order.
     concurrency: int | None = None
     requests: int | None = None
     think_s: float = 0.0
@@ -127,15 +118,12 @@ def generate(
     period: int = 0,
     spill: bool = False,
 ) -> list[RequestSpec]:
-    """All requests of the run, sorted by arrival time.
+    """The requests of one period, [k·duration_s, (k+1)·duration_s), sorted by arrival time.
 
-    Past `duration_s`, a simulator asks period by period: period k covers [k·duration_s,
-    (k+1)·duration_s) with its own random stream and the same shape. Reused things stay (the
-    document library, rotation by absolute time); new things stay new (fresh ids), so no period
-    replays or forgets another. Period 0 is exactly the scenario's run.
-
-    `spill` keeps a session's re-sends past the period's end, so sessions are not cut at the
-    boundary. Closed-loop workloads (`requests`) are one batch per period."""
+    An endless simulator asks period by period, each with its own random stream and fresh ids.
+    Period 0 is the scenario's run; `spill` keeps a session's re-sends past the period's end."""
+    # The library and its rotation (by absolute time) carry over periods, so no period replays
+    # or forgets another; a closed-loop workload (`requests`) is one batch per period.
     if period < 0:
         raise ValueError("period must be >= 0")
     # Ids of things that are new in every period live in a range of their own per period.
@@ -272,9 +260,10 @@ _HashState = tuple[tuple[int, ...], int, tuple[tuple[int, int, int], ...]]
 class PromptHasher:
     """Chain hashes of a prompt's full blocks, memoised per shared prefix.
 
-    hash_i = hash((hash_{i-1}, pieces of block i)), pieces being (segment_id, start, end). Two
-    prompts share a block hash exactly when they share every token to the end of that block.
-    Python's hash of int tuples does not depend on PYTHONHASHSEED."""
+    Two prompts share a block hash exactly when they share every token to its end, as in vLLM."""
+
+    # hash_i = hash((hash_{i-1}, pieces of block i)), a piece being (segment_id, start, end);
+    # Python's hash of int tuples does not depend on PYTHONHASHSEED, so runs repeat.
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size

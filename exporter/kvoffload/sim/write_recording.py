@@ -1,12 +1,7 @@
 """Write a scenario's /metrics as a recording (OpenMetrics, a timestamp on every sample).
 
-The simulator is scraped on its virtual clock every `interval_s`, and each body goes through
-kvoffload.recording.openmetrics.RecordingWriter (which adds instance/job labels).
-
-With `events_path`, the KV events a subscriber would have received go to a raw event file
-(kvoffload.kvevents.eventfile): one message per batch, per-rank sequences from 0 (again after a
-restart), virtual receive times, empty topic. A recording longer than the scenario uses SimServer's
-endless mode, so it does not record an idle server."""
+Tests and demos analyze a known scenario offline without waiting for it in real time.
+The KV events a subscriber would have received can go to a raw event file beside it."""
 
 from __future__ import annotations
 
@@ -28,9 +23,7 @@ def record_scenario(
 ) -> int:
     """Scrape at t = 0, interval, 2·interval, … ≤ duration_s; returns the number of scrapes.
 
-    `events_path` also writes the KV events published up to the last scrape. `endless` keeps traffic
-    coming all recording (default: when it outlasts the scenario). `ground_truth`, a dict, gets the
-    simulator's ground truth at the last scrape."""
+    `events_path` gets the KV events too; `ground_truth`, a dict, the truth at the last scrape."""
     from kvoffload.recording.openmetrics import (
         RecordingWriter,  # the package's writer, shared with `record`
     )
@@ -41,6 +34,7 @@ def record_scenario(
         scenario,
         seed=seed,
         kv_events=events_path is not None,
+        # Endless past the scenario's length, so a long recording does not record an idle server.
         endless=duration_s > scenario.duration_s if endless is None else endless,
     )
     events = _EventSink(events_path) if events_path is not None else None
@@ -70,6 +64,9 @@ def record_scenario(
 
 class _EventSink:
     """Writes drained batches as the raw messages a subscriber of every DP rank received."""
+
+    # kvevents.eventfile messages: one per batch, per-rank sequences from 0 (again after a
+    # restart), virtual receive times, empty topic.
 
     def __init__(self, path: str) -> None:
         from kvoffload.kvevents.eventfile import open_writer
@@ -103,8 +100,7 @@ def record_restarts(
 ) -> int:
     """One recording of one target restarted into each scenario in turn; returns the scrape count.
 
-    Counters restart from 0 with `gap_s` of no scrapes between, e.g. vLLM without a tier, then with
-    one, for a before/after A/B. Each scenario runs `duration_s` of virtual time."""
+    It makes a before/after A/B (no tier, then a tier): counters restart after `gap_s` unscraped."""
     from kvoffload.recording.openmetrics import RecordingWriter
 
     if interval_s <= 0 or not scenarios:

@@ -1,12 +1,12 @@
 """The Grafana dashboards: an overview per model and engine, and a fleet view across instances.
 
-Panels read the recording rules where one exists, so dashboards, alerts and sidecar agree. They read
-the sidecar's gauges for what PromQL cannot compute, and raw vLLM series for per-engine views. One
-module per dashboard (overview.py, fleet.py, the overview's larger rows); shared helpers in
-panels.py, scope.py and layout.py."""
+Panels read the recording rules where one exists, so dashboards, alerts and sidecar agree.
+One module per dashboard; panels.py, scope.py and layout.py hold what they share."""
 
 from __future__ import annotations
 
+# Besides the rules, panels read the sidecar's gauges for what PromQL cannot compute, and raw
+# vLLM series for per-engine views.
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.fleet import FLEET, fleet
 from kvoffload.mixin.dashboards.layout import with_rules_note

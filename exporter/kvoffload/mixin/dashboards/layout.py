@@ -112,8 +112,8 @@ ADVICE_STEP = "1m"
 def advice_changes(cfg: MixinConfig) -> dict[str, Any]:
     """An annotation where a sidecar's published advice changed, so every panel shows when it moved.
 
-    It marks the kvoffload_recommendation action that is 1 now and was not one step before, and a
-    sidecar's first advice after warm-up."""
+    It marks an action of kvoffload_recommendation that is 1 now and was not one step before."""
+    # A sidecar's first advice after warm-up counts as a change too.
     parts = [cfg.sidecar_selector] if cfg.sidecar_selector else []
     parts += [f'{cfg.sidecar_target_label}=~"$instance"', 'model_name=~"$model_name"']
     rec = f"kvoffload_recommendation{{{', '.join(parts)}}}"

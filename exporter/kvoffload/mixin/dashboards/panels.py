@@ -1,7 +1,6 @@
 """What every panel shares: units and descriptions from the catalog, row titles, shared texts.
 
-A panel showing one catalog figure takes its unit and help from `signals.FIGURES`, so dashboards say
-what /metrics and docs/metrics.md say."""
+A figure's unit and help come from `signals.FIGURES`: dashboards say what docs/metrics.md says."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The selectors of one dashboard, and the raw PromQL that stands in for a missing rule.
 
-Like vLLM's own generator, one scope selector per source goes into every query: a variable per
-`target_labels` entry, `model_name`, and `engine` on per-engine views. Without kvoffload's rules
-(import-only, the usual first step) a panel reads `rule or <the rule's PromQL over vLLM's series>`,
-so it shows the same figure."""
+Without kvoffload's rules (import only, the usual first step) a panel reads `rule or <its PromQL>`.
+So it shows the same figure either way."""
 
 from __future__ import annotations
 
@@ -33,6 +31,8 @@ from kvoffload.mixin.promql import (
 # A recording rule's name (level:metric:operation); `vllm[:_]name` selectors do not match.
 RULE_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
 # What the description of a panel that reads a rule with no raw fallback says.
+# Like vLLM's own generator, one scope selector per source goes into every query: a variable per
+# `target_labels` entry, `model_name`, and `engine` on per-engine views.
 NEEDS_RULES = "Needs kvoffload's recording rules"
 NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
 
@@ -40,8 +40,8 @@ NEEDS_RULES_TITLE = "Panels that need kvoffload's recording rules"
 def raw_expr(r: Rendering, cfg: MixinConfig, which: str | None, scope: str = "") -> str | None:
     """The rule's own PromQL with `scope` added to its vLLM selectors, and its static labels.
 
-    None where it reads another recording rule and so cannot stand in for it. The offload gate is
-    inlined unscoped (vLLM's config info has no model_name)."""
+    None where it reads another recording rule, which it cannot stand in for."""
+    # The offload gate is inlined unscoped: vLLM's config info has no model_name.
     if not cfg.dashboard_raw_fallback:
         return None
     expr = _scoped(r.build(cfg, r.window(cfg, which) if which else ""), cfg, scope)
@@ -62,8 +62,7 @@ def _scoped(expr: str, cfg: MixinConfig, scope: str) -> str:
 def pooled_expr(e: Expr, cfg: MixinConfig, w: str, scope: str, gate: bool = False) -> str:
     """Figure `e` over every selected target and model at once.
 
-    Each ratio is a sum over sum, not an average of ratios; each other node is summed where it is a
-    sum of targets' figures (rates)."""
+    Each ratio is a sum over sum, not an average of ratios; rates are summed over targets."""
     if isinstance(e, WhenOffloading):
         return pooled_expr(e.inner, cfg, w, scope, gate or e.gate)
     if isinstance(e, Ratio):
@@ -126,8 +125,8 @@ class Scope:
     ) -> str:
         """The rule, else its own expression over the raw series, scoped by the variables.
 
-        Without kvoffload's rules the panel still shows it; with them both sides hold the same label
-        sets, so `or` adds nothing."""
+        Without kvoffload's rules the panel still shows it. With them, `or` adds nothing."""
+        # Both sides hold the same label sets, so the raw side never adds a series.
         scope = self.scope if scope is None else scope
         rule = f"{r.record(self.cfg, which)}{{{', '.join([scope, *matchers])}}}"
         raw = raw_expr(r, self.cfg, which, scope)
@@ -146,8 +145,7 @@ class Scope:
     def fleet_mean(self, metric: str, op: str, which: str) -> str:
         """A per-model fleet rule scoped by the model alone, else all its renderings raw.
 
-        Such a rule has no target labels and one rendering per static label set (e.g. with and
-        without a tier)."""
+        Such a rule has no target labels, and one rendering per static label set (tier or none)."""
         scope = 'model_name=~"$model_name"'
         family = [r for r in RENDERINGS if r.metric == metric and r.op == op]
         rule = f"{family[0].record(self.cfg, which)}{{{scope}}}"
@@ -220,9 +218,9 @@ class Scope:
     def coded(self, name: str, label: str, codes: dict[str, int], by: str, flag: bool) -> str:
         """Which value of `label` a sidecar series holds per `by`, as its code.
 
-        PromQL cannot turn a label into a number, so there is one branch per value: where the series
-        is 1 (`flag`: a 0/1 series per value, like kvoffload_recommendation), or else where it
-        exists."""
+        PromQL cannot turn a label into a number, so there is one branch per value."""
+        # A branch holds where the series is 1 (`flag`: a 0/1 series per value, like
+        # kvoffload_recommendation), or else where it exists.
         branches = []
         for value, code in codes.items():
             sel = self.sidecar_by_instance(name, f'{label}="{value}"')

@@ -1,8 +1,7 @@
 """The overview's row of the tiers below the CPU tier (vLLM's TieringOffloadingSpec).
 
-All secondary tiers together from the recording rules, then each tier from vLLM's series by `tier`
-label ("1:fs", "2:obj", ...). Only a server with such a tier exports these series, so the row is
-collapsed."""
+All secondary tiers together from the rules, then each from vLLM's series by `tier` ("1:fs", ...).
+Only a server with such a tier exports these series, so the row starts collapsed."""
 
 from __future__ import annotations
 
