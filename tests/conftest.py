@@ -9,10 +9,13 @@ import asyncio
 import shutil
 import subprocess
 import tempfile
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from helpers import FIXTURES, free_port, wait_for
 from rules_procs import PROMETHEUS, PROMTOOL, need
 
 # The flags every headless load of the status page shares: no network of its own, no first-run
@@ -91,3 +94,24 @@ def prometheus_binary() -> str:
     """The Prometheus server's path, once a run; a missing one fails with what to install."""
     need(PROMETHEUS)
     return PROMETHEUS
+
+
+@pytest.fixture(scope="session")
+def fixtures_http() -> Iterator[str]:
+    """tests/fixtures served over HTTP by one static file server a run; its base URL.
+
+    Each file reads as a /metrics endpoint that never changes (`{url}/{SAMPLE.name}`): tests
+    only read it, so they can share the one process instead of starting one each."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(FIXTURES)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("the fixture file server", lambda: urllib.request.urlopen(url, timeout=1), 30)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)

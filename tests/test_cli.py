@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers import FIXTURES, SAMPLE, free_port
+from helpers import SAMPLE, free_port
 
 KVO = [sys.executable, "-m", "kvoffload"]
 CONTRACT_FIGURES = {
@@ -107,44 +107,12 @@ def test_bad_arguments_exit_2():
         assert "Traceback" not in r.stderr
 
 
-@pytest.fixture
-def static_server():
-    """Serves the fixtures directory over HTTP, as if each file were a /metrics endpoint."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "http.server",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--directory",
-            str(FIXTURES),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 10
-    import urllib.request
-
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(5)
-
-
-def test_record_then_analyze_then_promtool_backfill(static_server, promtool, tmp_path):
+def test_record_then_analyze_then_promtool_backfill(fixtures_http, promtool, tmp_path):
     out = tmp_path / "rec.om"
     r = kvo(
         "record",
         "--target",
-        f"{static_server}/{SAMPLE.name}",
+        f"{fixtures_http}/{SAMPLE.name}",
         "--interval",
         "0.3s",
         "--duration",
@@ -175,11 +143,11 @@ def test_record_then_analyze_then_promtool_backfill(static_server, promtool, tmp
     assert "NUM SAMPLES" in r.stdout
 
 
-def test_analyze_live_target(static_server):
+def test_analyze_live_target(fixtures_http):
     r = kvo(
         "analyze",
         "--target",
-        f"{static_server}/{SAMPLE.name}",
+        f"{fixtures_http}/{SAMPLE.name}",
         "--duration",
         "0.6s",
         "--interval",
