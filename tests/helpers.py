@@ -3,13 +3,15 @@ HTTP servers that misbehave on purpose."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import csv
+import inspect
 import io
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +47,24 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = 60.0, every: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f} s")
         time.sleep(every)
+
+
+async def until(
+    what: str, check: Callable[[], Awaitable[T] | T], timeout: float = 60.0, every: float = 0.05
+) -> T:
+    """`wait_for` inside an event loop: it sleeps with asyncio, so the servers on this loop go
+    on serving; `check` may be a coroutine (a request to one of them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        await asyncio.sleep(every)
 
 
 def h200_scrapes(server: str = "8b-offload") -> list[tuple[float, str]]:
