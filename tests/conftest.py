@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -115,3 +115,36 @@ def fixtures_http() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# (journal, finished file) of a simulator scenario recorded at 15 s as one instance.
+SimRecording = Callable[..., tuple[Path, Path]]
+
+
+@pytest.fixture(scope="session")
+def sim_recording(tmp_path_factory: pytest.TempPathFactory) -> SimRecording:
+    """`sim_recording(scenario, instance, seconds=None)`: the journal `record` writes of a
+    simulator scenario scraped every 15 s as `instance`, and the finished file, made once a run.
+
+    The simulator is seeded, so files asking for the same run can share it (1.5 s each);
+    they only read it (copy it first to change it). `seconds` None: the scenario's length."""
+    from kvoffload.recording.openmetrics import finalize_journal
+    from kvoffload.sim import scenarios
+    from kvoffload.sim.write_recording import record_scenario
+
+    work = tmp_path_factory.mktemp("sim-recordings")
+    made: dict[tuple[str, str, float], tuple[Path, Path]] = {}
+
+    def recorded(name: str, instance: str, seconds: float | None = None) -> tuple[Path, Path]:
+        scenario = scenarios.get(name)
+        span = scenario.duration_s if seconds is None else seconds
+        key = (name, instance, span)
+        if key not in made:
+            stem = f"{name}-{instance.replace(':', '_')}-{span:g}"
+            journal, out = work / f"{stem}.om", work / f"{stem}.strict.om"
+            record_scenario(scenario, str(journal), span, 15.0, instance=instance)
+            finalize_journal(str(journal), str(out))
+            made[key] = (journal, out)
+        return made[key]
+
+    return recorded

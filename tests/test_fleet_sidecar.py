@@ -31,11 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.fleet.promapi import PrometheusAPI
 from kvoffload.fleet.service import FleetConfig, FleetService
-from kvoffload.recording.openmetrics import finalize_journal
 from kvoffload.sidecar.metrics import build_registry
 from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.server import make_app as make_sim_app
-from kvoffload.sim.write_recording import record_scenario
 
 from fleet_prom import backfill, prometheus_on
 from helpers import free_port, running
@@ -119,17 +117,16 @@ def page(chromium: Any, url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, sim_recording: Callable[..., tuple[Path, Path]]
+) -> Iterator[dict[str, Any]]:
     """The recordings in a real Prometheus, and `serve --prometheus` over their range;
     `stop_prometheus()` stops Prometheus (the sidecar goes on)."""
     work = tmp_path_factory.mktemp("fleet-sidecar")
     tsdb = work / "tsdb"
     spans = []
     for instance, name in SIM.items():
-        scenario = scenarios.get(name)
-        journal, out = work / f"{name}.journal", work / f"{name}.om"
-        record_scenario(scenario, str(journal), 1800.0, 15.0, instance=instance)
-        finalize_journal(str(journal), str(out))
+        _journal, out = sim_recording(name, instance, 1800.0)
         backfill(out, tsdb)
         spans.append(_span(out))
     start, end = min(s for s, _ in spans), max(e for _, e in spans)
