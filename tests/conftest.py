@@ -148,3 +148,25 @@ def sim_recording(tmp_path_factory: pytest.TempPathFactory) -> SimRecording:
         return made[key]
 
     return recorded
+
+
+@pytest.fixture(scope="session")
+def laptop_sim() -> Iterator[str]:
+    """`kvoffload sim --scenario laptop-eviction --speed 60`, one a run: its /metrics URL.
+
+    For tests that only scrape it and take whatever moment of the run they come to (its clock
+    runs from the first test that asks): a test of what the run shows from its start keeps
+    its own."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvoffload", "sim", "--scenario", "laptop-eviction",
+         "--speed", "60", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_for("the laptop-eviction simulator", lambda: urllib.request.urlopen(url, timeout=5))
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
