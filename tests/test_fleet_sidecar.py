@@ -36,7 +36,7 @@ from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim.server import make_app as make_sim_app
 
 from fleet_prom import backfill, prometheus_on
-from helpers import free_port, running
+from helpers import free_port, running, wait_for
 from rules_procs import prometheus
 
 KVO = [sys.executable, "-m", "kvoffload"]
@@ -78,18 +78,6 @@ def serving(*args: str) -> Iterator[str]:
             output = log.read().decode()
         assert code == 0, output[-3000:]
         assert "Traceback" not in output, output[-3000:]
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(requests.RequestException):
-            result = check()
-            if result:
-                return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def status(url: str) -> dict[str, Any]:
@@ -187,7 +175,7 @@ def test_metrics_publish_every_engine(fleet: dict[str, Any]) -> None:
     }
     assert samples(url, "kvoffload_fleet_reads_total")[()] >= 1
     assert samples(url, "kvoffload_fleet_read_failures_total")[()] == 0
-    assert 0 < samples(url, "kvoffload_fleet_read_duration_seconds")[()] < 30
+    assert samples(url, "kvoffload_fleet_read_duration_seconds")[()] > 0  # (timed: no bound)
     size = samples(url, "kvoffload_recommended_size_bytes")
     assert size[(("model_name", "Qwen/Qwen3-8B"), ("target", "small:8000"))] > 0  # grow to
 
