@@ -9,10 +9,13 @@ import asyncio
 import shutil
 import subprocess
 import tempfile
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from helpers import FIXTURES, free_port, wait_for
 from rules_procs import PROMETHEUS, PROMTOOL, need
 
 # The flags every headless load of the status page shares: no network of its own, no first-run
@@ -91,3 +94,79 @@ def prometheus_binary() -> str:
     """The Prometheus server's path, once a run; a missing one fails with what to install."""
     need(PROMETHEUS)
     return PROMETHEUS
+
+
+@pytest.fixture(scope="session")
+def fixtures_http() -> Iterator[str]:
+    """tests/fixtures served over HTTP by one static file server a run; its base URL.
+
+    Each file reads as a /metrics endpoint that never changes (`{url}/{SAMPLE.name}`): tests
+    only read it, so they can share the one process instead of starting one each."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(FIXTURES)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("the fixture file server", lambda: urllib.request.urlopen(url, timeout=1), 30)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# (journal, finished file) of a simulator scenario recorded at 15 s as one instance.
+SimRecording = Callable[..., tuple[Path, Path]]
+
+
+@pytest.fixture(scope="session")
+def sim_recording(tmp_path_factory: pytest.TempPathFactory) -> SimRecording:
+    """`sim_recording(scenario, instance, seconds=None)`: the journal `record` writes of a
+    simulator scenario scraped every 15 s as `instance`, and the finished file, made once a run.
+
+    The simulator is seeded, so files asking for the same run can share it (1.5 s each);
+    they only read it (copy it first to change it). `seconds` None: the scenario's length."""
+    from kvoffload.recording.openmetrics import finalize_journal
+    from kvoffload.sim import scenarios
+    from kvoffload.sim.write_recording import record_scenario
+
+    work = tmp_path_factory.mktemp("sim-recordings")
+    made: dict[tuple[str, str, float], tuple[Path, Path]] = {}
+
+    def recorded(name: str, instance: str, seconds: float | None = None) -> tuple[Path, Path]:
+        scenario = scenarios.get(name)
+        span = scenario.duration_s if seconds is None else seconds
+        key = (name, instance, span)
+        if key not in made:
+            stem = f"{name}-{instance.replace(':', '_')}-{span:g}"
+            journal, out = work / f"{stem}.om", work / f"{stem}.strict.om"
+            record_scenario(scenario, str(journal), span, 15.0, instance=instance)
+            finalize_journal(str(journal), str(out))
+            made[key] = (journal, out)
+        return made[key]
+
+    return recorded
+
+
+@pytest.fixture(scope="session")
+def laptop_sim() -> Iterator[str]:
+    """`kvoffload sim --scenario laptop-eviction --speed 60`, one a run: its /metrics URL.
+
+    For tests that only scrape it and take whatever moment of the run they come to (its clock
+    runs from the first test that asks): a test of what the run shows from its start keeps
+    its own."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvoffload", "sim", "--scenario", "laptop-eviction",
+         "--speed", "60", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_for("the laptop-eviction simulator", lambda: urllib.request.urlopen(url, timeout=5))
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)

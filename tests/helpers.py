@@ -3,14 +3,17 @@ HTTP servers that misbehave on purpose."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import csv
+import inspect
 import io
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,12 +25,46 @@ SAMPLE = FIXTURES / "vllm-0.33-offload-sample.prom"
 H200 = FIXTURES / "vllm-0.26-h200-capture"
 
 COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+T = TypeVar("T")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(what: str, check: Callable[[], T], timeout: float = 60.0, every: float = 0.1) -> T:
+    """Poll `check()` until it returns something true, and return that; fail naming `what`.
+
+    Tests wait on a condition, never on a fixed sleep: a loaded machine only makes them slower.
+    An OSError from `check` (nothing listening yet) counts as not yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            if result := check():
+                return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+
+
+async def until(
+    what: str, check: Callable[[], Awaitable[T] | T], timeout: float = 60.0, every: float = 0.05
+) -> T:
+    """`wait_for` inside an event loop: it sleeps with asyncio, so the servers on this loop go
+    on serving; `check` may be a coroutine (a request to one of them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        await asyncio.sleep(every)
 
 
 def h200_scrapes(server: str = "8b-offload") -> list[tuple[float, str]]:

@@ -14,11 +14,12 @@ import asyncio
 import base64
 import json
 import math
+import shutil
 import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,6 @@ import requests
 from aiohttp import web
 
 from kvoffload.recording.openmetrics import finalize_journal
-from kvoffload.sim import scenarios
-from kvoffload.sim.write_recording import record_scenario
 
 from fleet_prom import backfill, prometheus_on
 from helpers import certificates, free_port, h200_scrapes, recording_text
@@ -58,17 +57,16 @@ def _underscore(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, sim_recording: Callable[..., tuple[Path, Path]]
+) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("fleet")
     tsdb = work / "tsdb"
     files: dict[str, Path] = {}
     for instance, name in SIM.items():
-        scenario = scenarios.get(name)
-        journal = work / f"{name}.journal"
-        out = work / f"{name}.om"
-        record_scenario(scenario, str(journal), scenario.duration_s, 15.0, instance=instance)
-        finalize_journal(str(journal), str(out))
-        if instance.startswith("underscore"):
+        _journal, out = sim_recording(name, instance)
+        if instance.startswith("underscore"):  # the run's shared file stays as it is
+            out = Path(shutil.copy(out, work / f"{name}.om"))
             _underscore(out)
         files[instance] = out
         backfill(out, tsdb)

@@ -253,20 +253,15 @@ def _wait(url: str, ok, timeout: float = 60.0):
 
 
 @pytest.mark.slow
-def test_a_live_sidecar_exports_host_memory_and_warns(tmp_path: Path) -> None:
+def test_a_live_sidecar_exports_host_memory_and_warns(laptop_sim: str, tmp_path: Path) -> None:
     """`serve --host-memory.cgroup DIR` next to the simulator (a 0.5 GiB tier): the cgroup's
     numbers on /metrics and /api/v1/status, the footprint at the bound, and the OOM warning
     when the limit cannot hold it."""
     d = write_v2(tmp_path / "vllm", 900 * 2**20, str(1 * GIB), 700 * 2**20, 0, 200 * 2**20,
                  kills=1)  # fmt: skip
-    sim_port, port = free_port(), free_port()
-    sim = subprocess.Popen(
-        [*KVO, "sim", "--scenario", "laptop-eviction", "--speed", "60",
-         "--listen", f"127.0.0.1:{sim_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    port = free_port()
     serve = subprocess.Popen(
-        [*KVO, "serve", "--target", f"http://127.0.0.1:{sim_port}/metrics", "--interval",
+        [*KVO, "serve", "--target", laptop_sim, "--interval",
          "0.5s", "--advice-warmup", "0s", "--advice-dwell", "0s", "--host-memory.cgroup", str(d),
          "--web.listen-address", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -305,10 +300,8 @@ def test_a_live_sidecar_exports_host_memory_and_warns(tmp_path: Path) -> None:
         assert "is not a byte count" in status["host_memory"]["problem"]
         assert requests.get(f"{base}/metrics", timeout=5).ok
     finally:
-        for p in (serve, sim):
-            p.terminate()
-        for p in (serve, sim):
-            p.wait(20)
+        serve.terminate()
+        serve.wait(20)
     assert "Traceback" not in (serve.stderr.read() if serve.stderr else "")
 
 

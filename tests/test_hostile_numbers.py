@@ -15,7 +15,7 @@ from aiohttp import web
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
-from helpers import SAMPLE, running
+from helpers import SAMPLE, running, until
 
 HOSTILE = """# TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{{engine="0",model_name="m"}} {n} NaN
@@ -49,7 +49,11 @@ async def _run() -> tuple[int, dict, str]:
             )
         )
         async with running(make_app(sidecar)) as port, aiohttp.ClientSession() as s:
-            await asyncio.sleep(0.8)
+            # Three scrapes of each target landed, polled: what the assertions count on (the
+            # count goes up as a scrape starts).
+            await until(
+                "three scrapes of each target", lambda: all(t.scrapes >= 4 for t in sidecar.targets)
+            )
             async with s.get(f"http://127.0.0.1:{port}/api/v1/status") as r:
                 status_code, text = r.status, await r.text()
             async with s.get(f"http://127.0.0.1:{port}/metrics") as r:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Callable
 from email.parser import Parser
 from pathlib import Path
 
@@ -22,9 +23,6 @@ from click.testing import CliRunner
 
 from kvoffload import __version__, links
 from kvoffload.cli import cli
-from kvoffload.recording.openmetrics import finalize_journal
-from kvoffload.sim import scenarios
-from kvoffload.sim.write_recording import record_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -247,7 +245,7 @@ def test_the_wheel_runs_in_a_fresh_venv_without_extras(wheel: Path, tmp_path: Pa
 
 @pytest.mark.slow
 def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
-    wheel: Path, tmp_path: Path
+    wheel: Path, tmp_path: Path, sim_recording: Callable[..., tuple[Path, Path]]
 ) -> None:
     """The compiled scan is optional: with no C compiler the build goes on without it, and the
     package it gives reads a recording to the same JSON, bit for bit, with its pure-Python
@@ -255,11 +253,8 @@ def test_without_a_c_compiler_the_wheel_is_pure_and_reads_the_same(
     pure = _build_wheel(tmp_path / "pure", env={**os.environ, "CC": "/bin/false"})
     with zipfile.ZipFile(pure) as z:
         assert not any(COMPILED_SCAN.fullmatch(n) for n in z.namelist())
-    journal = tmp_path / "restart.journal"
-    scenario = scenarios.get("restart")
-    record_scenario(scenario, str(journal), scenario.duration_s, 15.0, instance="restart:8000")
-    strict = tmp_path / "restart.om"  # what `record` leaves: the file the scan reads
-    finalize_journal(str(journal), str(strict))
+    # What `record` leaves: the file the scan reads (the run's shared one: only read here).
+    _journal, strict = sim_recording("restart", "restart:8000")
     reports = {}
     for name, whl in (("compiled", wheel), ("pure", pure)):
         site = tmp_path / f"site-{name}"

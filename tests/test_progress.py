@@ -186,29 +186,9 @@ def test_analyze_of_a_small_file_off_a_terminal_prints_nothing_on_stderr():
 
 
 @pytest.fixture
-def sample_server(tmp_path):
-    """The sample served as /metrics by a plain file server."""
-    (tmp_path / "metrics").write_text(SAMPLE.read_text())
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import time
-    import urllib.request
-
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/metrics"
-    proc.terminate()
-    proc.wait(5)
+def sample_server(fixtures_http: str) -> str:
+    """The sample as a /metrics endpoint, on the run's one fixture file server."""
+    return f"{fixtures_http}/{SAMPLE.name}"
 
 
 def _record_args(url: str, out: Path) -> list[str]:

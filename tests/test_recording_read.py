@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -47,8 +48,6 @@ from kvoffload.recording.openmetrics import (
     read_recording,
 )
 from kvoffload.recording.strict_reader import strict_extracts
-from kvoffload.sim import scenarios
-from kvoffload.sim.write_recording import record_scenario
 
 from helpers import SAMPLE, h200_scrapes, recording_text
 
@@ -89,16 +88,12 @@ def _strict(journal: Path, out_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sim_recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+def sim_recordings(
+    sim_recording: Callable[..., tuple[Path, Path]],
+) -> dict[str, tuple[Path, Path]]:
     """name → (the journal a killed `record` leaves, the strict file a finished one leaves)."""
-    work = tmp_path_factory.mktemp("recordings")
-    out = {}
-    for name in ("restart", "legacy-0.23", "two-models", "dp2"):
-        scenario = scenarios.get(name)
-        path = work / f"{name}.om"
-        record_scenario(scenario, str(path), scenario.duration_s, 15.0, instance=f"{name}:8000")
-        out[name] = (path, _strict(path, work))
-    return out
+    names = ("restart", "legacy-0.23", "two-models", "dp2")
+    return {name: sim_recording(name, f"{name}:8000") for name in names}
 
 
 def _two_targets() -> str:

@@ -14,7 +14,7 @@ from kvoffload.cli.analyze import _sample_live
 from kvoffload.recording.openmetrics import read_recording
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
-from helpers import running
+from helpers import running, until
 
 TOKENS_PER_SCRAPE = 6000.0
 VIRTUAL_SECONDS_PER_SCRAPE = 60.0  # → 100 prompt tokens per (virtual) second
@@ -84,7 +84,8 @@ def test_the_sidecar_honours_the_targets_clock():
             )
             await sidecar.start()
             try:
-                await asyncio.sleep(0.6)
+                # Polled: a few scrapes, the rate over them (0.6 s of sleep on a quiet machine).
+                await until("six scrapes", lambda: sidecar.targets[0].scrapes >= 6)
             finally:
                 await sidecar.stop()
             (group,) = [g for g in sidecar.groups() if g.model_name == "m"]

@@ -12,7 +12,7 @@ from kvoffload.sidecar.metrics import build_registry
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 
 from badserver import make_bad_app
-from helpers import free_port
+from helpers import free_port, until
 
 BAD = ["500", "slow", "truncated", "garbage", "huge", "notvllm"]
 
@@ -153,6 +153,12 @@ def test_metrics_reference_is_generated_and_current():
     assert doc == metrics_markdown(), "regenerate: make generate"
 
 
+def _published(sidecar: Sidecar, text: str) -> str | None:
+    """The sidecar's /metrics body once it has `text`, None before."""
+    body = generate_latest(build_registry(sidecar)).decode()
+    return body if text in body else None
+
+
 async def _target_goes_down():
     from helpers import SAMPLE, running
 
@@ -170,10 +176,13 @@ async def _target_goes_down():
             )
         )
         await sidecar.start()
-        await asyncio.sleep(0.5)
-        before = generate_latest(build_registry(sidecar)).decode()
-    # The vLLM server is gone now.
-    await asyncio.sleep(0.5)
+        before = await until(
+            "the figures published",
+            lambda: _published(sidecar, "kvoffload_cpu_capacity_tokens{"),
+        )
+    # The vLLM server is gone now: a scrape fails, and then the figures go.
+    failed = sidecar.targets[0].failures
+    await until("a failed scrape", lambda: sidecar.targets[0].failures > failed)
     after = generate_latest(build_registry(sidecar)).decode()
     status = sidecar.status()
     await sidecar.stop()

@@ -14,7 +14,7 @@ from kvoffload.kvevents.state import TargetEvents
 from kvoffload.kvevents.subscriber import Subscriber, cancel_all
 from kvoffload.sim.kv_events import ZmqEventPublisher, encode_batch
 
-from helpers import free_port
+from helpers import free_port, until
 from kv_helpers import replays_served
 
 
@@ -149,26 +149,31 @@ async def _late(
     sub = Subscriber(endpoint, 0, on_message, replay, replay_timeout_seconds=3.0)
     task = asyncio.create_task(sub.run())
 
-    async def publish_until_seen(first: int) -> None:
+    async def publish_until(first: int, seen: Callable[[], bool]) -> None:
         i = first
         for _ in range(200):  # ZMQ's slow joiner: keep publishing until one arrives live
-            if got and got[-1] >= first:
+            if seen():
                 return
             pub.publish(_payload(i))
             i += 1
             await asyncio.sleep(0.03)
         raise AssertionError(f"nothing received after {first}: {got}")
 
+    def restarted_past(seq: int) -> bool:
+        """The new process's messages came, up to `seq` (its sequence starts again at 0)."""
+        back = [j for j in range(1, len(got)) if got[j] <= got[j - 1]]
+        return bool(back) and max(got[back[0] :]) >= seq
+
     async with replays_served(pub, every=0.01):
         try:
-            await publish_until_seen(before)
+            await publish_until(before, lambda: bool(got) and got[-1] >= before)
             if restart:
                 pub.reset()
                 for i in range(3):
                     pub.publish(_payload(1000 + i))  # lost to the slow joiner or not: replayed
-                await publish_until_seen(3)
-            await asyncio.sleep(0.1)
-            assert sub.state.connected  # a message arrived (ZMQ connects lazily)
+                await publish_until(3, lambda: restarted_past(3))
+            # A message arrived (ZMQ connects lazily): the state says connected, polled.
+            await until("the subscriber connected", lambda: sub.state.connected, 10)
         finally:
             await cancel_all([task])
     return got, sub, state
@@ -212,7 +217,8 @@ def test_older_vllm_replay_frames_without_a_topic_are_accepted():
                     break
                 await pub.send_multipart([b"", (3).to_bytes(8, "big"), _payload(3)])
                 await asyncio.sleep(0.03)
-            await asyncio.sleep(0.1)
+            # The replay of 0..2 lands before 3 is handed on: polled, then checked below.
+            await until("0..3 in order", lambda: got[:4] == [0, 1, 2, 3], 10)
         return got, sub
 
     got, sub = asyncio.run(run())

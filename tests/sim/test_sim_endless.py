@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -15,6 +16,8 @@ from kvoffload.sim import SimServer, scenarios
 from kvoffload.sim import simulator as simulator_mod
 from kvoffload.sim.server import make_app
 from kvoffload.sim.workload import Workload, generate
+
+from helpers import until
 
 
 def _totals(sim: SimServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -130,6 +133,17 @@ def test_wall_clock_times_are_real_times() -> None:
     assert stamp == pytest.approx(start + 2.0, abs=0.01)  # milliseconds on the wire
 
 
+async def _with_tokens(client: TestClient) -> list[Any] | None:
+    """The samples of /metrics once prompt tokens were served (polled: none at first)."""
+    body = await (await client.get("/metrics")).read()
+    samples = parse_text(body.decode()).samples
+    return (
+        samples
+        if any(n == "vllm:prompt_tokens_total" and v > 0 for n, _, v, _ in samples)
+        else None
+    )
+
+
 def test_the_app_does_not_stamp_a_wall_clock_simulator() -> None:
     sc = scenarios.get("laptop-eviction")
     sim = SimServer(sc, endless=True, **SimServer.wall_clock(100.0))
@@ -138,9 +152,7 @@ def test_the_app_does_not_stamp_a_wall_clock_simulator() -> None:
 
     async def go() -> None:
         async with TestClient(TestServer(make_app(sim, speed=100.0))) as client:
-            await asyncio.sleep(0.3)
-            body = await (await client.get("/metrics")).read()
-            samples = parse_text(body.decode()).samples
+            samples = await until("the first prompt tokens", lambda: _with_tokens(client))
             assert all(ts is None for *_, ts in samples)  # Prometheus stamps them
             assert sum(v for n, _, v, _ in samples if n == "vllm:prompt_tokens_total") > 0
             now = time.time()

@@ -15,6 +15,7 @@ from kvoffload.sim.config import ACTIONS
 from kvoffload.sim.oracle import sweep
 from kvoffload.sim.server import make_app
 
+from helpers import until
 from sim_helpers import parse, total
 
 EXPECTED = {
@@ -88,6 +89,11 @@ def test_oracle_grow_and_shrink() -> None:
     assert slow["best_ttft_gib"] == 0.0  # offloading off is fastest when recompute wins
 
 
+async def _virtual_seconds_past(client: TestClient, seconds: float) -> bool:
+    gt = await (await client.get("/ground-truth?requests=0")).json()
+    return bool(gt["now_s"] > seconds)
+
+
 def test_http_app() -> None:
     sim = SimServer(scenarios.get("laptop-eviction"), seed=0)
 
@@ -96,7 +102,8 @@ def test_http_app() -> None:
             r1 = await client.get("/metrics")
             assert r1.status == 200
             assert r1.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            await asyncio.sleep(0.3)
+            # Polled: 30 virtual seconds pass (0.3 s of wall time at 100x on a quiet machine).
+            await until("30 virtual seconds", lambda: _virtual_seconds_past(client, 30.0))
             r2 = await client.get("/metrics")
             body = await r2.read()
             _, samples = parse(body)
