@@ -29,7 +29,12 @@ from kvoffload.analysis.beforeafter import TierTimeline, before_after
 from kvoffload.analysis.evidence import EventEvidence, event_evidence, provisional_reasons
 from kvoffload.analysis.knobs import WhatIfRows
 from kvoffload.analysis.replicas import fleet_effects
-from kvoffload.analysis.result import GroupAnalysis, ReuseHistogram, TtftVerdict
+from kvoffload.analysis.result import (
+    TTFT_EFFECT_FIGURE,
+    GroupAnalysis,
+    ReuseHistogram,
+    TtftVerdict,
+)
 from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
@@ -301,7 +306,7 @@ def _ttft_evidence(
     Returns it as evidence."""
     figures = entry.figures
     obs = ttft.observe(ctx, figures.get("kv_bytes_per_token"))
-    figures["offload_ttft_effect_seconds"] = None
+    figures[TTFT_EFFECT_FIGURE] = None
     if obs is None:
         return None
     k = ttft_constants(settings.thresholds)
@@ -309,7 +314,7 @@ def _ttft_evidence(
     effect_at = _EffectAt(obs, k, curve)
     effect_with = _EffectWith(obs, k)
     if now is not None:
-        figures["offload_ttft_effect_seconds"] = now.seconds
+        figures[TTFT_EFFECT_FIGURE] = now.seconds
     capacity = figures.get("cpu_capacity_bytes")
     engines = max(len(ctx.static.engines), 1)
     predicted = effect_at(proposed * GIB) if curve is not None and proposed is not None else None

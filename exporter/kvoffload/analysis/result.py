@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from kvoffload.analysis.ttft import Effect
 
 JsonObject = dict[str, object]
+# The one figure the TTFT model fills (analyze.py), not signals.compute_figures: the tier's
+# effect now, also exported with its range as kvoffload_offload_ttft_effect_seconds.
+TTFT_EFFECT_FIGURE = "offload_ttft_effect_seconds"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from kvoffload.analysis.advisor import Recommendation
 from kvoffload.analysis.analyze import Settings
-from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.result import TTFT_EFFECT_FIGURE, GroupAnalysis
 from kvoffload.analysis.stability import StabilityRules
 from kvoffload.cli import server as serving
 from kvoffload.cli.flags import listen_socket, url
@@ -58,7 +58,7 @@ def summary_line(group: GroupAnalysis, now: float | None = None) -> str:
         f"{group.model_name}: {tier}"
         + (
             f" | TTFT {effect * 1000:+.1f} ms with the tier"
-            if (effect := f.get("offload_ttft_effect_seconds")) is not None
+            if (effect := f.get(TTFT_EFFECT_FIGURE)) is not None
             else ""
         )
         + f" | advice: {action}"

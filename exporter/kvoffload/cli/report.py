@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvoffload.analysis.result import GroupAnalysis
+from kvoffload.analysis.result import TTFT_EFFECT_FIGURE, GroupAnalysis
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.fleet.summary import FleetSummary
 from kvoffload.kvevents.whatif import summary_lines
@@ -135,7 +135,7 @@ def _ttft_lines(g: GroupAnalysis) -> list[str]:
         f"{verdict.mean_queue_seconds * 1000:.1f} ms, prefill "
         f"{verdict.mean_prefill_seconds * 1000:.1f} ms)"
     ]
-    effect = g.figures.get("offload_ttft_effect_seconds")
+    effect = g.figures.get(TTFT_EFFECT_FIGURE)
     if effect is not None and (now := verdict.now) is not None:
         lines.append(
             f"  TTFT effect of the CPU tier now: {_ms(effect)} per request "

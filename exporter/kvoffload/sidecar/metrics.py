@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
@@ -905,10 +905,13 @@ class _TtftFamilies:
             for name, (extra, help_text) in TTFT_METRICS.items()
         }
 
-    def _bounds(self, name: str, key: list[str], estimate: object, bounds: object) -> None:
-        low, high = bounds if isinstance(bounds, list | tuple) else (None, None)
-        for bound, value in (("estimate", estimate), ("low", low), ("high", high)):
-            if isinstance(value, float | int):
+    def _bounds(
+        self, name: str, key: list[str], estimate: float, bounds: Sequence[float] | None
+    ) -> None:
+        """An effect and its range as bound=estimate|low|high (the range where there is one)."""
+        self.families[name].add_metric([*key, "estimate"], float(estimate))
+        if bounds is not None and len(bounds) == 2:
+            for bound, value in zip(("low", "high"), bounds, strict=True):
                 self.families[name].add_metric([*key, bound], float(value))
 
     def add(self, key: list[str], group: GroupAnalysis) -> None:
