@@ -15,6 +15,7 @@ from kvoffload.analysis.conditions import (
     OVERSIZED,
     STORES_WITHOUT_LOADS,
     TIER_NO_LARGER_THAN_GPU,
+    TOO_SMALL,
 )
 from kvoffload.analysis.formula import (
     GATE_RECORD,
@@ -249,9 +250,9 @@ def _slower_than_recompute(cfg: MixinConfig) -> tuple[str, str]:
 )
 def _buffer_too_small(cfg: MixinConfig) -> tuple[str, str]:
     """The advisor's `grow` condition (conditions.TOO_SMALL), one `reason` per part."""
-    capacity = TIER_NO_LARGER_THAN_GPU.promql(cfg)
-    failures = ALLOCATION_FAILURES.promql(cfg)
-    expr = f"{_reason(capacity, 'capacity')}\nor\n{_reason(failures, 'allocation_failures')}"
+    # A part added to TOO_SMALL without a reason here fails generation (KeyError), not silently.
+    reasons = {TIER_NO_LARGER_THAN_GPU: "capacity", ALLOCATION_FAILURES: "allocation_failures"}
+    expr = "\nor\n".join(_reason(p.promql(cfg), reasons[p]) for p in TOO_SMALL.parts)
     return expr, (
         f'{WHERE}: {{{{ if eq $labels.reason "capacity" }}}}the CPU tier holds only '
         "{{ $value | humanizePercentage }} of the GPU KV cache's tokens, and it must be larger "
