@@ -75,6 +75,14 @@ def _figure(key: str) -> Callable[[MixinConfig, str], str]:
     return lambda cfg, w: formula.promql(cfg, w)
 
 
+def _figure_rule(key: str, metric: str, op: str, windows: tuple[str, ...]) -> Rendering:
+    """The recording rule of one catalog figure.
+
+    Why: the figure's key names both what the rule renders and its formula, so it is written once.
+    """
+    return Rendering((key,), metric, op, windows, _figure(key))
+
+
 def _shares(*keys: str) -> Callable[[MixinConfig, str], str]:
     """Figures that differ only in one label's value, rendered as one rule keeping it."""
     shares: list[Ratio] = []
@@ -142,117 +150,73 @@ def _lookup_p99(cfg: MixinConfig, w: str) -> str:
 
 # The newer series and the secondary tiers (analysis.signals; dashboards.tiers shows them).
 TIER_RENDERINGS: tuple[Rendering, ...] = (
-    Rendering(
-        ("tier_hit_ratio",),
-        "vllm_kv_offload_tiering_chunk_hit",
-        "ratio_rate",
-        ("fast",),
-        _figure("tier_hit_ratio"),
-    ),
-    Rendering(
-        ("primary_tier_hit_ratio",),
+    _figure_rule("tier_hit_ratio", "vllm_kv_offload_tiering_chunk_hit", "ratio_rate", ("fast",)),
+    _figure_rule(
+        "primary_tier_hit_ratio",
         "vllm_kv_offload_tiering_primary_chunk_hit",
         "ratio_rate",
         ("fast",),
-        _figure("primary_tier_hit_ratio"),
     ),
-    Rendering(
-        ("tier_read_bytes_per_second",),
-        "vllm_kv_offload_tiering_read_bytes",
-        "rate",
-        ("fast",),
-        _figure("tier_read_bytes_per_second"),
+    _figure_rule(
+        "tier_read_bytes_per_second", "vllm_kv_offload_tiering_read_bytes", "rate", ("fast",)
     ),
-    Rendering(
-        ("tier_write_bytes_per_second",),
-        "vllm_kv_offload_tiering_write_bytes",
-        "rate",
-        ("fast",),
-        _figure("tier_write_bytes_per_second"),
+    _figure_rule(
+        "tier_write_bytes_per_second", "vllm_kv_offload_tiering_write_bytes", "rate", ("fast",)
     ),
-    Rendering(
-        ("tier_read_gbps",),
-        "vllm_kv_offload_tiering_read_bytes_per_second",
-        "ratio_rate",
-        ("fast",),
-        _figure("tier_read_gbps"),
+    _figure_rule(
+        "tier_read_gbps", "vllm_kv_offload_tiering_read_bytes_per_second", "ratio_rate", ("fast",)
     ),
-    Rendering(
-        ("tier_write_gbps",),
-        "vllm_kv_offload_tiering_write_bytes_per_second",
-        "ratio_rate",
-        ("fast",),
-        _figure("tier_write_gbps"),
+    _figure_rule(
+        "tier_write_gbps", "vllm_kv_offload_tiering_write_bytes_per_second", "ratio_rate", ("fast",)
     ),
-    Rendering(
-        ("tier_promotion_failures_per_second",),
+    _figure_rule(
+        "tier_promotion_failures_per_second",
         "vllm_kv_offload_tiering_promotion_job_failures",
         "rate",
         ("fast",),
-        _figure("tier_promotion_failures_per_second"),
     ),
-    Rendering(
-        ("tier_cascade_failures_per_second",),
+    _figure_rule(
+        "tier_cascade_failures_per_second",
         "vllm_kv_offload_tiering_cascade_job_failures",
         "rate",
         ("fast",),
-        _figure("tier_cascade_failures_per_second"),
     ),
-    Rendering(
-        ("promotion_allocation_failures_per_second",),
+    _figure_rule(
+        "promotion_allocation_failures_per_second",
         "vllm_kv_offload_tiering_promotion_allocation_failures",
         "rate",
         ("fast",),
-        _figure("promotion_allocation_failures_per_second"),
     ),
-    Rendering(
-        ("tier_active_promotions",),
+    _figure_rule(
+        "tier_active_promotions",
         "vllm_kv_offload_tiering_active_promotion_jobs",
         "avg_over_time",
         ("fast",),
-        _figure("tier_active_promotions"),
     ),
-    Rendering(
-        ("tier_active_cascades",),
+    _figure_rule(
+        "tier_active_cascades",
         "vllm_kv_offload_tiering_active_cascade_jobs",
         "avg_over_time",
         ("fast",),
-        _figure("tier_active_cascades"),
     ),
-    Rendering(
-        ("stores_skipped_per_second",),
-        "vllm_kv_offload_stores_skipped",
-        "rate",
-        ("fast",),
-        _figure("stores_skipped_per_second"),
+    _figure_rule("stores_skipped_per_second", "vllm_kv_offload_stores_skipped", "rate", ("fast",)),
+    _figure_rule(
+        "mean_allocation_chunks", "vllm_kv_offload_cpu_allocation_size", "mean_rate", ("fast",)
     ),
-    Rendering(
-        ("mean_allocation_chunks",),
-        "vllm_kv_offload_cpu_allocation_size",
-        "mean_rate",
-        ("fast",),
-        _figure("mean_allocation_chunks"),
+    _figure_rule(
+        "mean_lookup_seconds", "vllm_kv_offload_lookup_sync_delay_seconds", "mean_rate", ("fast",)
     ),
-    Rendering(
-        ("mean_lookup_seconds",),
-        "vllm_kv_offload_lookup_sync_delay_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("mean_lookup_seconds"),
-    ),
-    Rendering(
-        ("tier_lookup_blocking_seconds",),
+    _figure_rule(
+        "tier_lookup_blocking_seconds",
         "vllm_kv_offload_tiering_lookup_sync_delay_seconds",
         "mean_rate",
         ("fast",),
-        _figure("tier_lookup_blocking_seconds"),
     ),
-    Rendering(
-        ("tier_lookup_wait_seconds",),
+    _figure_rule(
+        "tier_lookup_wait_seconds",
         "vllm_kv_offload_tiering_lookup_async_delay_seconds",
         "mean_rate",
         ("fast",),
-        _figure("tier_lookup_wait_seconds"),
     ),
     Rendering(
         (),
@@ -276,20 +240,8 @@ RENDERINGS: tuple[Rendering, ...] = (
         level="instance",
         help="1 per target with KV offloading on (offload series, or a configured size).",
     ),
-    Rendering(
-        ("offload_hit_ratio",),
-        "vllm_kv_offload_hit",
-        "ratio_rate",
-        ("fast",),
-        _figure("offload_hit_ratio"),
-    ),
-    Rendering(
-        ("gpu_prefix_hit_ratio",),
-        "vllm_prefix_cache_hit",
-        "ratio_rate",
-        ("fast",),
-        _figure("gpu_prefix_hit_ratio"),
-    ),
+    _figure_rule("offload_hit_ratio", "vllm_kv_offload_hit", "ratio_rate", ("fast",)),
+    _figure_rule("gpu_prefix_hit_ratio", "vllm_prefix_cache_hit", "ratio_rate", ("fast",)),
     Rendering(
         ("prompt_share_local_compute", "prompt_share_local_cache_hit", "prompt_share_external"),
         "vllm_prompt_tokens_by_source",
@@ -299,50 +251,16 @@ RENDERINGS: tuple[Rendering, ...] = (
             "prompt_share_local_compute", "prompt_share_local_cache_hit", "prompt_share_external"
         ),
     ),
-    Rendering(
-        ("load_gbps",),
-        "vllm_kv_offload_load_bytes_per_second",
-        "ratio_rate",
-        ("fast", "slow"),
-        _figure("load_gbps"),
+    _figure_rule(
+        "load_gbps", "vllm_kv_offload_load_bytes_per_second", "ratio_rate", ("fast", "slow")
     ),
-    Rendering(
-        ("store_gbps",),
-        "vllm_kv_offload_store_bytes_per_second",
-        "ratio_rate",
-        ("fast",),
-        _figure("store_gbps"),
-    ),
-    Rendering(
-        ("reuse_ratio",), "vllm_kv_offload_reuse", "ratio_rate", ("slow",), _figure("reuse_ratio")
-    ),
-    Rendering(
-        ("wasted_bytes",),
-        "vllm_kv_offload_wasted_bytes",
-        "increase",
-        ("slow",),
-        _figure("wasted_bytes"),
-    ),
-    Rendering(
-        ("loaded_bytes",),
-        "vllm_kv_offload_load_bytes",
-        "increase",
-        ("slow",),
-        _figure("loaded_bytes"),
-    ),
-    Rendering(
-        ("stored_bytes",),
-        "vllm_kv_offload_store_bytes",
-        "increase",
-        ("slow",),
-        _figure("stored_bytes"),
-    ),
-    Rendering(
-        ("store_rate_bytes_per_second",),
-        "vllm_kv_offload_store_bytes",
-        "rate",
-        ("fast", "slow"),
-        _figure("store_rate_bytes_per_second"),
+    _figure_rule("store_gbps", "vllm_kv_offload_store_bytes_per_second", "ratio_rate", ("fast",)),
+    _figure_rule("reuse_ratio", "vllm_kv_offload_reuse", "ratio_rate", ("slow",)),
+    _figure_rule("wasted_bytes", "vllm_kv_offload_wasted_bytes", "increase", ("slow",)),
+    _figure_rule("loaded_bytes", "vllm_kv_offload_load_bytes", "increase", ("slow",)),
+    _figure_rule("stored_bytes", "vllm_kv_offload_store_bytes", "increase", ("slow",)),
+    _figure_rule(
+        "store_rate_bytes_per_second", "vllm_kv_offload_store_bytes", "rate", ("fast", "slow")
     ),
     Rendering(
         (),
@@ -354,163 +272,54 @@ RENDERINGS: tuple[Rendering, ...] = (
     ),
     # Loaded bytes ÷ loaded tokens since the engines started (the config's figure, from
     # labels, is the sidecar's only).
-    Rendering(
-        ("kv_bytes_per_token",),
-        "vllm_kv_offload_bytes_per_token",
-        "ratio",
-        ("slow",),
-        _figure("kv_bytes_per_token"),
-    ),
-    Rendering(
-        ("recompute_tokens_per_second",),
+    _figure_rule("kv_bytes_per_token", "vllm_kv_offload_bytes_per_token", "ratio", ("slow",)),
+    _figure_rule(
+        "recompute_tokens_per_second",
         "vllm_prefill_computed_tokens_per_second",
         "ratio_rate",
         ("fast",),
-        _figure("recompute_tokens_per_second"),
     ),
-    Rendering(
-        ("load_tokens_per_second",),
+    _figure_rule(
+        "load_tokens_per_second",
         "vllm_kv_offload_loaded_tokens_per_second",
         "ratio_rate",
         ("fast",),
-        _figure("load_tokens_per_second"),
     ),
-    Rendering(
-        ("speedup",),
-        "vllm_kv_offload_load_speedup",
-        "ratio_rate",
-        ("fast", "slow"),
-        _figure("speedup"),
-    ),
-    Rendering(
-        ("cpu_fill_seconds",),
-        "kvoffload_cpu_fill_seconds",
-        "ratio_rate",
-        ("slow",),
-        _figure("cpu_fill_seconds"),
-    ),
-    Rendering(
-        ("gpu_turnover_seconds",),
-        "kvoffload_gpu_turnover_seconds",
-        "ratio_rate",
-        ("fast",),
-        _figure("gpu_turnover_seconds"),
-    ),
-    Rendering(
-        ("stored_bytes_since_start",),
-        "vllm_kv_offload_store_bytes",
-        "sum",
-        (),
-        _figure("stored_bytes_since_start"),
-    ),
-    Rendering(
-        ("cpu_fill_ratio_since_start",),
-        "kvoffload_cpu_fill_since_start",
-        "ratio",
-        (),
-        _figure("cpu_fill_ratio_since_start"),
-    ),
-    Rendering(
-        ("mean_ttft_seconds",),
-        "vllm_time_to_first_token_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("mean_ttft_seconds"),
-    ),
-    Rendering(
-        ("mean_queue_seconds",),
-        "vllm_request_queue_time_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("mean_queue_seconds"),
-    ),
+    _figure_rule("speedup", "vllm_kv_offload_load_speedup", "ratio_rate", ("fast", "slow")),
+    _figure_rule("cpu_fill_seconds", "kvoffload_cpu_fill_seconds", "ratio_rate", ("slow",)),
+    _figure_rule("gpu_turnover_seconds", "kvoffload_gpu_turnover_seconds", "ratio_rate", ("fast",)),
+    _figure_rule("stored_bytes_since_start", "vllm_kv_offload_store_bytes", "sum", ()),
+    _figure_rule("cpu_fill_ratio_since_start", "kvoffload_cpu_fill_since_start", "ratio", ()),
+    _figure_rule("mean_ttft_seconds", "vllm_time_to_first_token_seconds", "mean_rate", ("fast",)),
+    _figure_rule("mean_queue_seconds", "vllm_request_queue_time_seconds", "mean_rate", ("fast",)),
     # The TTFT model's parts that are closed formulas of rates (docs/advisor.md, "What
     # Prometheus alone shows").
-    Rendering(
-        ("mean_prefill_seconds",),
-        "vllm_request_prefill_time_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("mean_prefill_seconds"),
+    _figure_rule(
+        "mean_prefill_seconds", "vllm_request_prefill_time_seconds", "mean_rate", ("fast",)
     ),
-    Rendering(
-        ("capacity_queue_seconds",),
-        "vllm_request_capacity_queue_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("capacity_queue_seconds"),
+    _figure_rule(
+        "capacity_queue_seconds", "vllm_request_capacity_queue_seconds", "mean_rate", ("fast",)
     ),
-    Rendering(
-        ("reload_wait_seconds",),
-        "vllm_request_reload_wait_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("reload_wait_seconds"),
-    ),
-    Rendering(
-        ("requests_in_system",),
-        "vllm_requests_in_system",
-        "mean_rate",
-        ("fast",),
-        _figure("requests_in_system"),
-    ),
-    Rendering(
-        ("reloaded_tokens_per_request",),
+    _figure_rule("reload_wait_seconds", "vllm_request_reload_wait_seconds", "mean_rate", ("fast",)),
+    _figure_rule("requests_in_system", "vllm_requests_in_system", "mean_rate", ("fast",)),
+    _figure_rule(
+        "reloaded_tokens_per_request",
         "vllm_kv_offload_loaded_tokens_per_request",
         "ratio_rate",
         ("fast",),
-        _figure("reloaded_tokens_per_request"),
     ),
-    Rendering(
-        ("loads_per_request",),
-        "vllm_kv_offload_loads_per_request",
-        "ratio_rate",
-        ("fast",),
-        _figure("loads_per_request"),
+    _figure_rule("loads_per_request", "vllm_kv_offload_loads_per_request", "ratio_rate", ("fast",)),
+    _figure_rule("load_copy_seconds", "vllm_kv_offload_load_copy_seconds", "mean_rate", ("fast",)),
+    _figure_rule("gpu_kv_usage_ratio", "vllm_kv_cache_usage_perc", "avg_over_time", ("fast",)),
+    _figure_rule(
+        "waiting_for_capacity", "vllm_num_requests_waiting_for_capacity", "avg_over_time", ("fast",)
     ),
-    Rendering(
-        ("load_copy_seconds",),
-        "vllm_kv_offload_load_copy_seconds",
-        "mean_rate",
-        ("fast",),
-        _figure("load_copy_seconds"),
-    ),
-    Rendering(
-        ("gpu_kv_usage_ratio",),
-        "vllm_kv_cache_usage_perc",
-        "avg_over_time",
-        ("fast",),
-        _figure("gpu_kv_usage_ratio"),
-    ),
-    Rendering(
-        ("waiting_for_capacity",),
-        "vllm_num_requests_waiting_for_capacity",
-        "avg_over_time",
-        ("fast",),
-        _figure("waiting_for_capacity"),
-    ),
-    Rendering(
-        ("preemptions_per_second",),
-        "vllm_num_preemptions",
-        "rate",
-        ("fast",),
-        _figure("preemptions_per_second"),
-    ),
-    Rendering(
-        ("allocation_failures_per_second",),
-        "vllm_kv_offload_allocation_failure",
-        "rate",
-        ("fast",),
-        _figure("allocation_failures_per_second"),
+    _figure_rule("preemptions_per_second", "vllm_num_preemptions", "rate", ("fast",)),
+    _figure_rule(
+        "allocation_failures_per_second", "vllm_kv_offload_allocation_failure", "rate", ("fast",)
     ),
     *TIER_RENDERINGS,
-    Rendering(
-        ("prompt_tokens_per_second",),
-        "vllm_prompt_tokens",
-        "rate",
-        ("fast", "slow"),
-        _figure("prompt_tokens_per_second"),
-    ),
+    _figure_rule("prompt_tokens_per_second", "vllm_prompt_tokens", "rate", ("fast", "slow")),
     Rendering(
         (),
         "vllm_prefix_cache_queries",
