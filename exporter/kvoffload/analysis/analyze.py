@@ -35,7 +35,7 @@ from kvoffload.analysis.result import (
     ReuseHistogram,
     TtftVerdict,
 )
-from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures
+from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures, per_tier_figures
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import Extract, extract
@@ -287,6 +287,7 @@ def _group_entry(
         figures,
         decide(evidence, settings.thresholds),
         evidence=evidence,
+        tiers=per_tier_figures(ctx) or None,
     )
     return entry, ctx
 

@@ -96,6 +96,8 @@ class GroupAnalysis:
     reuse_histogram: ReuseHistogram | None = None
     # Set by the sidecar: figures of a target it cannot read any more describe the past.
     stale: bool | None = None
+    # Each secondary tier's figures by tier label (signals.per_tier_figures); None without tiers.
+    tiers: dict[str, dict[str, float | None]] | None = None
     # Everything the advice was decided from (analysis.advisor.decide); not in the JSON.
     evidence: Evidence | None = None
 
@@ -122,4 +124,6 @@ class GroupAnalysis:
             out["ttft"] = self.ttft.to_json()
         if self.stale is not None:
             out["stale"] = self.stale
+        if self.tiers:
+            out["tiers"] = self.tiers
         return out

@@ -7,7 +7,7 @@ Undefined is None: absent from /metrics, null in JSON, never 0 or NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvoffload.analysis.formula import (
     ClampMin,
@@ -686,9 +686,9 @@ FIGURES_BY_KEY = {f.key: f for f in FIGURES}
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
 
 
-def compute_figures(ctx: Context) -> dict[str, float | None]:
+def compute_figures(ctx: Context, figures: tuple[Figure, ...] = FIGURES) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
-    for fig in FIGURES:
+    for fig in figures:
         try:
             value = fig.compute(ctx)
         except ZeroDivisionError:
@@ -700,4 +700,41 @@ def compute_figures(ctx: Context) -> dict[str, float | None]:
             # whole): absent, not published; float rounding is let through as 1.
             value = 1.0 if value <= 1.0 + 1e-9 else None
         out[fig.key] = value
+    return out
+
+
+# The figures kept for each secondary tier apart (ingest.catalog keeps `<key>@<tier>` counters).
+PER_TIER_FIGURES = tuple(
+    FIGURES_BY_KEY[key]
+    for key in (
+        "tier_hit_ratio",
+        "tier_read_bytes_per_second",
+        "tier_write_bytes_per_second",
+        "tier_read_gbps",
+        "tier_write_gbps",
+        "tier_promotion_failures_per_second",
+        "tier_cascade_failures_per_second",
+    )
+)
+
+
+def per_tier_metric(fig: Figure) -> str:
+    """The sidecar's per-tier series of a tier figure: `kvoffload_tier_*{tier}`."""
+    return fig.metric.replace("kvoffload_secondary_tier_", "kvoffload_tier_", 1)
+
+
+def per_tier_figures(ctx: Context) -> dict[str, dict[str, float | None]]:
+    """Each secondary tier's figures by its label ("1:fs"), from its own counters.
+
+    Why: the group's tier figures add every tier, so a slow tier hides behind a fast one.
+    """
+    by_tier: dict[str, dict[str, float]] = {}
+    for key, value in ctx.delta.inc.items():
+        base, sep, tier = key.partition("@")
+        if sep:
+            by_tier.setdefault(tier, {})[base] = value
+    out = {}
+    for tier, inc in sorted(by_tier.items()):
+        delta = replace(ctx.delta, inc=inc, gauge_avg={}, unknown=frozenset())
+        out[tier] = compute_figures(replace(ctx, delta=delta), PER_TIER_FIGURES)
     return out

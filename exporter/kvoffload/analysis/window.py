@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
-from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
+from kvoffload.ingest.catalog import (
+    GAUGE_KEYS,
+    MAX_TIERS,
+    OFFLOAD_COUNTERS,
+    SUMMED_GAUGES,
+    Extract,
+)
 from kvoffload.ingest.shapes import taker
 
 if TYPE_CHECKING:  # beforeafter reads the TTFT model's Effect, which reads this module
@@ -321,6 +327,9 @@ class Window:
         # under their plan instead of in `_series` (`_count_fast`).
         self._plans: dict[str, tuple[tuple[CounterKey, ...], dict[GroupKey, _GroupPlan]]] = {}
         self._columns: dict[GroupKey, _Columns] = {}
+        # instance → the secondary tiers whose counters it keeps apart: the first MAX_TIERS
+        # seen, so a target renaming its tiers every scrape does not grow the window.
+        self._tiers: dict[str, set[str]] = {}
 
     # -- ingest ---------------------------------------------------------------------------
     def update(self, ex: Extract) -> None:
@@ -328,6 +337,8 @@ class Window:
         scrape laid out like the last one reuses its plan and `_count_fast`."""
         if self.timeline is not None:
             self.timeline.observe(ex)
+        if ex.tiers:
+            self._admit_tiers(ex)
         values = list(ex.counters.values())
         planned = self._plan(ex, values)
         plan = planned[1] if planned is not None else None
@@ -484,6 +495,22 @@ class Window:
             unknown.setdefault((instance, model), []).append((key, engine, why))
             by_group.setdefault((instance, model), [])
         return by_group
+
+    def _admit_tiers(self, ex: Extract) -> None:
+        """Drops the per-tier counters (`<key>@<tier>`) of tiers past an instance's MAX_TIERS."""
+        dropped = []
+        for skey in ex.counters:
+            _base, sep, tier = skey[0].partition("@")
+            if not sep:
+                continue
+            admitted = self._tiers.setdefault(skey[1], set())
+            if tier not in admitted:
+                if len(admitted) >= MAX_TIERS:
+                    dropped.append(skey)
+                    continue
+                admitted.add(tier)
+        for skey in dropped:
+            del ex.counters[skey]
 
     def _plan(
         self, ex: Extract, values: list[float]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from kvoffload.analysis.result import TTFT_EFFECT_FIGURE, GroupAnalysis
-from kvoffload.analysis.signals import FIGURES
+from kvoffload.analysis.signals import FIGURES, PER_TIER_FIGURES
 from kvoffload.fleet.summary import FleetSummary
 from kvoffload.kvevents.whatif import summary_lines
 
@@ -102,6 +102,7 @@ def render_report(
         width = max(len(f.key) for f in FIGURES)
         for fig in FIGURES:
             lines.append(f"  {fig.key:<{width}}  {format_value(figures.get(fig.key), fig.unit)}")
+        lines.extend(_tier_lines(g))
         lines.extend(_ttft_lines(g))
         whatif = (g.kv_events or {}).get("whatif")
         size = rec.kv_offloading_size_gib
@@ -117,6 +118,18 @@ def render_report(
         lines.extend(f"    - {reason}" for reason in rec.reasons)
         lines.extend(f"    ! {warning}" for warning in rec.warnings)
     return "\n".join(lines) + "\n"
+
+
+def _tier_lines(g: GroupAnalysis) -> list[str]:
+    """One line per secondary tier: its own figures, where vLLM exports them per tier."""
+    lines = []
+    for tier, figures in (g.tiers or {}).items():
+        parts = [
+            f"{fig.key.removeprefix('tier_')} {format_value(figures.get(fig.key), fig.unit)}"
+            for fig in PER_TIER_FIGURES
+        ]
+        lines.append(f"  tier {tier}: " + ", ".join(parts))
+    return lines
 
 
 def _ms(value: object) -> str:

@@ -420,6 +420,8 @@ class Extract:
     # How many of them were numbers within ±MAX_VALUE, only outside their row's range (the
     # sidecar counts them as samples rejected for reason="range").
     out_of_range: int = 0
+    # The secondary tiers whose counters are kept apart this scrape (at most MAX_TIERS).
+    tiers: set[str] = field(default_factory=set)
 
 
 def believable(value: float) -> bool:
@@ -504,6 +506,8 @@ def extract(
                 into = out.gauges if src.kind == "gauge" else out.counters
                 # One series per tier on an engine: added, as PromQL's `sum by` adds them.
                 into[skey] = value + into.get(skey, 0.0) if src.regex else value
+                if src.kind == "counter" and src.regex and src.label == "tier":
+                    _per_tier(out, skey, labels.get("tier", ""), value)
             if model:
                 out.models.setdefault(instance, set()).add(model)
     for instance in instances or {default_instance}:
@@ -511,6 +515,28 @@ def extract(
         naming = "flat" if use_flat["load"] or use_flat["store"] else "legacy"
         out.offload_naming[instance] = naming if has_offload else "none"
     return out
+
+
+# Each secondary tier's counters are also kept apart, as `<key>@<tier>` (signals.per_tier_figures).
+# vLLM's tiers are a handful; more, or a longer label, is not read apart (the sum still is).
+MAX_TIERS = 8
+MAX_TIER_LABEL = 64
+
+
+def per_tier_key(key: str, tier: str) -> str:
+    return f"{key}@{tier}"
+
+
+def _per_tier(out: Extract, skey: tuple[str, str, str, str], tier: str, value: float) -> None:
+    """One secondary tier's counter under its own key, within MAX_TIERS tiers a scrape."""
+    if not tier or len(tier) > MAX_TIER_LABEL:
+        return
+    if tier not in out.tiers:
+        if len(out.tiers) >= MAX_TIERS:
+            return
+        out.tiers.add(tier)
+    key, instance, model, engine = skey
+    out.counters[(per_tier_key(key, tier), instance, model, engine)] = value
 
 
 def label_number(labels: dict[str, str] | None, name: str) -> float | None:

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kvoffload import __version__
 from kvoffload.analysis.advisor import ACTIONS, GIB, Recommendation
 from kvoffload.analysis.result import GroupAnalysis
-from kvoffload.analysis.signals import FIGURES
+from kvoffload.analysis.signals import FIGURES, PER_TIER_FIGURES, per_tier_metric
 from kvoffload.sidecar.service import Service, TargetState
 
 GROUP = ("target", "model_name")  # the labels of every per-group series
@@ -509,6 +509,18 @@ SERIES: tuple[Series, ...] = (
         "off) and what kept it from being read (problem; empty when read). Always 1.",
     ),
 )
+# Per secondary tier, the tier figures again (analysis.signals.per_tier_figures), unit as exported.
+SERIES += tuple(
+    Series(
+        "tiers",
+        per_tier_metric(fig),
+        "gauge",
+        (*GROUP, "tier"),
+        'Of one secondary tier (tier="<position>:<type>", e.g. "1:fs"): '
+        + fig.help.replace(", all secondary tiers together", ""),
+    )
+    for fig in PER_TIER_FIGURES
+)
 SERIES_BY_NAME = {row.name: row for row in SERIES}
 
 
@@ -521,6 +533,7 @@ TARGET_METRICS = _section("target")
 ADVICE_METRICS = _section("advice")
 KV_EVENT_METRICS = _section("kv_events")
 WHATIF_METRICS = _section("whatif")
+TIER_METRICS = _section("tiers")
 FLEET_METRICS = _section("fleet")
 HOST_MEMORY_METRICS = _section("host_memory")
 # The TTFT verdict's gauges as name → (labels beyond the group's, help).
@@ -579,6 +592,7 @@ class SidecarCollector(Collector):
         yield from _group_figures(groups)
         yield from self._kv_events(groups)
         yield from _whatif(groups)
+        yield from _per_tier(groups)
 
     def _kv_events(self, groups: list[GroupAnalysis]) -> Iterator[Metric]:
         sc = self.sidecar
@@ -808,6 +822,21 @@ def _whatif(groups: list[GroupAnalysis]) -> Iterator[Metric]:
                 if isinstance(value := row.get(field_name), float | int):
                     family.add_metric([*key, str(row.get("size"))], float(value))
     yield from (stored, never, hit, tiered, below)
+
+
+def _per_tier(groups: list[GroupAnalysis]) -> Iterator[Metric]:
+    """Each live group's secondary tiers apart, one gauge per tier figure."""
+    families = {fig.key: _gauge(per_tier_metric(fig)) for fig in PER_TIER_FIGURES}
+    for g in groups:
+        if g.stale or not g.tiers:
+            continue
+        for tier, figures in g.tiers.items():
+            for fig in PER_TIER_FIGURES:
+                if (value := figures.get(fig.key)) is not None:
+                    families[fig.key].add_metric(
+                        [g.instance, g.model_name, tier], value * fig.export_scale
+                    )
+    yield from families.values()
 
 
 def _rows(whatif: dict[object, object], kind: str) -> list[dict[str, object]]:

@@ -10,6 +10,7 @@ from kvoffload.sidecar.metrics import (
     HOST_MEMORY_METRICS,
     KV_EVENT_METRICS,
     TARGET_METRICS,
+    TIER_METRICS,
     TTFT_METRICS,
     WHATIF_METRICS,
 )
@@ -56,6 +57,14 @@ def metrics_markdown() -> str:
         "the advice sets `recommendation.kv_connector_extra_config` from them "
         "(docs/advisor.md).",
         _table(WHATIF_METRICS),
+    )
+    lines += _section(
+        "Per secondary tier",
+        "Under TieringOffloadingSpec with vLLM's per-tier series (after 0.26.0), the tier "
+        "figures above again for each secondary tier apart (its `tier` label), so a slow tier "
+        "does not hide behind a fast one; at most 8 tiers a target. The JSON has them as "
+        '`tiers` ({"1:fs": {figure key: value}}).',
+        _table(TIER_METRICS),
     )
     lines += _section(
         "vLLM's container memory",
