@@ -34,7 +34,7 @@ import aiohttp
 import pytest
 
 from kvoffload.analysis.analyze import Settings
-from kvoffload.analysis.signals import FIGURES
+from kvoffload.analysis.signals import FIGURES, PER_TIER_FIGURES, per_tier_metric
 from kvoffload.kvevents.decode import Batch, decode_batch
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.mixin import dashboards, rules
@@ -478,6 +478,30 @@ def test_every_recording_rule_equals_the_sidecar_figure(live: Live) -> None:
             target,
             {f.key for f in FIGURES} - keys - set(NOT_IN_PROMQL),
         )
+
+
+def test_every_per_tier_rule_equals_the_sidecar_per_tier_figure(live: Live) -> None:
+    """model_name_tier:* against kvoffload_tier_*{tier}: each secondary tier apart, on the
+    replay's two tiers (1:fs, 2:obj) and the simulator's fs tier."""
+    compared = set()
+    for fig in PER_TIER_FIGURES:
+        summed = rendering_for(fig.key)
+        name = summed.record(CFG, "fast").replace("model_name:", "model_name_tier:", 1)
+        for s in live.sidecar:
+            if s["metric"]["__name__"] != per_tier_metric(fig):
+                continue
+            target, tier = s["metric"]["target"], s["metric"]["tier"]
+            got = [
+                float(r["value"][1])
+                for r in _by_instance(live.records[name], target)
+                if r["metric"].get("tier") == tier
+                and r["metric"].get("model_name") == s["metric"]["model_name"]
+            ]
+            assert len(got) == 1, (name, target, tier, got)
+            assert _close(got[0], float(s["value"][1])), (name, target, tier, got, s["value"])
+            compared.add((target, tier))
+    assert {(live.flat, "1:fs"), (live.flat, "2:obj")} <= compared, compared
+    assert any(t == live.sim for t, _ in compared), compared
 
 
 def test_escaped_deprecated_names_give_the_same_figures(live: Live) -> None:

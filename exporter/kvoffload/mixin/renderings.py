@@ -6,7 +6,7 @@ So rules, alerts and dashboards read the same figure."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvoffload.analysis.formula import (
@@ -24,7 +24,7 @@ from kvoffload.analysis.formula import (
     target_by,
     vllm,
 )
-from kvoffload.analysis.signals import FIGURES, FIGURES_BY_KEY, LOADED
+from kvoffload.analysis.signals import FIGURES, FIGURES_BY_KEY, LOADED, PER_TIER_FIGURES
 
 if TYPE_CHECKING:  # the config reads the alerts, which read these renderings: a type only
     from kvoffload.mixin.promql import MixinConfig
@@ -230,6 +230,27 @@ TIER_RENDERINGS: tuple[Rendering, ...] = (
 )
 
 
+def _by_tier(row: Rendering) -> Rendering:
+    """A tier figure's rule again with the `tier` label kept: each secondary tier apart.
+
+    Why: the summed rule lets a fast tier hide a slow one (the sidecar's kvoffload_tier_* too).
+    """
+    fig = FIGURES_BY_KEY[row.keys[0]]
+
+    def build(cfg: MixinConfig, w: str) -> str:
+        return fig.formula.promql(replace(cfg, target_labels=(*cfg.target_labels, "tier")), w)
+
+    return Rendering(
+        (), row.metric, row.op, row.windows, build, level="model_name_tier", help=fig.help
+    )
+
+
+_PER_TIER_KEYS = {fig.key for fig in PER_TIER_FIGURES}
+PER_TIER_RENDERINGS = tuple(
+    _by_tier(row) for row in TIER_RENDERINGS if row.keys and row.keys[0] in _PER_TIER_KEYS
+)
+
+
 RENDERINGS: tuple[Rendering, ...] = (
     Rendering(
         (),
@@ -319,6 +340,7 @@ RENDERINGS: tuple[Rendering, ...] = (
         "allocation_failures_per_second", "vllm_kv_offload_allocation_failure", "rate", ("fast",)
     ),
     *TIER_RENDERINGS,
+    *PER_TIER_RENDERINGS,
     _figure_rule("prompt_tokens_per_second", "vllm_prompt_tokens", "rate", ("fast", "slow")),
     Rendering(
         (),
