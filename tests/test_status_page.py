@@ -222,8 +222,21 @@ def test_the_card_shows_the_knobs_whatifs(tmp_path: Path) -> None:
     events.write_bytes(lzma.decompress(source.read_bytes()))
     rows = whatif_for_file(str(events), 2_359_296.0, 16, {"current": 4 * 2**30}).to_json()
     html = str(whatif_block({"kv_events": {"whatif": rows}}))
-    assert html.count("<tr>") == 1 + 4 + 1  # the head, N = 1..4, ARC
+    assert html.count("<tr>") == 1 + 4 + 1 + 1  # the head, N = 1..4, ARC, an fs tier below
+    assert "an fs tier below" in html
     n2 = next(r for r in rows["store_threshold"] if r["store_threshold"] == 2)
     assert fmt(n2["cpu_hit_ratio"], "pct") in html and fmt(n2["stored_bytes"], "bytes") in html
     assert "eviction_policy arc" in html and "exact replay of vLLM 0.26.0" in html
     assert whatif_block({"kv_events": {}}) is None and whatif_block({}) is None
+
+
+def test_the_card_shows_each_secondary_tier_apart() -> None:
+    """A group with two tiers (the JSON's `tiers`) gets one row each, in the tier's own figures."""
+    from kvoffload.sidecar.page_group import tiers_block
+
+    fs = {"tier_hit_ratio": 0.8, "tier_read_gbps": 6.0, "tier_promotion_failures_per_second": 0}
+    obj = {"tier_hit_ratio": 0.4, "tier_read_gbps": 1.5, "tier_write_gbps": None}
+    html = str(tiers_block({"tiers": {"1:fs": fs, "2:obj": obj}}))
+    assert html.count("<tr") == 1 + 2 and 'data-tier="2:obj"' in html
+    assert "80.0 %" in html and "1.50 GB/s" in html and "—" in html
+    assert tiers_block({"tiers": {}}) is None and tiers_block({}) is None

@@ -294,6 +294,7 @@ def group_card(g: Group, h: dict[str, Any] | None, interval: object) -> Html:
             tag("h2", {}, join(f"{labels['model_name']} ", tag("span", {"class": "muted"}, sub))),
             tag("div", {"class": "grid"}, join(verdict, figures_table(g))),
             trends_block(g, h, interval),
+            tiers_block(g),
             curve_block(g),
             whatif_block(g),
         ),
@@ -329,6 +330,11 @@ def whatif_block(g: Group) -> Html | None:
         for r in whatif.get("eviction") or []
         if r.get("size") == "current" and r.get("policy") == "arc"
     ]
+    rows += [
+        _whatif_row("an fs tier below", r)
+        for r in whatif.get("secondary_tier") or []
+        if r.get("size") == "current"
+    ]
     if not rows:
         return None
     head = tag(
@@ -349,8 +355,53 @@ def whatif_block(g: Group) -> Html | None:
         "div",
         {"class": "whatif", "id": "whatif"},
         join(
-            tag("h3", {}, "What-ifs: vLLM's store_threshold and eviction_policy on these lookups"),
+            tag(
+                "h3",
+                {},
+                "What-ifs: vLLM's store_threshold, eviction_policy and an fs tier on these lookups",
+            ),
             tag("table", {"class": "figures"}, join(head, tag("tbody", {}, join(*rows)))),
             tag("p", {"class": "muted"}, str(whatif.get("basis") or "")),
         ),
+    )
+
+
+# The per-tier columns: figure key, heading, unit (fmt's).
+_TIER_COLUMNS = (
+    ("tier_hit_ratio", "hit", "pct"),
+    ("tier_read_gbps", "read bandwidth", "GB/s"),
+    ("tier_write_gbps", "write bandwidth", "GB/s"),
+    ("tier_promotion_failures_per_second", "failed promotions", "/s"),
+    ("tier_cascade_failures_per_second", "failed cascades", "/s"),
+)
+
+
+def tiers_block(g: Group) -> Html | None:
+    """Each secondary tier apart (vLLM's per-tier series), one row a tier.
+
+    Why: the figures table adds every tier, so a slow tier hides behind a fast one there.
+    """
+    tiers = g.get("tiers")
+    if not isinstance(tiers, dict) or not tiers:
+        return None
+    rows = [
+        tag(
+            "tr",
+            {"data-tier": tier},
+            join(
+                tag("td", {}, tier),
+                *(
+                    tag("td", {"class": "num"}, fmt(f.get(k), unit))
+                    for k, _h, unit in _TIER_COLUMNS
+                ),
+            ),
+        )
+        for tier, f in tiers.items()
+    ]
+    heads = ("secondary tier", *(h for _k, h, _u in _TIER_COLUMNS))
+    head = tag("thead", {}, tag("tr", {}, join(*(tag("th", {}, x) for x in heads))))
+    return tag(
+        "div",
+        {"class": "tiers", "id": "tiers"},
+        tag("table", {"class": "figures"}, join(head, tag("tbody", {}, join(*rows)))),
     )
