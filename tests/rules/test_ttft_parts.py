@@ -28,7 +28,8 @@ import requests
 
 from kvoffload.analysis import ttft
 from kvoffload.analysis.analyze import window_from_recording
-from kvoffload.analysis.signals import Context, compute_figures
+from kvoffload.analysis.context import Context
+from kvoffload.analysis.signals import compute_figures
 from kvoffload.mixin import rules
 from kvoffload.mixin.promql import GATE_RECORD, MixinConfig, record_name
 

@@ -12,14 +12,12 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
+from kvoffload.analysis.timeline import TierTimeline
 from kvoffload.ingest.catalog import GAUGE_KEYS, OFFLOAD_COUNTERS, SUMMED_GAUGES, Extract
 from kvoffload.ingest.shapes import taker
-
-if TYPE_CHECKING:  # beforeafter reads the TTFT model's Effect, which reads this module
-    from kvoffload.analysis.beforeafter import TierTimeline
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 _GAUGE_SET = frozenset(GAUGE_KEYS)
@@ -287,7 +285,7 @@ class Window:
         timeline: TierTimeline | None = None,
     ) -> None:
         self.window_seconds = window_seconds
-        # Tier segments for the before/after A/B (analysis.beforeafter), where asked for.
+        # Tier segments for the before/after A/B (analysis.timeline), where asked for.
         self.timeline = timeline
         self.origin_zero = origin_zero
         self.max_points = max_points
