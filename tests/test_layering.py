@@ -66,7 +66,8 @@ def _from_target(module: str, name: str) -> str:
 
     Without it `from kvoffload import mixin` would count as an arrow to the top package."""
     path = PACKAGE.parent.joinpath(*module.split("."), name)
-    return f"{module}.{name}" if path.with_suffix(".py").is_file() or path.is_dir() else module
+    submodule = path.is_dir() or any(path.with_suffix(s).is_file() for s in (".py", ".pyi"))
+    return f"{module}.{name}" if submodule else module
 
 
 def _arrows() -> list[tuple[str, str]]:
