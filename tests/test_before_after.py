@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvoffload.analysis.analyze import Settings, analyze_groups, window_from_recording
-from kvoffload.analysis.beforeafter import MAX_GROUPS, TierTimeline, before_after
+from kvoffload.analysis.beforeafter import before_after
+from kvoffload.analysis.timeline import MAX_GROUPS, TierTimeline
 from kvoffload.ingest.catalog import Extract
 from kvoffload.sim import scenarios
 from kvoffload.sim.write_recording import record_restarts

@@ -34,8 +34,8 @@ from kustomize_render import (
 
 from kvoffload import __version__
 from kvoffload.cli import cli
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.kustomize import DASHBOARD_LABEL
-from kvoffload.mixin.promql import MixinConfig
 
 OVERLAYS = ("without-kv-events", "with-kv-events")
 

@@ -31,7 +31,7 @@ from kustomize_render import (
 
 from kvoffload import __version__
 from kvoffload.cli import cli
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.config import MixinConfig
 
 COMPONENT = KUSTOMIZE / "components" / "sidecar"
 EXAMPLE = KUSTOMIZE / "examples" / "production-stack"

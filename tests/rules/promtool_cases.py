@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.rules import ALERTS_FILE, RULES_FILE, alerting_rules, to_yaml
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from kvoffload.mixin import alerts, rules
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.config import MixinConfig
 
 
 def test_an_alert_declared_twice_is_refused() -> None:

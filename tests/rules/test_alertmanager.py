@@ -21,7 +21,8 @@ from aiohttp import web
 
 from kvoffload.links import doc
 from kvoffload.mixin import rules
-from kvoffload.mixin.promql import ALERT_NAMES, MixinConfig
+from kvoffload.mixin.alerts import ALERT_NAMES
+from kvoffload.mixin.config import MixinConfig
 
 from helpers import H200
 from promtool_cases import render

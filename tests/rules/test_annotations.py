@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kvoffload.mixin import dashboards
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.config import MixinConfig
 
 from rules_procs import PROMTOOL, need
 

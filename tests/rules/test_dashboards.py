@@ -13,10 +13,11 @@ import pytest
 
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.mixin import dashboards, grafana
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards import DIAGNOSTICS_ROW, EXACT_ROW, NEEDS_KV_EVENTS, unit
 from kvoffload.mixin.dashboards.tiers import TIERS_ROW
 from kvoffload.mixin.generate import render_all
-from kvoffload.mixin.promql import RENDERINGS, MixinConfig, record_name
+from kvoffload.mixin.renderings import RENDERINGS, record_name
 from kvoffload.mixin.validate import validate
 from kvoffload.sidecar.metrics import KV_EVENT_METRICS
 

@@ -21,7 +21,7 @@ import pytest
 
 from kvoffload.analysis.analyze import Settings
 from kvoffload.mixin import rules
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios

@@ -9,7 +9,8 @@ import pytest
 
 from kvoffload.analysis.formula import PythonOnly, Rate, Ratio, share_family
 from kvoffload.analysis.signals import FIGURES
-from kvoffload.mixin.promql import NOT_IN_PROMQL, MixinConfig, rendering_for
+from kvoffload.mixin.config import MixinConfig
+from kvoffload.mixin.renderings import NOT_IN_PROMQL, rendering_for
 
 SRC = Path(__file__).resolve().parents[2] / "exporter" / "kvoffload"
 CONFIGS = [

@@ -15,8 +15,9 @@ import yaml
 
 from kvoffload.analysis.signals import FIGURES
 from kvoffload.errors import InputError
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.generate import check, generate, parse_overrides, render_all
-from kvoffload.mixin.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, figure_expr, record_name
+from kvoffload.mixin.renderings import NOT_IN_PROMQL, RENDERINGS, figure_expr, record_name
 
 from rules_procs import PROMTOOL, need
 

@@ -38,8 +38,9 @@ from kvoffload.analysis.signals import FIGURES, PER_TIER_FIGURES, per_tier_metri
 from kvoffload.kvevents.decode import Batch, decode_batch
 from kvoffload.kvevents.state import TargetEvents
 from kvoffload.mixin import dashboards, rules
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.panels import ACTION_CODES, ACTION_MAPPINGS, BASIS_CODES
-from kvoffload.mixin.promql import NOT_IN_PROMQL, RENDERINGS, MixinConfig, rendering_for
+from kvoffload.mixin.renderings import NOT_IN_PROMQL, RENDERINGS, rendering_for
 from kvoffload.sidecar.http import make_app
 from kvoffload.sidecar.service import Sidecar, SidecarConfig
 from kvoffload.sim import SimServer, scenarios

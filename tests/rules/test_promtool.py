@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvoffload.mixin.promql import ALERT_NAMES
+from kvoffload.mixin.alerts import ALERT_NAMES
 
 from promtool_cases import TEST_FILE, all_cases, build
 from rules_procs import PROMTOOL, need

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.mixin.promql import ALERT_NAMES
+from kvoffload.mixin.alerts import ALERT_NAMES
 
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
 # How long to watch, as the Verify-it step says it: "15 minutes", "an hour", "a day", ...

@@ -28,9 +28,12 @@ import requests
 
 from kvoffload.analysis import ttft
 from kvoffload.analysis.analyze import window_from_recording
-from kvoffload.analysis.signals import Context, compute_figures
+from kvoffload.analysis.context import Context
+from kvoffload.analysis.formula import GATE_RECORD
+from kvoffload.analysis.signals import compute_figures
 from kvoffload.mixin import rules
-from kvoffload.mixin.promql import GATE_RECORD, MixinConfig, record_name
+from kvoffload.mixin.config import MixinConfig
+from kvoffload.mixin.renderings import record_name
 
 from fleet_prom import backfill, prometheus_on
 

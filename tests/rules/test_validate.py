@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from kvoffload.errors import InputError
-from kvoffload.mixin import promql, rules
+from kvoffload.mixin import renderings, rules
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.generate import generate, generate_checked, render_all
-from kvoffload.mixin.promql import MixinConfig
 from kvoffload.mixin.validate import expressions, validate
 
 from rules_procs import PROMTOOL, need
@@ -93,10 +93,10 @@ def test_every_written_expression_is_parsed() -> None:
 def test_a_bad_rule_expression_stops_generate_before_writing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bad = promql.rendering_for("reuse_ratio")
-    idx = promql.RENDERINGS.index(bad)
-    broken = promql.Rendering(bad.keys, bad.metric, bad.op, bad.windows, lambda c, w: "sum(x")
-    patched = (*promql.RENDERINGS[:idx], broken, *promql.RENDERINGS[idx + 1 :])
+    bad = renderings.rendering_for("reuse_ratio")
+    idx = renderings.RENDERINGS.index(bad)
+    broken = renderings.Rendering(bad.keys, bad.metric, bad.op, bad.windows, lambda c, w: "sum(x")
+    patched = (*renderings.RENDERINGS[:idx], broken, *renderings.RENDERINGS[idx + 1 :])
     monkeypatch.setattr(rules, "RENDERINGS", patched)
     with pytest.raises(
         InputError,

@@ -25,7 +25,8 @@ from kvoffload.analysis.advisor import (
     TtftEvidence,
     decide,
 )
-from kvoffload.analysis.beforeafter import TierTimeline, before_after
+from kvoffload.analysis.beforeafter import before_after
+from kvoffload.analysis.context import Context
 from kvoffload.analysis.evidence import EventEvidence, event_evidence, provisional_reasons
 from kvoffload.analysis.knobs import WhatIfRows
 from kvoffload.analysis.replicas import fleet_effects
@@ -35,7 +36,8 @@ from kvoffload.analysis.result import (
     ReuseHistogram,
     TtftVerdict,
 )
-from kvoffload.analysis.signals import FIGURE_KEYS, Context, compute_figures, per_tier_figures
+from kvoffload.analysis.signals import FIGURE_KEYS, compute_figures, per_tier_figures
+from kvoffload.analysis.timeline import TierTimeline
 from kvoffload.analysis.window import GroupKey, GroupStatic, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import Extract, extract

@@ -1,6 +1,6 @@
 """One formula per figure, two renderings: Python over a window, PromQL over a scope.
 
-A figure is a small expression tree whose nodes evaluate over a `signals.Context` and render over
+A figure is a small expression tree whose nodes evaluate over a `context.Context` and render over
 a `Scope`. So the sidecar, recording rules and dashboards share one definition.
 """
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from kvoffload.analysis.context import Context
 from kvoffload.ingest.catalog import (
     CORE_COUNTERS,
     GAUGES,
@@ -20,7 +21,6 @@ from kvoffload.ingest.catalog import (
 
 if TYPE_CHECKING:
     from kvoffload.analysis.scope import Scope
-    from kvoffload.analysis.signals import Context
 
 GATE_RECORD = "instance:vllm_kv_offload_configured:group"
 

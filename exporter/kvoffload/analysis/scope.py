@@ -1,6 +1,6 @@
 """What PromQL rendering needs to know about where the series live: selectors, labels, names.
 
-Why: the formulas and conditions take this protocol, not `mixin.promql.MixinConfig`, so
+Why: the formulas and conditions take this protocol, not `mixin.config.MixinConfig`, so
 `analysis/` never imports `mixin/`.
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from kvoffload.analysis.context import Context
 from kvoffload.analysis.formula import (
     ClampMin,
     Expr,
@@ -28,24 +29,10 @@ from kvoffload.analysis.formula import (
     Total,
     WhenOffloading,
 )
-from kvoffload.analysis.window import Delta, GroupStatic
+from kvoffload.analysis.window import GroupStatic
 from kvoffload.ingest.catalog import label_number
 
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Context:
-    delta: Delta
-    static: GroupStatic
-    world_size: int = 1
-    kv_bytes_per_token: float | None = None  # from the user, when nothing exposes it
-
-    def inc(self, *keys: str) -> float:
-        return sum(self.delta.inc.get(k, 0.0) for k in keys)
-
-    def has(self, key: str) -> bool:
-        return key in self.delta.inc
 
 
 # -- what PromQL cannot compute: figures from config-info label values -------------------------

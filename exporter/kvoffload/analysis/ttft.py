@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvoffload.analysis.context import Context
 from kvoffload.analysis.intervals import Coefficient, marginal_recompute_cost
-from kvoffload.analysis.signals import Context, loaded_tokens
+from kvoffload.analysis.signals import loaded_tokens
 
 # Terms: W the reload wait (measured as queue time less capacity queueing, else predicted); c the
 # prefill time per computed token (analysis.intervals); store the offload path's stall of others

@@ -12,9 +12,10 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from kvoffload.analysis.intervals import FIT_SIZE, add_interval
+from kvoffload.analysis.timeline import TierTimeline
 from kvoffload.ingest.catalog import (
     GAUGE_KEYS,
     MAX_TIERS,
@@ -23,9 +24,6 @@ from kvoffload.ingest.catalog import (
     Extract,
 )
 from kvoffload.ingest.shapes import taker
-
-if TYPE_CHECKING:  # beforeafter reads the TTFT model's Effect, which reads this module
-    from kvoffload.analysis.beforeafter import TierTimeline
 
 OFFLOAD_KEYS = frozenset(OFFLOAD_COUNTERS)
 _GAUGE_SET = frozenset(GAUGE_KEYS)
@@ -293,7 +291,7 @@ class Window:
         timeline: TierTimeline | None = None,
     ) -> None:
         self.window_seconds = window_seconds
-        # Tier segments for the before/after A/B (analysis.beforeafter), where asked for.
+        # Tier segments for the before/after A/B (analysis.timeline), where asked for.
         self.timeline = timeline
         self.origin_zero = origin_zero
         self.max_points = max_points

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from kvoffload.analysis.conditions import (
     ALLOCATION_FAILURES,
@@ -28,9 +28,7 @@ from kvoffload.analysis.formula import (
     vllm,
 )
 from kvoffload.mixin.renderings import OFFLOAD_PRESENCE, helper_record, record_name
-
-if TYPE_CHECKING:  # the config reads the names and `for`s declared here: a type only
-    from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.settings import Settings
 
 # Which of the config's severity labels (severity_info, severity_warning) an alert carries.
 Severity = Literal["info", "warning"]
@@ -48,9 +46,9 @@ class Alert:
     default_for: str
     severity: Severity
     summary: str
-    build: Callable[[MixinConfig], tuple[str, str]]  # cfg → (expr, description)
+    build: Callable[[Settings], tuple[str, str]]  # cfg → (expr, description)
 
-    def rule(self, cfg: MixinConfig) -> dict[str, object]:
+    def rule(self, cfg: Settings) -> dict[str, object]:
         """The alerting rule as Prometheus reads it, runbook link included."""
         expr, description = self.build(cfg)
         return {
@@ -68,7 +66,7 @@ class Alert:
 
 _DECLARED: list[Alert] = []
 
-Builder = Callable[["MixinConfig"], tuple[str, str]]
+Builder = Callable[[Settings], tuple[str, str]]
 
 
 def alert(
@@ -122,11 +120,11 @@ def _reason(expr: str, reason: str) -> str:
     return f'label_replace(\n{indent(expr)},\n  "reason", "{reason}", "", ""\n)'
 
 
-def _on(cfg: MixinConfig) -> str:
+def _on(cfg: Settings) -> str:
     return f"and on ({by_labels(cfg)})"
 
 
-def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
+def _sidecar_size(cfg: Settings, verb: str) -> str:
     """Alert text naming the size the sidecar advises for the engine, or how to get one.
 
     It joins kvoffload_recommended_size_bytes in the template: the on-call gets the fix itself."""
@@ -144,7 +142,7 @@ def _sidecar_size(cfg: MixinConfig, verb: str) -> str:
     )
 
 
-def _sidecar_ttft(cfg: MixinConfig) -> str:
+def _sidecar_ttft(cfg: Settings) -> str:
     """Alert text with the mean TTFT change the sidecar predicts if its advice is applied.
 
     It joins kvoffload_recommended_ttft_change_seconds (estimate and basis) in the template.
@@ -166,7 +164,7 @@ def _sidecar_ttft(cfg: MixinConfig) -> str:
 @alert(
     "KVOffloadRecommendEnable", "30m", "info", "KV offloading would likely help this vLLM engine."
 )
-def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
+def _recommend_enable(cfg: Settings) -> tuple[str, str]:
     """The advisor's `enable` condition (conditions.ENABLE) with a floor on prefix lookups.
 
     Its value is the GPU prefix hit ratio (ENABLE's first comparison)."""
@@ -196,7 +194,7 @@ def _recommend_enable(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "KV offloading stores blocks that are almost never loaded back.",
 )
-def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
+def _low_prefix_reuse(cfg: Settings) -> tuple[str, str]:
     """The advisor's `store_threshold` condition (conditions.STORES_WITHOUT_LOADS) with a
     store-traffic floor.
 
@@ -225,7 +223,7 @@ def _low_prefix_reuse(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "The CPU offload tier makes time-to-first-token worse than recomputing.",
 )
-def _slower_than_recompute(cfg: MixinConfig) -> tuple[str, str]:
+def _slower_than_recompute(cfg: Settings) -> tuple[str, str]:
     """The sidecar's TTFT effect (a fit PromQL cannot do) over the threshold.
 
     It fires only where the low end of its range is a cost too, so never within the noise."""
@@ -248,7 +246,7 @@ def _slower_than_recompute(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "The CPU offload tier is too small to add prefix hits.",
 )
-def _buffer_too_small(cfg: MixinConfig) -> tuple[str, str]:
+def _buffer_too_small(cfg: Settings) -> tuple[str, str]:
     """The advisor's `grow` condition (conditions.TOO_SMALL), one `reason` per part."""
     # A part added to TOO_SMALL without a reason here fails generation (KeyError), not silently.
     reasons = {TIER_NO_LARGER_THAN_GPU: "capacity", ALLOCATION_FAILURES: "allocation_failures"}
@@ -270,7 +268,7 @@ def _buffer_too_small(cfg: MixinConfig) -> tuple[str, str]:
     "info",
     "The CPU offload tier is much larger than the traffic needs.",
 )
-def _buffer_oversized(cfg: MixinConfig) -> tuple[str, str]:
+def _buffer_oversized(cfg: Settings) -> tuple[str, str]:
     """The advisor's `shrink` condition (conditions.OVERSIZED) with a floor on traffic.
 
     OVERSIZED means never full and slow to fill; the value is the fill time."""
@@ -297,7 +295,7 @@ def _buffer_oversized(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "KV offload loads run far below the host link's bandwidth.",
 )
-def _transfer_slow(cfg: MixinConfig) -> tuple[str, str]:
+def _transfer_slow(cfg: Settings) -> tuple[str, str]:
     """Copy bandwidth under the floor while loads carry real traffic."""
     load_floor = (
         f"{helper_record('vllm_kv_offload_load_bytes', 'rate', cfg, 'slow')} > "
@@ -319,7 +317,7 @@ def _transfer_slow(cfg: MixinConfig) -> tuple[str, str]:
 
 
 # -- blind spots: the series the figures need are missing ------------------------------------
-def _configured_without_series(cfg: MixinConfig) -> str:
+def _configured_without_series(cfg: Settings) -> str:
     """Targets whose config says a tier size but that export no offload series."""
     tb = target_by(cfg)
     sized = vllm(cfg, "cache_config_info", 'kv_offloading_size!="None"')
@@ -333,7 +331,7 @@ def _configured_without_series(cfg: MixinConfig) -> str:
     "warning",
     "The metrics KV offloading figures need are missing.",
 )
-def _metrics_missing(cfg: MixinConfig) -> tuple[str, str]:
+def _metrics_missing(cfg: Settings) -> tuple[str, str]:
     """Four ways to be blind, one `reason` each.
 
     They are: no offload series, target down, no vLLM metrics, no target at all."""
@@ -369,7 +367,7 @@ def _metrics_missing(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "The kvoffload sidecar cannot scrape its vLLM target.",
 )
-def _exporter_target_down(cfg: MixinConfig) -> tuple[str, str]:
+def _exporter_target_down(cfg: Settings) -> tuple[str, str]:
     """The sidecar's own `up` for its vLLM target."""
     return f"{sidecar(cfg, 'kvoffload_up')} == 0", (
         "The kvoffload sidecar {{ $labels.instance }} fails to scrape {{ $labels.target }}: "
@@ -384,7 +382,7 @@ def _exporter_target_down(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "The vLLM container is close to its memory limit: the next allocation may OOM-kill it.",
 )
-def _host_memory_near_limit(cfg: MixinConfig) -> tuple[str, str]:
+def _host_memory_near_limit(cfg: Settings) -> tuple[str, str]:
     """vLLM's unreclaimable memory over its container's limit, as the sidecar reads the cgroup."""
     held = sidecar(cfg, "kvoffload_host_memory_unreclaimable_bytes")
     limit = sidecar(cfg, "kvoffload_host_memory_limit_bytes")
@@ -405,7 +403,7 @@ def _host_memory_near_limit(cfg: MixinConfig) -> tuple[str, str]:
     "warning",
     "Prometheus cannot scrape the kvoffload sidecar: its alerts are silent.",
 )
-def _sidecar_down(cfg: MixinConfig) -> tuple[str, str]:
+def _sidecar_down(cfg: Settings) -> tuple[str, str]:
     """The sidecar's scrape target down or absent: every alert reading its series goes quiet."""
     up = f"up{{{cfg.sidecar_selector}}}" if cfg.sidecar_selector else "up"
     expr = "\nor\n".join(

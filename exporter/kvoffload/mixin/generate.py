@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.mixin import dashboards, kustomize, rules
-from kvoffload.mixin.promql import RENAMED_SETTINGS, MixinConfig
+from kvoffload.mixin.config import MixinConfig
+from kvoffload.mixin.settings import RENAMED_SETTINGS
 from kvoffload.mixin.validate import Checked, find_promtool, validate
 from kvoffload.overrides import parse_number, refuse, split_pair
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kvoffload.mixin.promql import MixinConfig
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.rules import PROMETHEUSRULE_FILE
 
 KUSTOMIZATION = "kustomization.yaml"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from kvoffload.analysis.formula import (
     GATE_RECORD,
@@ -25,10 +24,7 @@ from kvoffload.analysis.formula import (
     vllm,
 )
 from kvoffload.analysis.signals import FIGURES, FIGURES_BY_KEY, LOADED, PER_TIER_FIGURES
-
-if TYPE_CHECKING:  # the config reads the alerts, which read these renderings: a type only
-    from kvoffload.mixin.promql import MixinConfig
-
+from kvoffload.mixin.settings import Settings
 
 # -- building blocks (formula.py holds the text helpers; rules and dashboards use them) -------
 OFFLOAD_PRESENCE = (
@@ -37,7 +33,7 @@ OFFLOAD_PRESENCE = (
 )
 
 
-def offload_configured(cfg: MixinConfig) -> str:
+def offload_configured(cfg: Settings) -> str:
     """1 per target where offloading is on: offload series exist, or the config says a size."""
     present = vllm(cfg, f"({OFFLOAD_PRESENCE})")
     sized = vllm(cfg, "cache_config_info", 'kv_offloading_size!="None"')
@@ -56,20 +52,20 @@ class Rendering:
     metric: str
     op: str
     windows: tuple[str, ...]  # "fast" (rate_window) and/or "slow" (slow_window)
-    build: Callable[[MixinConfig, str], str]
+    build: Callable[[Settings, str], str]
     level: str = "model_name"
     labels: tuple[tuple[str, str], ...] = ()  # static labels telling series of one name apart
     help: str = ""
 
-    def window(self, cfg: MixinConfig, which: str) -> str:
+    def window(self, cfg: Settings, which: str) -> str:
         return cfg.rate_window if which == "fast" else cfg.slow_window
 
-    def record(self, cfg: MixinConfig, which: str | None = None) -> str:
+    def record(self, cfg: Settings, which: str | None = None) -> str:
         window = self.window(cfg, which) if which else ""
         return f"{self.level}:{self.metric}:{self.op}{window}"
 
 
-def _figure(key: str) -> Callable[[MixinConfig, str], str]:
+def _figure(key: str) -> Callable[[Settings, str], str]:
     """The PromQL of a figure: its one formula (signals.FIGURES), rendered."""
     formula = FIGURES_BY_KEY[key].formula
     return lambda cfg, w: formula.promql(cfg, w)
@@ -83,7 +79,7 @@ def _figure_rule(key: str, metric: str, op: str, windows: tuple[str, ...]) -> Re
     return Rendering((key,), metric, op, windows, _figure(key))
 
 
-def _shares(*keys: str) -> Callable[[MixinConfig, str], str]:
+def _shares(*keys: str) -> Callable[[Settings, str], str]:
     """Figures that differ only in one label's value, rendered as one rule keeping it."""
     shares: list[Ratio] = []
     for key in keys:
@@ -94,10 +90,10 @@ def _shares(*keys: str) -> Callable[[MixinConfig, str], str]:
     return lambda cfg, w: share_family(cfg, w, shares, label)
 
 
-def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
+def _fleet_mean_ttft(offloading: bool) -> Callable[[Settings, str], str]:
     """Mean TTFT per model over the replicas with (or without) offloading: fleet A/B."""
 
-    def build(cfg: MixinConfig, w: str) -> str:
+    def build(cfg: Settings, w: str) -> str:
         gate = f"{'and' if offloading else 'unless'} on ({target_by(cfg)}) {GATE_RECORD}"
 
         def total(part: str) -> str:
@@ -109,7 +105,7 @@ def _fleet_mean_ttft(offloading: bool) -> Callable[[MixinConfig, str], str]:
     return build
 
 
-def _fleet_effect(cfg: MixinConfig, w: str) -> str:
+def _fleet_effect(cfg: Settings, w: str) -> str:
     """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without, in seconds.
 
     Negative means the tier makes TTFT better. Load is not matched: read it next to the rates."""
@@ -117,12 +113,12 @@ def _fleet_effect(cfg: MixinConfig, w: str) -> str:
     return f'{mean}{{offloading="on"}}\n- ignoring (offloading)\n{mean}{{offloading="off"}}'
 
 
-def _helper(formula: Expr) -> Callable[[MixinConfig, str], str]:
+def _helper(formula: Expr) -> Callable[[Settings, str], str]:
     return lambda cfg, w: formula.promql(cfg, w)
 
 
-def _ttft_quantile(q: str) -> Callable[[MixinConfig, str], str]:
-    def build(cfg: MixinConfig, w: str) -> str:
+def _ttft_quantile(q: str) -> Callable[[Settings, str], str]:
+    def build(cfg: Settings, w: str) -> str:
         buckets = sum_fn(cfg, "rate", "time_to_first_token_seconds_bucket", w, extra_by=("le",))
         quantile = f"histogram_quantile({q}, {buckets})"
         # All-zero buckets (idle) give NaN: keep only groups that finished requests.
@@ -137,7 +133,7 @@ def _ttft_quantile(q: str) -> Callable[[MixinConfig, str], str]:
 LOOKUP_HISTOGRAMS = ("kv_offload_lookup_sync_delay_seconds",)
 
 
-def _lookup_p99(cfg: MixinConfig, w: str) -> str:
+def _lookup_p99(cfg: Settings, w: str) -> str:
     """p99 of one lookup call's time from the CPU spec's histogram; absent where no lookup
     finished in the window."""
     parts = []
@@ -237,7 +233,7 @@ def _by_tier(row: Rendering) -> Rendering:
     """
     fig = FIGURES_BY_KEY[row.keys[0]]
 
-    def build(cfg: MixinConfig, w: str) -> str:
+    def build(cfg: Settings, w: str) -> str:
         return fig.formula.promql(replace(cfg, target_labels=(*cfg.target_labels, "tier")), w)
 
     return Rendering(
@@ -405,20 +401,20 @@ def rendering_for(key: str) -> Rendering:
     raise KeyError(key)
 
 
-def record_name(key: str, cfg: MixinConfig, which: str | None = None) -> str:
+def record_name(key: str, cfg: Settings, which: str | None = None) -> str:
     """The recording rule that renders figure `key` (at its first window unless told)."""
     r = rendering_for(key)
     return r.record(cfg, which or (r.windows[0] if r.windows else None))
 
 
-def helper_record(metric: str, op: str, cfg: MixinConfig, which: str) -> str:
+def helper_record(metric: str, op: str, cfg: Settings, which: str) -> str:
     for r in RENDERINGS:
         if r.metric == metric and r.op == op and which in r.windows:
             return r.record(cfg, which)
     raise KeyError((metric, op, which))
 
 
-def figure_expr(key: str, cfg: MixinConfig, which: str | None = None) -> str:
+def figure_expr(key: str, cfg: Settings, which: str | None = None) -> str:
     """The PromQL of figure `key`, as its recording rule evaluates it."""
     r = rendering_for(key)
     which = which or (r.windows[0] if r.windows else None)

@@ -9,7 +9,8 @@ import yaml
 
 from kvoffload.links import doc
 from kvoffload.mixin.alerts import ALERTS
-from kvoffload.mixin.promql import RENDERINGS, MixinConfig
+from kvoffload.mixin.config import MixinConfig
+from kvoffload.mixin.renderings import RENDERINGS
 
 RULES_FILE = "rules/kvoffload-rules.yaml"
 ALERTS_FILE = "rules/kvoffload-alerts.yaml"

@@ -23,9 +23,9 @@ from kvoffload.analysis.analyze import (
     add_fleet_evidence,
     analyze_group,
 )
-from kvoffload.analysis.beforeafter import TierTimeline
 from kvoffload.analysis.result import GroupAnalysis
 from kvoffload.analysis.stability import AdviceHolder, StabilityRules
+from kvoffload.analysis.timeline import TierTimeline
 from kvoffload.analysis.window import GroupKey, Window
 from kvoffload.errors import InputError
 from kvoffload.ingest.catalog import WANTED_FAMILIES, Extract, extract, wanted

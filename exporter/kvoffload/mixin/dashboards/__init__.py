@@ -8,6 +8,7 @@ from __future__ import annotations
 # Besides the rules, panels read the sidecar's gauges for what PromQL cannot compute, and raw
 # vLLM series for per-engine views.
 from kvoffload.mixin import grafana as g
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.fleet import FLEET, fleet
 from kvoffload.mixin.dashboards.layout import with_rules_note
 from kvoffload.mixin.dashboards.overview import OVERVIEW, overview
@@ -28,7 +29,6 @@ from kvoffload.mixin.dashboards.scope import (
     needs_rules,
     raw_expr,
 )
-from kvoffload.mixin.promql import MixinConfig
 
 __all__ = [
     "DIAGNOSTICS_ROW",

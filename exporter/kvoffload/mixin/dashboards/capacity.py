@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload.mixin import grafana as g
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.panels import about, gbps, sidecar_help, unit
 from kvoffload.mixin.dashboards.scope import Scope
-from kvoffload.mixin.promql import MixinConfig
 from kvoffload.thresholds import Thresholds
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload.mixin import grafana as g
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.layout import dashboard
 from kvoffload.mixin.dashboards.panels import (
     ACTION_CODES,
@@ -17,7 +18,7 @@ from kvoffload.mixin.dashboards.panels import (
     unit,
 )
 from kvoffload.mixin.dashboards.scope import Scope
-from kvoffload.mixin.promql import MixinConfig, helper_record
+from kvoffload.mixin.renderings import helper_record
 
 FLEET = "fleet"
 

@@ -11,7 +11,7 @@ from typing import Any
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import sidecar_help
 from kvoffload.mixin.dashboards.scope import Scope
-from kvoffload.mixin.promql import record_name
+from kvoffload.mixin.renderings import record_name
 
 
 def exact_row(s: Scope) -> list[Any]:

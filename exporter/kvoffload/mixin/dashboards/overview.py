@@ -9,6 +9,7 @@ from typing import Any
 
 from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
+from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.capacity import capacity_rows, host_memory_row, transfers_row
 from kvoffload.mixin.dashboards.diagnostics import diagnostics_row
 from kvoffload.mixin.dashboards.kv_events import exact_row
@@ -24,7 +25,7 @@ from kvoffload.mixin.dashboards.panels import (
 )
 from kvoffload.mixin.dashboards.scope import Scope
 from kvoffload.mixin.dashboards.tiers import TIERS_ROW, tiers_row
-from kvoffload.mixin.promql import MixinConfig, record_name
+from kvoffload.mixin.renderings import record_name
 
 OVERVIEW = "overview"
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from kvoffload.analysis.advisor import ACTIONS
 from kvoffload.analysis.signals import FIGURES_BY_KEY
 from kvoffload.mixin import grafana as g
-from kvoffload.mixin.promql import MixinConfig, record_name, rendering_for
+from kvoffload.mixin.config import MixinConfig
+from kvoffload.mixin.renderings import record_name, rendering_for
 from kvoffload.sidecar.metrics import (
     ADVICE_METRICS,
     HOST_MEMORY_METRICS,

@@ -19,9 +19,9 @@ from kvoffload.analysis.formula import (
     target_by,
 )
 from kvoffload.analysis.signals import FIGURES_BY_KEY
-from kvoffload.mixin.promql import (
+from kvoffload.mixin.config import MixinConfig
+from kvoffload.mixin.renderings import (
     RENDERINGS,
-    MixinConfig,
     Rendering,
     helper_record,
     offload_configured,

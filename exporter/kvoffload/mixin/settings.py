@@ -1,46 +1,17 @@
-"""The one config every rule, alert and dashboard reads (the mixin `_config`), and shared names.
+"""The settings every rule, alert and dashboard reads (the mixin `_config`), checked when made.
 
-It checks a config against the renderings and alerts (names, durations, matchers).
-So a bad setting fails at once, by name."""
+Why apart from `config.MixinConfig`: the renderings and alerts read these fields, and the config
+reads the renderings and alerts back (rule names, alert `for`s); this module reads neither."""
 
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Self
 
-from kvoffload.analysis.formula import (  # noqa: F401 (the text helpers rules and dashboards use)
-    GATE_RECORD,
-    Expr,
-    Rate,
-    Ratio,
-    binop,
-    by_labels,
-    div,
-    indent,
-    paren,
-    share_family,
-    sidecar,
-    sidecar_as_vllm,
-    sum_fn,
-    sum_rate,
-    target_by,
-    vllm,
-)
 from kvoffload.errors import InputError
 from kvoffload.links import doc
-from kvoffload.mixin.alerts import ALERT_NAMES, DEFAULT_FOR
-from kvoffload.mixin.renderings import (  # noqa: F401 (importable from here, as before the split)
-    NOT_IN_PROMQL,
-    OFFLOAD_PRESENCE,
-    RENDERINGS,
-    Rendering,
-    figure_expr,
-    helper_record,
-    offload_configured,
-    record_name,
-    rendering_for,
-)
 from kvoffload.thresholds import Thresholds
 from kvoffload.units import parse_duration
 
@@ -93,10 +64,10 @@ def check_matchers(what: str, value: str) -> str:
 
 
 @dataclass(frozen=True)
-class MixinConfig:
+class Settings(ABC):
     """Selectors, windows, thresholds and names of everything generated (the mixin `_config`).
 
-    Users regenerate with their own values (`kvoffload generate`).
+    Users regenerate with their own values (`kvoffload generate`, `config.MixinConfig`).
     The defaults suit a `job="vllm"` scrape next to a `job="kvoffload"` sidecar."""
 
     # -- what to read ----------------------------------------------------------------------
@@ -140,7 +111,8 @@ class MixinConfig:
     host_memory_near_limit_ratio: float = 0.9
 
     # -- alerts ----------------------------------------------------------------------------
-    alert_for: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FOR))
+    # Each alert's `for`; `config.MixinConfig` fills in the alerts' own defaults and checks names.
+    alert_for: dict[str, str] = field(default_factory=dict)
     severity_info: str = "info"
     severity_warning: str = "warning"
     # Absolute: a runbook_url is clicked in a notification, far from this repository.
@@ -170,14 +142,7 @@ class MixinConfig:
             value = getattr(self, name)
             if not _PROM_DURATION.match(value):
                 raise InputError(f"{name}={value!r}: not a Prometheus duration (e.g. 5m, 1h)")
-        for name, value in self.alert_for.items():
-            if name not in ALERT_NAMES:
-                raise InputError(f"alert_for: unknown alert {name!r}")
-            if not _PROM_DURATION.match(value):
-                raise InputError(f"alert_for[{name}]={value!r}: not a Prometheus duration")
-        missing = set(ALERT_NAMES) - set(self.alert_for)
-        if missing:
-            raise InputError(f"alert_for: no duration for {', '.join(sorted(missing))}")
+        self.check_alert_for()
         for label in (*self.target_labels, self.sidecar_target_label):
             if not _LABEL_NAME.match(label):
                 raise InputError(f"{label!r}: not a Prometheus label name")
@@ -201,11 +166,17 @@ class MixinConfig:
         It is the slow window, over which the reuse and fill-time alerts judge."""
         return self.slow_window_seconds
 
+    def check_alert_for(self) -> None:
+        """Each `alert_for` value is a Prometheus duration (the config checks the names too)."""
+        for name, value in self.alert_for.items():
+            if not _PROM_DURATION.match(value):
+                raise InputError(f"alert_for[{name}]={value!r}: not a Prometheus duration")
+
+    @abstractmethod
     def record_name(self, key: str) -> str:
         """The recording rule that renders figure `key` (analysis.scope.Scope asks for it)."""
-        return record_name(key, self)
 
-    def with_overrides(self, **overrides: Any) -> MixinConfig:
+    def with_overrides(self, **overrides: Any) -> Self:
         overrides = {RENAMED_SETTINGS.get(k, k): v for k, v in overrides.items()}
         known = {f.name for f in fields(self)}
         unknown = set(overrides) - known
