@@ -283,7 +283,7 @@ async def _run(workdir: Path) -> Live:
     h200 = [augmented(body, i) for i, (_t, body) in enumerate(h200_scrapes("8b-offload"))]
     h200 = h200[START:]
     simulated = sim_bodies(len(h200))
-    # A replica of the same model without a tier (Prometheus only): the fleet A/B rules.
+    # A replica of the same model without a tier (Prometheus only): the replicas A/B rules.
     nooffload = [body for _t, body in h200_scrapes("8b-nooffload")][START:]
     state = {"i": 0}
     flat_app = body_app(lambda: h200[state["i"]])

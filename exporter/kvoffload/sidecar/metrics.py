@@ -214,7 +214,8 @@ SERIES: tuple[Series, ...] = (
             "bound",
         ),
         "Predicted mean TTFT change per request if the recommendation is applied, relative to "
-        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high.",
+        "now (negative = faster); basis=measured|predicted|replicas|before_after, "
+        "bound=estimate|low|high.",
     ),
     Series(
         "ttft",

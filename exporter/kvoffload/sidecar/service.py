@@ -20,7 +20,7 @@ import aiohttp
 from kvoffload.analysis.analyze import (
     Settings,
     add_before_after,
-    add_fleet_evidence,
+    add_replica_evidence,
     analyze_group,
 )
 from kvoffload.analysis.beforeafter import TierTimeline
@@ -555,7 +555,7 @@ class Sidecar:
         down = {t.name for t in self.targets if not t.up}
         if self._analyses_changed:
             entries = [self._analyses[g] for g in sorted(self._analyses)]
-            add_fleet_evidence(entries, self.config.settings, copy_changed=True)
+            add_replica_evidence(entries, self.config.settings, copy_changed=True)
             add_before_after(self.window, entries, self.config.settings, copy_changed=True)
             entries = [self._stable(e) for e in entries]
             self._published = [_flagged(e, e.instance in down) for e in entries]

@@ -1,4 +1,4 @@
-"""The fleet dashboard: every instance side by side, the fleet A/B, the figures by instance."""
+"""The fleet dashboard: every instance side by side, the replicas A/B, the figures by instance."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
     s = Scope(cfg, per_engine=False)
     sections = [
         g.Section("Fleet", _at_a_glance(s)),
-        g.Section("Fleet A/B: with and without a tier", _ab(s)),
+        g.Section("Replicas A/B: with and without a tier", _ab(s)),
         g.Section("By instance", [*_by_instance_effect(s), *_by_instance_traffic(s)]),
     ]
     return dashboard(
@@ -123,7 +123,7 @@ def _at_a_glance(s: Scope) -> list[Any]:
 
 
 def _ab(s: Scope) -> list[Any]:
-    """The fleet A/B: mean TTFT of replicas with and without a tier, and their difference."""
+    """The replicas A/B: mean TTFT of replicas with and without a tier, and their difference."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
     mean = helper_record("vllm_time_to_first_token_seconds", "replica_mean_rate", cfg, "slow")
@@ -137,7 +137,7 @@ def _ab(s: Scope) -> list[Any]:
             "s",
             [
                 t(
-                    s.fleet_mean("vllm_time_to_first_token_seconds", "replica_mean_rate", "slow"),
+                    s.replica_mean("vllm_time_to_first_token_seconds", "replica_mean_rate", "slow"),
                     "{{model_name}} offloading {{offloading}}",
                 )
             ],
@@ -145,10 +145,10 @@ def _ab(s: Scope) -> list[Any]:
         g.timeseries(
             "TTFT effect of offloading across the fleet",
             f"Mean TTFT with a tier minus without, per model, over {slow} ({effect}); "
-            "negative = the tier makes TTFT better. The sidecar's fleet A/B "
-            "(basis fleet) also matches load before comparing.",
+            "negative = the tier makes TTFT better. The sidecar's replicas A/B "
+            "(basis replicas) also matches load before comparing.",
             "s",
-            [t(s.fleet_effect(), "{{model_name}}")],
+            [t(s.replica_effect(), "{{model_name}}")],
             lines=[(0.0, "red")],
         ),
     ]

@@ -150,7 +150,7 @@ def _verdict(s: Scope) -> list[Any]:
             "TTFT change if the advice is applied",
             "Predicted mean TTFT change per request if the recommendation is applied, "
             "relative to now (kvoffload_recommended_ttft_change_seconds; basis measured, "
-            "predicted or fleet). Empty for keep / leave_off.",
+            "predicted or replicas). Empty for keep / leave_off.",
             "s",
             [
                 t(
