@@ -69,7 +69,7 @@ SIM_WARMUP = 300.0  # virtual seconds before the first body: caches warm, all se
 SIM_STEP = 30.0  # virtual seconds per body
 CFG = MixinConfig(rate_window="30s", slow_window="30s")
 TOLERANCE = 0.02
-# The overview's stats that pool a ratio over the selection (Scope.pooled).
+# The overview's stats that pool a ratio over the selection (PanelQueries.pooled).
 POOLED_KEYS = ("offload_hit_ratio", "reuse_ratio", "speedup")
 # Means of gauges over the window: each side averages the samples its own scraper took, at
 # its own moments, of a value the replay changes every STEP — they agree on the formula, not
@@ -232,9 +232,9 @@ async def _collect(api: PromAPI, live: Live) -> None:
     for name in names:
         live.records[name] = await api.query(name, live.at)
     live.sidecar = await api.query('{__name__=~"kvoffload_.+", job="kvoffload"}', live.at)
-    scope = dashboards.Scope(CFG, per_engine=True)
+    queries = dashboards.PanelQueries(CFG, per_engine=True)
     for key in POOLED_KEYS:
-        pooled = scope.pooled(key)
+        pooled = queries.pooled(key)
         live.pooled[key] = (
             await api.query(_substitute(pooled, live), live.at),
             await api.query(_every(pooled, live), live.at),

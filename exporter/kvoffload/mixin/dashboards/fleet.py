@@ -16,7 +16,7 @@ from kvoffload.mixin.dashboards.panels import (
     gbps,
     unit,
 )
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 from kvoffload.mixin.promql import MixinConfig, helper_record
 
 FLEET = "fleet"
@@ -24,7 +24,7 @@ FLEET = "fleet"
 
 def fleet(cfg: MixinConfig) -> dict[str, Any]:
     """The fleet dashboard, per instance and model (no engine variable)."""
-    s = Scope(cfg, per_engine=False)
+    s = PanelQueries(cfg, per_engine=False)
     sections = [
         g.Section("Fleet", _at_a_glance(s)),
         g.Section("Replicas A/B: with and without a tier", _ab(s)),
@@ -41,7 +41,7 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
     )
 
 
-def _advice_columns(s: Scope, by: str) -> list[tuple[str, str, str, str]]:
+def _advice_columns(s: PanelQueries, by: str) -> list[tuple[str, str, str, str]]:
     """The sidecar's columns of the table: (query, header, unit, mapping key or "")."""
     estimate = 'bound="estimate"'
     change = "kvoffload_recommended_ttft_change_seconds"
@@ -75,7 +75,7 @@ def _advice_columns(s: Scope, by: str) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def _at_a_glance(s: Scope) -> list[Any]:
+def _at_a_glance(s: PanelQueries) -> list[Any]:
     """One table row per engine: its advice, size and TTFT effect, then its figures."""
     cfg, t = s.cfg, g.target
     fast, slow = cfg.rate_window, cfg.slow_window
@@ -122,7 +122,7 @@ def _at_a_glance(s: Scope) -> list[Any]:
     return [overview_table, advice]
 
 
-def _ab(s: Scope) -> list[Any]:
+def _ab(s: PanelQueries) -> list[Any]:
     """The replicas A/B: mean TTFT of replicas with and without a tier, and their difference."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
@@ -154,7 +154,7 @@ def _ab(s: Scope) -> list[Any]:
     ]
 
 
-def _by_instance_effect(s: Scope) -> list[Any]:
+def _by_instance_effect(s: PanelQueries) -> list[Any]:
     """The sidecar's TTFT effect and the hit ratios, one line per instance and model."""
     cfg, t = s.cfg, g.target
     return [
@@ -191,7 +191,7 @@ def _by_instance_effect(s: Scope) -> list[Any]:
     ]
 
 
-def _by_instance_traffic(s: Scope) -> list[Any]:
+def _by_instance_traffic(s: PanelQueries) -> list[Any]:
     """Store rate, reuse, load bandwidth and GPU KV usage, one line per instance and model."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window

@@ -10,7 +10,7 @@ from typing import Any
 from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import ONLY_WHERE
-from kvoffload.mixin.dashboards.scope import NEEDS_RULES, NEEDS_RULES_TITLE, needs_rules
+from kvoffload.mixin.dashboards.queries import NEEDS_RULES, NEEDS_RULES_TITLE, needs_rules
 from kvoffload.mixin.promql import MixinConfig
 
 # The variables list the targets from a gauge every vLLM engine serves from its start (0.6 to

@@ -1,4 +1,4 @@
-"""The selectors of one dashboard, and the raw PromQL that stands in for a missing rule.
+"""The PromQL of one dashboard's panels, and the raw PromQL that stands in for a missing rule.
 
 Without kvoffload's rules (import only, the usual first step) a panel reads `rule or <its PromQL>`.
 So it shows the same figure either way."""
@@ -100,8 +100,8 @@ def _scope(cfg: MixinConfig) -> str:
     )
 
 
-class Scope:
-    """Selectors of one dashboard: recording rules, raw vLLM series, the sidecar's series."""
+class PanelQueries:
+    """The queries of one dashboard's panels: recording rules, raw vLLM series, sidecar series."""
 
     def __init__(self, cfg: MixinConfig, per_engine: bool) -> None:
         self.cfg = cfg
