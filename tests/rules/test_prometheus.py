@@ -419,7 +419,7 @@ def test_every_recording_rule_returns_data_for_every_target(live: Live) -> None:
     }
     for name, samples in live.records.items():
         if ":replica_" in name:
-            continue  # per model, over every replica: test_fleet_ab_rules
+            continue  # per model, over every replica: test_replicas_ab_rules
         assert _by_instance(samples, live.flat), f"{name}: no data for the H200 replay"
         assert _by_instance(samples, live.sim), f"{name}: no data for the simulator"
         if name not in sidecar_joined:  # no sidecar watches the escaped target
@@ -541,7 +541,7 @@ def test_the_recommendation_reaches_prometheus_with_a_size(live: Live) -> None:
     assert size and float(size[0]["value"][1]) > 0
 
 
-def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> None:
+def test_replicas_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> None:
     """The H200 model has replicas with a tier (the replay, flat and escaped names) and one
     without (8b-nooffload): mean TTFT per side and their difference, per model."""
     means = {

@@ -101,7 +101,7 @@ def _at_a_glance(s: PanelQueries) -> list[Any]:
         "coloured: green/blue nothing to change, yellow/orange a change would help, red the "
         "tier hurts), the size it advises, the TTFT change it predicts if applied and what "
         "that rests on (basis: measured on this server, predicted from the KV-event curve, "
-        "or the fleet's A/B), the tier's TTFT effect now (negative = faster), then the "
+        "or the replicas' A/B), the tier's TTFT effect now (negative = faster), then the "
         f"figures (recording rules, {fast}/{slow} windows). Blank: undefined (no traffic, "
         "offloading off, or no sidecar for that instance).",
         [t(q, instant=True, table=True) for q, *_rest in columns],
@@ -132,7 +132,7 @@ def _ab(s: PanelQueries) -> list[Any]:
         g.timeseries(
             "Mean TTFT, replicas with and without a CPU tier",
             f"Mean time to first token per model over {slow}, over its replicas with "
-            f"offloading and over those without ({mean}): where a fleet runs both, "
+            f"offloading and over those without ({mean}): where a model's replicas run both, "
             "the measured A/B. Load is not matched: compare the request rates.",
             "s",
             [
