@@ -288,11 +288,11 @@ def test_the_advice_is_decided_once_from_the_whole_evidence():
     costs = TtftEvidence(0.084, _effect(0.024, 0.020, 0.028), None, 0.72)
     alone = decide(Evidence(counters, ttft=costs))
     assert alone.action == "disable"
-    pays = Measured(_effect(-0.03, -0.05, -0.02), 0.084, "fleet", "3 replicas without a tier")
+    pays = Measured(_effect(-0.03, -0.05, -0.02), 0.084, "replicas", "3 replicas without a tier")
     evidence = Evidence(counters, ttft=costs, measured=(pays,))
     first, second = decide(evidence), decide(evidence)
     assert first == second
-    assert first.action == "keep" and first.decided_by == "fleet"
-    assert [step["stage"] for step in first.trace] == ["counters", "estimate", "fleet"]
-    assert first.reasons[0].startswith("the fleet shows the tier pays: 3 replicas")
+    assert first.action == "keep" and first.decided_by == "replicas"
+    assert [step["stage"] for step in first.trace] == ["counters", "estimate", "replicas"]
+    assert first.reasons[0].startswith("the replicas' A/B shows the tier pays: 3 replicas")
     assert decide(Evidence(counters, ttft=costs)) == alone

@@ -20,7 +20,7 @@ from kvoffload.sim.write_recording import record_restarts
 REAL = Path(__file__).parent / "fixtures" / "vllm-0.26-h200-before-after" / "rec.om.xz"
 
 
-def _analysed(path: Path):
+def _analyzed(path: Path):
     window = window_from_recording(str(path))[0]
     (group,) = analyze_groups(window, Settings())
     return group
@@ -32,7 +32,7 @@ def test_real_vllm_restarted_with_a_tier_is_measured_before_and_after(tmp_path: 
     # measured 70.4 ms then 106.8 ms mean TTFT: the tier cost +36 ms.
     rec = tmp_path / "rec.om"
     rec.write_bytes(lzma.decompress(REAL.read_bytes()))
-    group = _analysed(rec)
+    group = _analyzed(rec)
     ab = group.ttft.before_after
     assert ab is not None and (ab.before, ab.after, ab.matched) == ("off", "4.0 GiB", True)
     low, high = ab.effect.low, ab.effect.high
@@ -49,7 +49,7 @@ def test_a_simulated_restart_into_a_tier_is_detected_and_judged(tmp_path: Path) 
     on = replace(off, name="pressure-with-offloading", cpu_gib=12.0)
     path = tmp_path / "restart.om"
     record_restarts([off, on], str(path), duration_s=1800, interval_s=15)
-    group = _analysed(path)
+    group = _analyzed(path)
     ab = group.ttft.before_after
     assert ab is not None and (ab.before, ab.after) == ("off", "12.0 GiB")
     assert ab.requests[0] >= 200 and ab.requests[1] >= 200
@@ -67,7 +67,7 @@ def test_a_restart_at_another_load_is_not_compared(tmp_path: Path) -> None:
     on = replace(off, cpu_gib=12.0, workload=replace(off.workload, doc_tokens=(3000, 5000)))
     path = tmp_path / "restart.om"
     record_restarts([off, on], str(path), duration_s=1800, interval_s=15)
-    group = _analysed(path)
+    group = _analyzed(path)
     ab = group.ttft.before_after
     assert ab is not None and not ab.matched and ab.mismatch
     assert group.recommendation.decided_by != "before_after"

@@ -184,6 +184,7 @@ def test_a_rejected_request_logs_one_line(server):
             with contextlib.suppress(OSError):
                 while s.recv(65536):
                     pass
-    time.sleep(0.5)
+    # No wait: aiohttp logs a rejection (flushed) before it answers, and each answer was read
+    # to its close, so every line these requests could write is in the log already.
     assert len(_lines(log)) - before <= 1, _lines(log)[before:]
     assert _health(port) == b"ok\n"

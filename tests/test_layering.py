@@ -15,8 +15,8 @@ import kvoffload
 PACKAGE = Path(kvoffload.__file__).parent
 # Lowest first. A module may import its own layer's package and any package listed before it.
 LAYERS: list[set[str]] = [
-    {"<top>"},  # units, errors, links, thresholds, progress, overrides, logrepeat
-    {"ingest"},  # scraping, parsing, the vLLM catalog
+    {"<top>"},  # units, errors, links, thresholds, progress, overrides, logrepeat, flagvalues
+    {"ingest"},  # scraping, parsing, the vLLM catalog, host memory
     {"kvevents"},
     {"recording"},
     {"analysis"},

@@ -142,7 +142,7 @@ def _serve(bodies: dict[str, list[str]]) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def vllm_targets() -> Iterator[dict[str, str]]:
-    # A fleet A/B: one server with a CPU tier (its offload series created as transfers
+    # A replicas A/B: one server with a CPU tier (its offload series created as transfers
     # happen), one without; and a third that restarts mid-recording with a new engine.
     offload = [body for _ts, body in h200_scrapes("8b-offload")]
     plain = [body for _ts, body in h200_scrapes("8b-nooffload")]

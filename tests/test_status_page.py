@@ -110,7 +110,7 @@ def test_history_keeps_the_whole_run_thinned():
     sidecar = Sidecar(SidecarConfig(["http://sim:8000/metrics"], interval_seconds=5))
     sidecar.window = _laptop_window()
     sidecar.targets[0].up = True  # as if scraped (the window was built here)
-    sidecar.reanalyse()
+    sidecar.reanalyze()
     history, start = History(), 1_000_000.0
     for i in range(17_280):
         history.sample(sidecar.groups(), start + 5 * i)

@@ -292,7 +292,7 @@ async def _offline(chromium, shot: Path, scenario: str, seconds: float | None = 
     sidecar = Sidecar(SidecarConfig([f"http://{INSTANCE}/metrics"], interval_seconds=1))
     sidecar.window = window
     sidecar.events[INSTANCE] = state
-    sidecar.reanalyse()  # (groups are analysed as scrapes land; these were built here)
+    sidecar.reanalyze()  # (groups are analyzed as scrapes land; these were built here)
     target = sidecar.targets[0]
     target.up, target.last_success_timestamp, target.scrapes = True, time.time(), 21
     target.last_scrape_duration_seconds = 0.0123

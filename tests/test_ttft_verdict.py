@@ -173,9 +173,9 @@ def test_a_set_the_model_was_not_tuned_on_gets_the_actions_and_signs(judged, set
 
 
 @pytest.mark.parametrize("set_name", ["live", "B", "E"])
-def test_fleet_ab_on_a_multi_instance_recording(tmp_path, set_name):
+def test_replicas_ab_on_a_multi_instance_recording(tmp_path, set_name):
     """The set's servers in one recording (as one Prometheus would see replicas of a model):
-    their measured difference decides, basis "fleet", and it is the clients' difference."""
+    their measured difference decides, basis "replicas", and it is the clients' difference."""
     off, ons = CASES[set_name]
     text = (
         "".join(
@@ -196,16 +196,16 @@ def test_fleet_ab_on_a_multi_instance_recording(tmp_path, set_name):
     pays = set_name == "B"
     rec = groups[off]["recommendation"]
     assert rec["action"] == ("enable" if pays else "leave_off"), rec["reasons"]
-    assert rec["reasons"][0].startswith("the fleet shows")
+    assert rec["reasons"][0].startswith("the replicas' A/B shows")
     for on in ons:
         truth = CLIENTS[set_name][on] - CLIENTS[set_name][off]
-        fleet = groups[on]["ttft"]["fleet"]["seconds"]
-        assert within(fleet, truth), (fleet, truth)
+        ab = groups[on]["ttft"]["replicas"]["seconds"]
+        assert within(ab, truth), (ab, truth)
         rec = groups[on]["recommendation"]
         assert rec["action"] == ("keep" if pays else "disable"), rec["reasons"]
         if not pays:
-            assert rec["ttft_change_basis"] == "fleet"
-            assert rec["ttft_change_seconds"] == pytest.approx(-fleet)
+            assert rec["ttft_change_basis"] == "replicas"
+            assert rec["ttft_change_seconds"] == pytest.approx(-ab)
 
 
 def test_bytes_per_token_from_a_window_that_opens_mid_run(tmp_path):

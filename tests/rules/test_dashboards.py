@@ -305,7 +305,7 @@ def test_a_rule_only_panel_is_marked_and_listed() -> None:
     """A query on a rule whose expression reads another rule (no raw stand-in) gets the note in
     its description and a line in the text panel; one with a fallback gets neither."""
     cfg = MixinConfig()
-    s = dashboards.Scope(cfg, per_engine=False)
+    s = dashboards.PanelQueries(cfg, per_engine=False)
     rule_only = grafana.timeseries("Rule only", "d.", "s", [grafana.target("a:b:rate5m{x}")])
     raw = grafana.timeseries("Raw too", "d.", "s", [grafana.target(s.rule("offload_hit_ratio"))])
     about, _section = dashboards.with_rules_note(cfg, [grafana.Section("S", [rule_only, raw])])

@@ -70,7 +70,7 @@ SIM_WARMUP = 300.0  # virtual seconds before the first body: caches warm, all se
 SIM_STEP = 30.0  # virtual seconds per body
 CFG = MixinConfig(rate_window="30s", slow_window="30s")
 TOLERANCE = 0.02
-# The overview's stats that pool a ratio over the selection (Scope.pooled).
+# The overview's stats that pool a ratio over the selection (PanelQueries.pooled).
 POOLED_KEYS = ("offload_hit_ratio", "reuse_ratio", "speedup")
 # Means of gauges over the window: each side averages the samples its own scraper took, at
 # its own moments, of a value the replay changes every STEP — they agree on the formula, not
@@ -233,9 +233,9 @@ async def _collect(api: PromAPI, live: Live) -> None:
     for name in names:
         live.records[name] = await api.query(name, live.at)
     live.sidecar = await api.query('{__name__=~"kvoffload_.+", job="kvoffload"}', live.at)
-    scope = dashboards.Scope(CFG, per_engine=True)
+    queries = dashboards.PanelQueries(CFG, per_engine=True)
     for key in POOLED_KEYS:
-        pooled = scope.pooled(key)
+        pooled = queries.pooled(key)
         live.pooled[key] = (
             await api.query(_substitute(pooled, live), live.at),
             await api.query(_every(pooled, live), live.at),
@@ -284,7 +284,7 @@ async def _run(workdir: Path) -> Live:
     h200 = [augmented(body, i) for i, (_t, body) in enumerate(h200_scrapes("8b-offload"))]
     h200 = h200[START:]
     simulated = sim_bodies(len(h200))
-    # A replica of the same model without a tier (Prometheus only): the fleet A/B rules.
+    # A replica of the same model without a tier (Prometheus only): the replicas A/B rules.
     nooffload = [body for _t, body in h200_scrapes("8b-nooffload")][START:]
     state = {"i": 0}
     flat_app = body_app(lambda: h200[state["i"]])
@@ -420,7 +420,7 @@ def test_every_recording_rule_returns_data_for_every_target(live: Live) -> None:
     }
     for name, samples in live.records.items():
         if ":replica_" in name:
-            continue  # per model, over every replica: test_fleet_ab_rules
+            continue  # per model, over every replica: test_replicas_ab_rules
         assert _by_instance(samples, live.flat), f"{name}: no data for the H200 replay"
         assert _by_instance(samples, live.sim), f"{name}: no data for the simulator"
         if name not in sidecar_joined:  # no sidecar watches the escaped target
@@ -566,7 +566,7 @@ def test_the_recommendation_reaches_prometheus_with_a_size(live: Live) -> None:
     assert size and float(size[0]["value"][1]) > 0
 
 
-def test_fleet_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> None:
+def test_replicas_ab_rules_compare_replicas_with_and_without_a_tier(live: Live) -> None:
     """The H200 model has replicas with a tier (the replay, flat and escaped names) and one
     without (8b-nooffload): mean TTFT per side and their difference, per model."""
     means = {

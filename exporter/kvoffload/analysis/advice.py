@@ -22,13 +22,13 @@ class Recommendation:
     warnings: list[str] = field(default_factory=list)
     evidence: dict[str, float | None] = field(default_factory=dict)
     # Predicted mean TTFT change per request if applied, relative to now (negative = faster);
-    # None for keep / leave_off. Basis: measured | predicted | fleet.
+    # None for keep / leave_off. Basis: measured | predicted | replicas | before_after.
     ttft_change_seconds: float | None = None
     ttft_change_basis: str | None = None
     ttft_change_range_seconds: list[float] | None = None
     # Set when the advice could not be judged (too little data): the verdict leaves it alone.
     insufficient_data: bool = False
-    # Which rule decided (counters < curve < estimate < fleet / before_after, each able to
+    # Which rule decided (counters < curve < estimate < replicas / before_after, each able to
     # overrule the ones before it) and the steps that led there, with their evidence.
     decided_by: str = "counters"
     trace: list[dict[str, object]] = field(default_factory=list)

@@ -29,7 +29,7 @@ from kvoffload.analysis.beforeafter import before_after
 from kvoffload.analysis.context import Context
 from kvoffload.analysis.evidence import EventEvidence, event_evidence, provisional_reasons
 from kvoffload.analysis.knobs import WhatIfRows
-from kvoffload.analysis.replicas import fleet_effects
+from kvoffload.analysis.replicas import replica_effects
 from kvoffload.analysis.result import (
     TTFT_EFFECT_FIGURE,
     GroupAnalysis,
@@ -85,14 +85,14 @@ def analyze_groups(
     lifetime: bool = False,
     events: dict[str, TargetEvents] | None = None,
     event_baselines: dict[GroupKey, dict[str, float]] | None = None,
-    fleet: bool = True,
+    replicas: bool = True,
 ) -> list[GroupAnalysis]:
     """One analysis per (instance, model_name) group with at least two points.
 
     `lifetime`: the figures are totals since the engine started, so rates are undefined.
     `events`: KV-event state per instance; its curve joins the group and sizes the advice.
     `event_baselines`: counter totals when the events started (live); without them the window is
-    the events' period. `fleet=False` skips the replica comparison, for a caller that compares
+    the events' period. `replicas=False` skips the replica comparison, for a caller that compares
     parts later.
     """
     settings = settings or Settings()
@@ -101,8 +101,8 @@ def analyze_groups(
         entry = analyze_group(window, group, settings, lifetime, events, event_baselines)
         if entry is not None:
             groups.append(entry)
-    if fleet:
-        add_fleet_evidence(groups, settings)
+    if replicas:
+        add_replica_evidence(groups, settings)
     add_before_after(window, groups, settings)
     return groups
 
@@ -205,25 +205,25 @@ def _curve_evidence(
     return _add_event_evidence(entry, window.static(group), events, missed, settings)
 
 
-def add_fleet_evidence(
+def add_replica_evidence(
     groups: list[GroupAnalysis], settings: Settings, copy_changed: bool = False
 ) -> None:
     """Compares replicas of one model with and without a tier; their measured difference decides
-    (basis "fleet"). `copy_changed`: entries are shared with the sidecar, so a changed entry is
+    (basis "replicas"). `copy_changed`: entries are shared with the sidecar, so a changed entry is
     replaced in `groups` by a copy."""
-    effects = fleet_effects(groups)
+    effects = replica_effects(groups)
     for i, entry in enumerate(groups):
-        fleet = effects.get(entry.key)
+        ab = effects.get(entry.key)
         verdict = entry.ttft
-        if fleet is None or verdict is None:
+        if ab is None or verdict is None:
             continue
         if copy_changed:
             verdict = replace(verdict)
             entry = groups[i] = replace(
                 entry, ttft=verdict, recommendation=deepcopy(entry.recommendation)
             )
-        verdict.fleet = fleet
-        measured = Measured.fleet(fleet, entry.offloading, verdict.mean_ttft_seconds)
+        verdict.replicas = ab
+        measured = Measured.replicas(ab, entry.offloading, verdict.mean_ttft_seconds)
         _decide_with(entry, settings, measured=(measured,))
 
 

@@ -1,7 +1,7 @@
-"""Fleet A/B: replicas of one model with and without a CPU tier, compared directly.
+"""Replicas A/B: replicas of one model with and without a CPU tier, compared directly.
 
 Why: where such replicas see comparable load, their measured TTFT difference outranks the
-estimate (`ttft_change_basis` = "fleet").
+estimate (`ttft_change_basis` = "replicas").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # pool; the same engine kind is assumed.
 _PROMPT_SPREAD = 0.25
 _RATE_SPREAD = 1.5
-# The fleet's range: the spread of the replicas' means, never under 20% of the difference nor
+# The A/B's range: the spread of the replicas' means, never under 20% of the difference nor
 # 2 ms (one replica a side gives no spread to measure).
 _MIN_REL_RANGE = 0.2
 _MIN_RANGE_SECONDS = 0.002
@@ -73,11 +73,11 @@ def _comparable(one: Replica, pool: list[Replica]) -> list[Replica]:
     ]
 
 
-def fleet_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
+def replica_effects(groups: list[GroupAnalysis]) -> dict[tuple[str, str], Effect]:
     """Per replica: the mean TTFT change per request a tier causes (negative = faster). Compared
     against comparable replicas on the other side."""
     replicas = [r for r in (replica(g) for g in groups) if r is not None]
-    # Each side of each model, in the replicas' order: a fleet of one model is not compared
+    # Each side of each model, in the replicas' order: the replicas of one model are not compared
     # replica by replica against every other (1,000 replicas would be a million checks).
     sides: dict[tuple[str, bool], list[Replica]] = {}
     for r in replicas:

@@ -36,7 +36,7 @@ class TtftVerdict:
     now: Effect | None  # the tier's effect now (offloading on)
     predicted: Effect | None  # a tier at `predicted_size_gib` (the recommended size)
     predicted_size_gib: float | None = None
-    fleet: Effect | None = None  # replicas with vs without a tier (kvoffload.analysis.replicas)
+    replicas: Effect | None = None  # replicas with vs without a tier (kvoffload.analysis.replicas)
     before_after: BeforeAfter | None = None  # this engine across a tier change (beforeafter)
 
     def to_json(self) -> JsonObject:
@@ -58,8 +58,8 @@ class TtftVerdict:
                 else None
             ),
         }
-        if self.fleet is not None:
-            out["fleet"] = self.fleet.to_json()
+        if self.replicas is not None:
+            out["replicas"] = self.replicas.to_json()
         if self.before_after is not None:
             out["before_after"] = self.before_after.to_json()
         return out

@@ -42,7 +42,7 @@ class TtftEvidence:
 
 @dataclass(frozen=True)
 class Measured:
-    """A measured A/B of the tier: basis "fleet" (replicas) or "before_after" (a tier change)."""
+    """A measured A/B of the tier: basis "replicas" or "before_after" (a tier change)."""
 
     effect: Effect
     mean_ttft: float
@@ -50,7 +50,7 @@ class Measured:
     seen: str
 
     @classmethod
-    def fleet(cls, effect: Effect, offloading: bool, mean_ttft: float) -> Measured:
+    def replicas(cls, effect: Effect, offloading: bool, mean_ttft: float) -> Measured:
         """The replicas' A/B (analysis.replicas), with the words that say what was compared."""
         n = int(effect.parts.get("replicas_compared", 0))
         seen = (
@@ -58,7 +58,7 @@ class Measured:
             f"tier answer in {effect.parts['other_mean_ttft_seconds'] * 1000:.1f} ms on average "
             f"against {mean_ttft * 1000:.1f} ms here"
         )
-        return cls(effect, mean_ttft, "fleet", seen)
+        return cls(effect, mean_ttft, "replicas", seen)
 
 
 # What would settle an effect one server cannot tell from noise.
@@ -334,7 +334,7 @@ def judge_ab(
     basis: str,
     seen: str,
 ) -> Recommendation:
-    """Re-decides from a measured A/B (basis "fleet" or "before_after"), which outranks the
+    """Re-decides from a measured A/B (basis "replicas" or "before_after"), which outranks the
     estimate. An A/B within its noise says so and keeps the estimate's advice."""
     floor = max(t.min_ttft_saving_seconds, t.min_ttft_saving_ratio * mean_ttft)
     note = (
@@ -344,7 +344,11 @@ def judge_ab(
     )
     pays = ab.high < 0 and -ab.seconds >= floor
     costs = ab.low > 0
-    what = "the fleet" if basis == "fleet" else "this engine, before and after its tier changed,"
+    what = (
+        "the replicas' A/B"
+        if basis == "replicas"
+        else "this engine, before and after its tier changed,"
+    )
     if not pays and not costs:
         rec.reasons.insert(0, f"{what} cannot tell yet: {seen}: {note}")
         rec.trace.append({"stage": basis, "action": rec.action, "why": "within its noise"})

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvoffload.analysis.analyze import (
     Settings,
-    add_fleet_evidence,
+    add_replica_evidence,
     analyze_groups,
     window_from_extracts,
 )
@@ -57,7 +57,7 @@ def _analyze_batches(
         return _BatchResult([], 0, reader.stats)  # every instance of the batch failed
     groups = [
         g
-        for g in analyze_groups(window, settings, lifetime, fleet=False)
+        for g in analyze_groups(window, settings, lifetime, replicas=False)
         if g.instance not in reader.stats.errors  # a partial read is no analysis
     ]
     return _BatchResult(groups, scrapes, reader.stats)
@@ -122,7 +122,7 @@ def analyze_from_prometheus(
             "no instance could be read: " + "; ".join(sorted(set(total.errors.values()))[:3])
         )
     # The fleet-wide replica comparison needs every group, so it runs once, here in the parent.
-    add_fleet_evidence(groups, settings)
+    add_replica_evidence(groups, settings)
     groups = need_order(groups)
     return FleetResult(groups, summarize(groups), sum(r.scrapes for r in results), total)
 

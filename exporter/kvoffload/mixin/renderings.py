@@ -90,8 +90,8 @@ def _shares(*keys: str) -> Callable[[Settings, str], str]:
     return lambda cfg, w: share_family(cfg, w, shares, label)
 
 
-def _fleet_mean_ttft(offloading: bool) -> Callable[[Settings, str], str]:
-    """Mean TTFT per model over the replicas with (or without) offloading: fleet A/B."""
+def _replica_mean_ttft(offloading: bool) -> Callable[[Settings, str], str]:
+    """Mean TTFT per model over the replicas with (or without) offloading: replicas A/B."""
 
     def build(cfg: Settings, w: str) -> str:
         gate = f"{'and' if offloading else 'unless'} on ({target_by(cfg)}) {GATE_RECORD}"
@@ -105,8 +105,8 @@ def _fleet_mean_ttft(offloading: bool) -> Callable[[Settings, str], str]:
     return build
 
 
-def _fleet_effect(cfg: Settings, w: str) -> str:
-    """Fleet A/B: mean TTFT of a model's replicas with a tier minus those without, in seconds.
+def _replica_effect(cfg: Settings, w: str) -> str:
+    """Replicas A/B: mean TTFT of a model's replicas with a tier minus those without, in seconds.
 
     Negative means the tier makes TTFT better. Load is not matched: read it next to the rates."""
     mean = f"model_name:vllm_time_to_first_token_seconds:replica_mean_rate{w}"
@@ -351,7 +351,7 @@ RENDERINGS: tuple[Rendering, ...] = (
         "vllm_time_to_first_token_seconds",
         "replica_mean_rate",
         ("slow",),
-        _fleet_mean_ttft(True),
+        _replica_mean_ttft(True),
         labels=(("offloading", "on"),),
         help="Mean TTFT per model over its replicas with offloading (replicas A/B).",
     ),
@@ -360,7 +360,7 @@ RENDERINGS: tuple[Rendering, ...] = (
         "vllm_time_to_first_token_seconds",
         "replica_mean_rate",
         ("slow",),
-        _fleet_mean_ttft(False),
+        _replica_mean_ttft(False),
         labels=(("offloading", "off"),),
         help="Mean TTFT per model over its replicas without offloading (replicas A/B).",
     ),
@@ -369,7 +369,7 @@ RENDERINGS: tuple[Rendering, ...] = (
         "vllm_time_to_first_token_seconds",
         "replica_ab_rate",
         ("slow",),
-        _fleet_effect,
+        _replica_effect,
         help="Replicas A/B: mean TTFT with a tier minus without, per model (negative = "
         "faster); load is not matched.",
     ),

@@ -214,7 +214,8 @@ SERIES: tuple[Series, ...] = (
             "bound",
         ),
         "Predicted mean TTFT change per request if the recommendation is applied, relative to "
-        "now (negative = faster); basis=measured|predicted|fleet, bound=estimate|low|high.",
+        "now (negative = faster); basis=measured|predicted|replicas|before_after, "
+        "bound=estimate|low|high.",
     ),
     Series(
         "ttft",
@@ -789,7 +790,9 @@ class _AdviceFamilies:
 
 
 def _whatif(groups: list[GroupAnalysis]) -> Iterator[Metric]:
-    """The what-if rows of each group (kv_events.whatif) at its named tier sizes."""
+    """The what-if rows of each group at its named tier sizes.
+
+    They are GroupAnalysis.kv_events["whatif"], built by kvevents/whatif.py."""
     stored = _gauge("kvoffload_whatif_stored_bytes")
     never = _gauge("kvoffload_whatif_never_reloaded_bytes")
     hit = _gauge("kvoffload_whatif_offload_hit_ratio")

@@ -20,7 +20,7 @@ import aiohttp
 from kvoffload.analysis.analyze import (
     Settings,
     add_before_after,
-    add_fleet_evidence,
+    add_replica_evidence,
     analyze_group,
 )
 from kvoffload.analysis.result import GroupAnalysis
@@ -248,7 +248,7 @@ class Sidecar:
         # are, not done for every group at once when /metrics is asked for.
         self._analyses: dict[GroupKey, GroupAnalysis] = {}
         self._holders: dict[GroupKey, AdviceHolder] = {}  # the stability rules' state
-        self._unanalysed: set[GroupKey] = set()  # its analysis failed at the scrape: retried
+        self._unanalyzed: set[GroupKey] = set()  # its analysis failed at the scrape: retried
         self._events_seen: dict[GroupKey, int] = {}  # the events' generation it was made with
         self._event_generation: dict[str, int] = {}  # per target with KV events
         self._analyses_changed = True
@@ -451,9 +451,9 @@ class Sidecar:
         self._generation += 1
         touched = {(i, m) for _k, i, m, _e in ex.counters} | {(i, m) for _k, i, m, _e in ex.gauges}
         touched |= {(i, m) for _k, i, m, _e in ex.unknown}
-        self._unanalysed |= touched
+        self._unanalyzed |= touched
         try:
-            self._analyse(touched)
+            self._analyze(touched)
         except Exception:  # left for groups(), where it fails as it always did
             log.exception("analyzing %s", target.name)
 
@@ -489,7 +489,7 @@ class Sidecar:
         for group in groups:
             if self._analyses.pop(group, None) is not None:
                 self._analyses_changed = True
-            self._unanalysed.discard(group)
+            self._unanalyzed.discard(group)
             self._events_seen.pop(group, None)
             self.event_baselines.pop(group, None)
             self._holders.pop(group, None)
@@ -505,14 +505,14 @@ class Sidecar:
                     self.event_baselines[group] = latest
 
     # -- analysis -----------------------------------------------------------------------------
-    def reanalyse(self) -> None:
+    def reanalyze(self) -> None:
         """Analyze every group of the window anew.
 
         For a window built elsewhere and put in place; groups are otherwise analyzed as scrapes
         land."""
-        self._analyse(set(self.window.groups()))
+        self._analyze(set(self.window.groups()))
 
-    def _analyse(self, groups: set[GroupKey]) -> None:
+    def _analyze(self, groups: set[GroupKey]) -> None:
         """(Re-)analyze these groups as analyze_groups does, without the replicas' comparison.
 
         Each reads only its own part of the window and its target's events."""
@@ -534,7 +534,7 @@ class Sidecar:
                 entry.stale = None if target is not None and not target.up else False
                 self._analyses[group] = entry
                 self._events_seen[group] = self._event_generation.get(group[0], 0)
-            self._unanalysed.discard(group)
+            self._unanalyzed.discard(group)
             self._analyses_changed = True
 
     # -- views ------------------------------------------------------------------------------
@@ -548,14 +548,14 @@ class Sidecar:
             for g, seen in self._events_seen.items()
             if g[0] in self._event_generation and seen != self._event_generation[g[0]]
         }
-        if moved or self._unanalysed:
-            self._analyse(moved | self._unanalysed)
+        if moved or self._unanalyzed:
+            self._analyze(moved | self._unanalyzed)
         # Figures of a target we cannot read any more describe the past: /metrics drops
         # them (Prometheus sees them go stale); the JSON keeps them, flagged.
         down = {t.name for t in self.targets if not t.up}
         if self._analyses_changed:
             entries = [self._analyses[g] for g in sorted(self._analyses)]
-            add_fleet_evidence(entries, self.config.settings, copy_changed=True)
+            add_replica_evidence(entries, self.config.settings, copy_changed=True)
             add_before_after(self.window, entries, self.config.settings, copy_changed=True)
             entries = [self._stable(e) for e in entries]
             self._published = [_flagged(e, e.instance in down) for e in entries]

@@ -1,7 +1,7 @@
 """The Grafana dashboards: an overview per model and engine, and a fleet view across instances.
 
 Panels read the recording rules where one exists, so dashboards, alerts and sidecar agree.
-One module per dashboard; panels.py, scope.py and layout.py hold what they share."""
+One module per dashboard; panels.py, queries.py and layout.py hold what they share."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from kvoffload.mixin.dashboards.panels import (
     about,
     unit,
 )
-from kvoffload.mixin.dashboards.scope import (
+from kvoffload.mixin.dashboards.queries import (
     NEEDS_RULES,
     NEEDS_RULES_TITLE,
     RULE_NAME,
-    Scope,
+    PanelQueries,
     fallback_rules,
     needs_rules,
     raw_expr,
@@ -40,7 +40,7 @@ __all__ = [
     "ONLY_WHERE",
     "OVERVIEW",
     "RULE_NAME",
-    "Scope",
+    "PanelQueries",
     "about",
     "fallback_rules",
     "fleet",

@@ -10,13 +10,13 @@ from typing import Any
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.panels import about, gbps, sidecar_help, unit
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 from kvoffload.thresholds import Thresholds
 
 _ADVISOR_HORIZON = Thresholds().reuse_horizon_seconds
 
 
-def transfers_row(s: Scope) -> list[Any]:
+def transfers_row(s: PanelQueries) -> list[Any]:
     """Copy bandwidth against the link and the floor, traffic per engine, pinned slots, failures."""
     cfg, t = s.cfg, g.target
     return [
@@ -79,12 +79,12 @@ def transfers_row(s: Scope) -> list[Any]:
     ]
 
 
-def capacity_rows(s: Scope) -> list[Any]:
+def capacity_rows(s: PanelQueries) -> list[Any]:
     """The capacity row: what the tiers hold and how fast they fill, then GPU pressure."""
     return [*_tier_size(s), *_gpu_pressure(s)]
 
 
-def _tier_size(s: Scope) -> list[Any]:
+def _tier_size(s: PanelQueries) -> list[Any]:
     """Capacities in tokens, the CPU tier's fill time, GPU KV usage per engine."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
@@ -129,7 +129,7 @@ def _tier_size(s: Scope) -> list[Any]:
     ]
 
 
-def _gpu_pressure(s: Scope) -> list[Any]:
+def _gpu_pressure(s: PanelQueries) -> list[Any]:
     """How long prefixes survive on the GPU, the tier's fill since start, preemptions, waits."""
     cfg, t = s.cfg, g.target
     fast = cfg.rate_window

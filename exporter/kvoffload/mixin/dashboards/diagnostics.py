@@ -9,29 +9,29 @@ from typing import Any
 
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import CONFIG_LABELS, OFFLOAD_CONFIG_LABELS, ONLY_WHERE
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 
 BY = "instance, engine"
 
 
-def diagnostics_row(s: Scope) -> list[Any]:
+def diagnostics_row(s: PanelQueries) -> list[Any]:
     """Lookup delay, transfer sizes, pinned slots, failed and skipped stores, then the config."""
     return [*_transfer_charts(s), *_config_tables(s)]
 
 
-def _rate(s: Scope, name: str, *matchers: str) -> str:
+def _rate(s: PanelQueries, name: str, *matchers: str) -> str:
     return f"rate({s.raw(name, *matchers)}[$__rate_interval])"
 
 
-def _quantile(s: Scope, q: str, name: str, *matchers: str) -> str:
+def _quantile(s: PanelQueries, q: str, name: str, *matchers: str) -> str:
     """Quantile `q` of a vLLM histogram per engine."""
     return f"histogram_quantile({q}, sum by ({BY}, le) ({_rate(s, name + '_bucket', *matchers)}))"
 
 
-Queries = dict[str, str]  # legend value → PromQL, one chart's series (Scope.labelled)
+Queries = dict[str, str]  # legend value → PromQL, one chart's series (PanelQueries.labelled)
 
 
-def _queries(s: Scope) -> tuple[Queries, Queries, Queries, Queries]:
+def _queries(s: PanelQueries) -> tuple[Queries, Queries, Queries, Queries]:
     """The charts' query sets: lookup delays, transfer sizes, pinned slots, store outcomes."""
     lookup = {
         kind: _quantile(s, "0.99", f"kv_offload_lookup_{kind}_delay_seconds")
@@ -58,7 +58,7 @@ def _queries(s: Scope) -> tuple[Queries, Queries, Queries, Queries]:
     return lookup, sizes, pinned, stores
 
 
-def _transfer_charts(s: Scope) -> list[Any]:
+def _transfer_charts(s: PanelQueries) -> list[Any]:
     """Lookup delay, transfer sizes, pinned slots, failed and skipped stores, per engine."""
     t = g.target
     lookup, sizes, pinned, stores = _queries(s)
@@ -109,7 +109,7 @@ def _transfer_charts(s: Scope) -> list[Any]:
     ]
 
 
-def _config_tables(s: Scope) -> list[Any]:
+def _config_tables(s: PanelQueries) -> list[Any]:
     """vLLM's cache and CPU-tier config info, one table row per engine."""
     t = g.target
     config = ", ".join(("instance", "engine", *CONFIG_LABELS))

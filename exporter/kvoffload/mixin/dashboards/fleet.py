@@ -1,4 +1,4 @@
-"""The fleet dashboard: every instance side by side, the fleet A/B, the figures by instance."""
+"""The fleet dashboard: every instance side by side, the replicas A/B, the figures by instance."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kvoffload.mixin.dashboards.panels import (
     gbps,
     unit,
 )
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 from kvoffload.mixin.renderings import helper_record
 
 FLEET = "fleet"
@@ -25,10 +25,10 @@ FLEET = "fleet"
 
 def fleet(cfg: MixinConfig) -> dict[str, Any]:
     """The fleet dashboard, per instance and model (no engine variable)."""
-    s = Scope(cfg, per_engine=False)
+    s = PanelQueries(cfg, per_engine=False)
     sections = [
         g.Section("Fleet", _at_a_glance(s)),
-        g.Section("Fleet A/B: with and without a tier", _ab(s)),
+        g.Section("Replicas A/B: with and without a tier", _ab(s)),
         g.Section("By instance", [*_by_instance_effect(s), *_by_instance_traffic(s)]),
     ]
     return dashboard(
@@ -42,7 +42,7 @@ def fleet(cfg: MixinConfig) -> dict[str, Any]:
     )
 
 
-def _advice_columns(s: Scope, by: str) -> list[tuple[str, str, str, str]]:
+def _advice_columns(s: PanelQueries, by: str) -> list[tuple[str, str, str, str]]:
     """The sidecar's columns of the table: (query, header, unit, mapping key or "")."""
     estimate = 'bound="estimate"'
     change = "kvoffload_recommended_ttft_change_seconds"
@@ -76,7 +76,7 @@ def _advice_columns(s: Scope, by: str) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def _at_a_glance(s: Scope) -> list[Any]:
+def _at_a_glance(s: PanelQueries) -> list[Any]:
     """One table row per engine: its advice, size and TTFT effect, then its figures."""
     cfg, t = s.cfg, g.target
     fast, slow = cfg.rate_window, cfg.slow_window
@@ -102,7 +102,7 @@ def _at_a_glance(s: Scope) -> list[Any]:
         "coloured: green/blue nothing to change, yellow/orange a change would help, red the "
         "tier hurts), the size it advises, the TTFT change it predicts if applied and what "
         "that rests on (basis: measured on this server, predicted from the KV-event curve, "
-        "or the fleet's A/B), the tier's TTFT effect now (negative = faster), then the "
+        "or the replicas' A/B), the tier's TTFT effect now (negative = faster), then the "
         f"figures (recording rules, {fast}/{slow} windows). Blank: undefined (no traffic, "
         "offloading off, or no sidecar for that instance).",
         [t(q, instant=True, table=True) for q, *_rest in columns],
@@ -123,8 +123,8 @@ def _at_a_glance(s: Scope) -> list[Any]:
     return [overview_table, advice]
 
 
-def _ab(s: Scope) -> list[Any]:
-    """The fleet A/B: mean TTFT of replicas with and without a tier, and their difference."""
+def _ab(s: PanelQueries) -> list[Any]:
+    """The replicas A/B: mean TTFT of replicas with and without a tier, and their difference."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
     mean = helper_record("vllm_time_to_first_token_seconds", "replica_mean_rate", cfg, "slow")
@@ -133,12 +133,12 @@ def _ab(s: Scope) -> list[Any]:
         g.timeseries(
             "Mean TTFT, replicas with and without a CPU tier",
             f"Mean time to first token per model over {slow}, over its replicas with "
-            f"offloading and over those without ({mean}): where a fleet runs both, "
+            f"offloading and over those without ({mean}): where a model's replicas run both, "
             "the measured A/B. Load is not matched: compare the request rates.",
             "s",
             [
                 t(
-                    s.fleet_mean("vllm_time_to_first_token_seconds", "replica_mean_rate", "slow"),
+                    s.replica_mean("vllm_time_to_first_token_seconds", "replica_mean_rate", "slow"),
                     "{{model_name}} offloading {{offloading}}",
                 )
             ],
@@ -146,16 +146,16 @@ def _ab(s: Scope) -> list[Any]:
         g.timeseries(
             "TTFT effect of offloading across the fleet",
             f"Mean TTFT with a tier minus without, per model, over {slow} ({effect}); "
-            "negative = the tier makes TTFT better. The sidecar's fleet A/B "
-            "(basis fleet) also matches load before comparing.",
+            "negative = the tier makes TTFT better. The sidecar's replicas A/B "
+            "(basis replicas) also matches load before comparing.",
             "s",
-            [t(s.fleet_effect(), "{{model_name}}")],
+            [t(s.replica_effect(), "{{model_name}}")],
             lines=[(0.0, "red")],
         ),
     ]
 
 
-def _by_instance_effect(s: Scope) -> list[Any]:
+def _by_instance_effect(s: PanelQueries) -> list[Any]:
     """The sidecar's TTFT effect and the hit ratios, one line per instance and model."""
     cfg, t = s.cfg, g.target
     return [
@@ -192,7 +192,7 @@ def _by_instance_effect(s: Scope) -> list[Any]:
     ]
 
 
-def _by_instance_traffic(s: Scope) -> list[Any]:
+def _by_instance_traffic(s: PanelQueries) -> list[Any]:
     """Store rate, reuse, load bandwidth and GPU KV usage, one line per instance and model."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window

@@ -10,16 +10,16 @@ from typing import Any
 
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import sidecar_help
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 from kvoffload.mixin.renderings import record_name
 
 
-def exact_row(s: Scope) -> list[Any]:
+def exact_row(s: PanelQueries) -> list[Any]:
     """Three stats across, then two rows of two charts: the rectangle has no holes."""
     return [*_curve_stats(s), *_curve_charts(s), *_event_charts(s)]
 
 
-def _curve_stats(s: Scope) -> list[Any]:
+def _curve_stats(s: PanelQueries) -> list[Any]:
     """The curve's headline: achievable and predicted hit ratios, predicted TTFT effect."""
     t = g.target
     return [
@@ -55,7 +55,7 @@ def _curve_stats(s: Scope) -> list[Any]:
     ]
 
 
-def _curve_charts(s: Scope) -> list[Any]:
+def _curve_charts(s: PanelQueries) -> list[Any]:
     """The reuse curve by tier size, and the tier's occupancy next to its size."""
     t = g.target
     bucket = s.sidecar("kvoffload_reuse_distance_bytes_bucket")
@@ -94,7 +94,7 @@ def _curve_charts(s: Scope) -> list[Any]:
     ]
 
 
-def _event_charts(s: Scope) -> list[Any]:
+def _event_charts(s: PanelQueries) -> list[Any]:
     """The exact never-loaded bytes, and the health of the event stream."""
     cfg, t = s.cfg, g.target
     events_scope = ", ".join(

@@ -11,7 +11,7 @@ from kvoffload.links import doc
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.config import MixinConfig
 from kvoffload.mixin.dashboards.panels import ONLY_WHERE
-from kvoffload.mixin.dashboards.scope import NEEDS_RULES, NEEDS_RULES_TITLE, needs_rules
+from kvoffload.mixin.dashboards.queries import NEEDS_RULES, NEEDS_RULES_TITLE, needs_rules
 
 # The variables list the targets from a gauge every vLLM engine serves from its start (0.6 to
 # 0.26 and the simulator), labelled model_name and engine; not from a recording rule, so they

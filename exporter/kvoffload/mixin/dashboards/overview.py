@@ -23,7 +23,7 @@ from kvoffload.mixin.dashboards.panels import (
     pooled_about,
     unit,
 )
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 from kvoffload.mixin.dashboards.tiers import TIERS_ROW, tiers_row
 from kvoffload.mixin.renderings import record_name
 
@@ -32,7 +32,7 @@ OVERVIEW = "overview"
 
 def overview(cfg: MixinConfig) -> dict[str, Any]:
     """The overview dashboard, per engine: advice, verdict, benefit, cost, sizing, diagnostics."""
-    s = Scope(cfg, per_engine=True)
+    s = PanelQueries(cfg, per_engine=True)
     sections = [
         g.Section("Advice", _advice(s)),
         g.Section("Time to first token: the verdict", _verdict(s)),
@@ -57,7 +57,7 @@ def overview(cfg: MixinConfig) -> dict[str, Any]:
     )
 
 
-def _advice(s: Scope) -> list[Any]:
+def _advice(s: PanelQueries) -> list[Any]:
     """The sidecar's advice, the tier's size and the three figures it rests on."""
     cfg, t = s.cfg, g.target
     slow = cfg.slow_window
@@ -129,7 +129,7 @@ def _advice(s: Scope) -> list[Any]:
     ]
 
 
-def _verdict(s: Scope) -> list[Any]:
+def _verdict(s: PanelQueries) -> list[Any]:
     """The sidecar's TTFT verdict: the tier's effect now, with its range, and after the advice."""
     cfg, t = s.cfg, g.target
     effect = "kvoffload_offload_ttft_effect_seconds"
@@ -151,7 +151,7 @@ def _verdict(s: Scope) -> list[Any]:
             "TTFT change if the advice is applied",
             "Predicted mean TTFT change per request if the recommendation is applied, "
             "relative to now (kvoffload_recommended_ttft_change_seconds; basis measured, "
-            "predicted or fleet). Empty for keep / leave_off.",
+            "predicted or replicas). Empty for keep / leave_off.",
             "s",
             [
                 t(
@@ -181,7 +181,7 @@ def _verdict(s: Scope) -> list[Any]:
     ]
 
 
-def _paying(s: Scope) -> list[Any]:
+def _paying(s: PanelQueries) -> list[Any]:
     """Whether the tier pays: cache hits, prompt token sources, TTFT, reload vs recompute."""
     cfg, t = s.cfg, g.target
     fast = cfg.rate_window
@@ -244,7 +244,7 @@ def _paying(s: Scope) -> list[Any]:
     ]
 
 
-def _cost(s: Scope) -> list[Any]:
+def _cost(s: PanelQueries) -> list[Any]:
     """What the tier costs: its traffic, bytes stored for nothing, reuse, queue time."""
     cfg, t = s.cfg, g.target
     fast, slow = cfg.rate_window, cfg.slow_window
@@ -295,14 +295,14 @@ def _cost(s: Scope) -> list[Any]:
     ]
 
 
-def _ttft_parts(s: Scope) -> list[Any]:
+def _ttft_parts(s: PanelQueries) -> list[Any]:
     """The TTFT model's parts that are closed formulas of rates, each its own recording rule.
 
     See docs/advisor.md, "What Prometheus alone shows"; the verdict itself is the sidecar's."""
     return [*_ttft_times(s), *_per_request(s)]
 
 
-def _ttft_times(s: Scope) -> list[Any]:
+def _ttft_times(s: PanelQueries) -> list[Any]:
     """Where queue time goes (capacity vs reload waits), and prefill against copy time."""
     cfg, t = s.cfg, g.target
     fast = cfg.rate_window
@@ -339,7 +339,7 @@ def _ttft_times(s: Scope) -> list[Any]:
     ]
 
 
-def _per_request(s: Scope) -> list[Any]:
+def _per_request(s: PanelQueries) -> list[Any]:
     """What one request reloads, in tokens and loads, and how many share the engine."""
     cfg, t = s.cfg, g.target
     return [

@@ -63,9 +63,9 @@ ACTION_COLOURS = {
 ACTION_CODES = {action: i + 1 for i, action in enumerate(ACTIONS)}
 ACTION_MAPPINGS = g.value_mappings({ACTION_CODES[a]: (a, ACTION_COLOURS[a]) for a in ACTIONS})
 # What the predicted TTFT change rests on (kvoffload_recommended_ttft_change_seconds' basis).
-BASIS_CODES = {"measured": 1, "predicted": 2, "fleet": 3}
+BASIS_CODES = {"measured": 1, "predicted": 2, "replicas": 3}
 BASIS_MAPPINGS = g.value_mappings(
-    {1: ("measured", "green"), 2: ("predicted", "yellow"), 3: ("fleet", "blue")}
+    {1: ("measured", "green"), 2: ("predicted", "yellow"), 3: ("replicas", "blue")}
 )
 
 # Grafana's unit for each unit of the catalog (signals.Figure.unit). The rules and the sidecar's

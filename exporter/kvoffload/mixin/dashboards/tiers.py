@@ -9,20 +9,20 @@ from typing import Any
 
 from kvoffload.mixin import grafana as g
 from kvoffload.mixin.dashboards.panels import about, unit
-from kvoffload.mixin.dashboards.scope import Scope
+from kvoffload.mixin.dashboards.queries import PanelQueries
 
 TIERS_ROW = "Secondary tiers (below the CPU tier)"
 BY = "instance, tier"
 _WHERE = "Empty without a tier below the CPU (vLLM's TieringOffloadingSpec)."
 
 
-def tiers_row(s: Scope) -> list[Any]:
+def tiers_row(s: PanelQueries) -> list[Any]:
     """Hit shares, traffic, bandwidth, failures and jobs in flight; then each tier's hits and
     traffic, and the lookup delay."""
     return [*_together(s), *_per_tier(s)]
 
 
-def _panel(s: Scope, title: str, keys: dict[str, str], width: int = 8) -> Any:
+def _panel(s: PanelQueries, title: str, keys: dict[str, str], width: int = 8) -> Any:
     """One chart of catalog figures, legend `{{instance}} <name>` per figure."""
     first = next(iter(keys))
     described = " ".join(about(s.cfg, k) for k in keys)
@@ -32,7 +32,7 @@ def _panel(s: Scope, title: str, keys: dict[str, str], width: int = 8) -> Any:
     )
 
 
-def _together(s: Scope) -> list[Any]:
+def _together(s: PanelQueries) -> list[Any]:
     """All secondary tiers together, from the figures' rules."""
     return [
         _panel(
@@ -69,16 +69,16 @@ def _together(s: Scope) -> list[Any]:
     ]
 
 
-def _rate(s: Scope, name: str) -> str:
+def _rate(s: PanelQueries, name: str) -> str:
     return f"sum by ({BY}) (rate({s.raw(name)}[$__rate_interval]))"
 
 
-def _either(s: Scope, chunk: str, block: str) -> str:
+def _either(s: PanelQueries, chunk: str, block: str) -> str:
     """The chunk spelling of a lookup counter, else the older block one."""
     return f"(\n{_rate(s, chunk)}\nor\n{_rate(s, block)}\n)"
 
 
-def _per_tier(s: Scope) -> list[Any]:
+def _per_tier(s: PanelQueries) -> list[Any]:
     """Each tier on its own from vLLM's series by `tier` (0:primary is the CPU tier).
 
     Plus how long the secondary tiers' lookups make a request wait (vLLM 0.26.0's only tiering

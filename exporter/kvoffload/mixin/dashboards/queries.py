@@ -1,4 +1,4 @@
-"""The selectors of one dashboard, and the raw PromQL that stands in for a missing rule.
+"""The PromQL of one dashboard's panels, and the raw PromQL that stands in for a missing rule.
 
 Without kvoffload's rules (import only, the usual first step) a panel reads `rule or <its PromQL>`.
 So it shows the same figure either way."""
@@ -100,8 +100,8 @@ def _scope(cfg: MixinConfig) -> str:
     )
 
 
-class Scope:
-    """Selectors of one dashboard: recording rules, raw vLLM series, the sidecar's series."""
+class PanelQueries:
+    """The queries of one dashboard's panels: recording rules, raw vLLM series, sidecar series."""
 
     def __init__(self, cfg: MixinConfig, per_engine: bool) -> None:
         self.cfg = cfg
@@ -142,8 +142,8 @@ class Scope:
             FIGURES_BY_KEY[key].formula, self.cfg, r.window(self.cfg, which), self.scope
         )
 
-    def fleet_mean(self, metric: str, op: str, which: str) -> str:
-        """A per-model fleet rule scoped by the model alone, else all its renderings raw.
+    def replica_mean(self, metric: str, op: str, which: str) -> str:
+        """A per-model replicas rule scoped by the model alone, else all its renderings raw.
 
         Such a rule has no target labels, and one rendering per static label set (tier or none)."""
         scope = 'model_name=~"$model_name"'
@@ -154,8 +154,8 @@ class Scope:
             return rule
         return "(\n" + "\nor\n".join([rule, *(str(raw) for raw in raws)]) + "\n)"
 
-    def fleet_effect(self) -> str:
-        """The fleet A/B difference (with a tier minus without), else from the raw means.
+    def replica_effect(self) -> str:
+        """The replicas' A/B difference (with a tier minus without), else from the raw means.
 
         Its rule reads the mean rules, so its own expression cannot stand in for it."""
         scope = 'model_name=~"$model_name"'
