@@ -42,6 +42,25 @@ def metrics_markdown() -> str:
         "`figures.offload_ttft_effect_seconds`, `recommendation.ttft_change_seconds`, "
         "`ttft_change_basis`, `ttft_change_range_seconds` and a `ttft` block per group.",
     ]
+    lines += _series_sections()
+    lines += [
+        "",
+        "## The sidecar itself",
+        "",
+        "Like every exporter, its own cost and runtime (prometheus_client's collectors): "
+        "`process_cpu_seconds_total`, `process_resident_memory_bytes`, "
+        "`process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, "
+        "`process_start_time_seconds` (Linux), `python_info{implementation,major,minor,"
+        "patchlevel,version}` and `python_gc_objects_collected_total`, "
+        "`python_gc_objects_uncollectable_total`, `python_gc_collections_total` "
+        "(`{generation}`).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _series_sections() -> list[str]:
+    """The sections after the figures: KV events, what-ifs, tiers, memory, --prometheus, vLLM."""
+    lines: list[str] = []
     lines += _section(
         "With `--kv-events`",
         "Exact sizing from vLLM's KV events (docs/sizing.md). Per engine sizes; the JSON "
@@ -94,19 +113,7 @@ def metrics_markdown() -> str:
         [_source_row(src) for src in CATALOG],
         "| key | kind | vLLM series | believable range | notes |\n|---|---|---|---|---|",
     )
-    lines += [
-        "",
-        "## The sidecar itself",
-        "",
-        "Like every exporter, its own cost and runtime (prometheus_client's collectors): "
-        "`process_cpu_seconds_total`, `process_resident_memory_bytes`, "
-        "`process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, "
-        "`process_start_time_seconds` (Linux), `python_info{implementation,major,minor,"
-        "patchlevel,version}` and `python_gc_objects_collected_total`, "
-        "`python_gc_objects_uncollectable_total`, `python_gc_collections_total` "
-        "(`{generation}`).",
-    ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _figure_rows() -> list[str]:
