@@ -29,10 +29,10 @@ import pytest
 import requests
 import yaml
 
+from kvoffload.cli.passwords import Verdict
 from kvoffload.cli.server import MAX_HANDSHAKES, TLS_HANDSHAKE_SECONDS
+from kvoffload.cli.webconfig import WebSecurity
 from kvoffload.errors import InputError
-from kvoffload.sidecar.passwords import Verdict
-from kvoffload.sidecar.webconfig import WebSecurity
 
 from helpers import free_port, tls_ca, tls_cert
 

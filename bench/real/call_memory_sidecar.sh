@@ -11,7 +11,7 @@ fi
 rm -rf /tmp/kvexp; cp -r .bundle2/kvexp /tmp/kvexp; cat /tmp/kvexp/COMMIT
 cat /proc/self/cgroup; ls /sys/fs/cgroup | head -30; mount | grep -E 'cgroup|shm'
 export PYTHONPATH=$SITE KVO_PYTHONPATH=$SITE:/tmp/kvexp DEADLINE=$((T0 + BUDGET))
-PYTHONPATH=$KVO_PYTHONPATH python3 -c "import kvoffload.cli, kvoffload.sidecar.service, kvoffload.sidecar.webconfig, kvoffload.ingest.hostmemory; print(\"kvoffload serve imports ok\")" || exit 4
+PYTHONPATH=$KVO_PYTHONPATH python3 -c "import kvoffload.cli, kvoffload.sidecar.service, kvoffload.cli.webconfig, kvoffload.ingest.hostmemory; print(\"kvoffload serve imports ok\")" || exit 4
 cd bench/real && timeout $((BUDGET + 20)) python3 host_memory_sidecar.py
 echo "call total $(( $(date +%s) - T0 ))s"
 cd $OUT && tar -cJf /tmp/all.tar.xz . && rm -rf $OUT/* && mv /tmp/all.tar.xz $OUT/

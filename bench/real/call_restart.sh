@@ -9,7 +9,7 @@ if [ ! -f $SITE/vllm/_C_stable_libtorch.abi3.so ]; then
 fi
 rm -rf /tmp/kvexp /tmp/vrc/state /tmp/vrc/rec.om*; cp -r .bundle2/kvexp /tmp/kvexp
 export PYTHONPATH=$SITE KVO_PYTHONPATH=$SITE:/tmp/kvexp DEADLINE=$((T0 + BUDGET))
-PYTHONPATH=$KVO_PYTHONPATH python3 -c 'import kvoffload.cli, kvoffload.sidecar.service, kvoffload.sidecar.webconfig; print("kvoffload serve imports ok")' || exit 4
+PYTHONPATH=$KVO_PYTHONPATH python3 -c 'import kvoffload.cli, kvoffload.sidecar.service, kvoffload.cli.webconfig; print("kvoffload serve imports ok")' || exit 4
 cat /tmp/kvexp/COMMIT
 cd bench/real && timeout $((BUDGET + 20)) python3 vllm_restart_check.py
 echo "call total $(( $(date +%s) - T0 ))s"; ls -la $OUT

@@ -69,7 +69,7 @@ def demo(
     import asyncio
 
     from kvoffload.cli.demo_runner import run_demo
-    from kvoffload.sidecar.webconfig import WebSecurity
+    from kvoffload.cli.webconfig import WebSecurity
 
     scenario_named(scenario)
     security = WebSecurity(web.config_file)

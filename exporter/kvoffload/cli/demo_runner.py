@@ -18,9 +18,9 @@ from kvoffload.analysis.stability import StabilityRules
 from kvoffload.cli import server as serving
 from kvoffload.cli.flags import listen_socket, url
 from kvoffload.cli.report import format_value
+from kvoffload.cli.webconfig import WebSecurity
 from kvoffload.sidecar.http import make_app as make_sidecar_app
 from kvoffload.sidecar.service import KVEventsSource, Sidecar, SidecarConfig
-from kvoffload.sidecar.webconfig import WebSecurity
 
 if TYPE_CHECKING:  # (the simulator imported where the demo starts)
     from kvoffload.sim.config import Scenario

@@ -371,7 +371,7 @@ def run_app(app: Any, web: WebFlags, announce: Callable[[str], None]) -> None:
 
     `announce` gets the metrics' URL once the address is bound."""
     from kvoffload.cli.server import serve_forever
-    from kvoffload.sidecar.webconfig import WebSecurity
+    from kvoffload.cli.webconfig import WebSecurity
 
     security = WebSecurity(web.config_file)
     security.install(app)

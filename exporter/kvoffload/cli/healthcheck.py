@@ -48,7 +48,7 @@ def healthcheck(listen: str, config_file: str | None, timeout: float) -> None:
     import urllib.request
 
     from kvoffload.cli.flags import parse_listen
-    from kvoffload.sidecar.webconfig import parse_web_config
+    from kvoffload.cli.webconfig import parse_web_config
 
     host, port = parse_listen(listen)
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)

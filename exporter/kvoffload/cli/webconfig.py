@@ -20,8 +20,8 @@ import yaml
 from aiohttp import web
 
 from kvoffload import logrepeat
+from kvoffload.cli.passwords import PasswordChecks, Verdict
 from kvoffload.errors import InputError
-from kvoffload.sidecar.passwords import PasswordChecks, Verdict
 
 log = logging.getLogger(__name__)
 # A file rewritten in place fails to load many times over: the same error once a minute.
