@@ -20,7 +20,7 @@ rm -rf $R /tmp/vcache; mkdir -p $R
 export PYTHONPATH=$SITE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONHASHSEED=0
 export DEADLINE=$((T0 + BUDGET)) RESDIR=$R KVO_PYTHONPATH=$SITE:/tmp/kvexp KVO_COMMIT=$(cat /tmp/kvexp/COMMIT)
 # kvoffload from the snapshot, with only the image's packages + the bundle's pyzmq/msgspec
-PYTHONPATH=$KVO_PYTHONPATH python3 -c 'import sys, kvoffload.cli, kvoffload.recording.loop, kvoffload.sidecar.service, kvoffload.sidecar.http, kvoffload.analysis.analyze, kvoffload.kvevents.replay; print("kvoffload imports ok; grafanalib imported:", "grafanalib" in sys.modules)' || echo "KVOFFLOAD IMPORT FAILED"
+PYTHONPATH=$KVO_PYTHONPATH python3 -c 'import sys, kvoffload.cli, kvoffload.recording.loop, kvoffload.sidecar.service, kvoffload.sidecar.http, kvoffload.cli.webconfig, kvoffload.analysis.analyze, kvoffload.kvevents.replay; print("kvoffload imports ok; grafanalib imported:", "grafanalib" in sys.modules)' || echo "KVOFFLOAD IMPORT FAILED"
 echo "prep done in $(( $(date +%s) - T0 ))s; deadline in $BUDGET s; kvoffload $KVO_COMMIT"
 ( cd /tmp && setsid nohup python3 /tmp/b3/orch.py > $R/orch.out 2>&1 < /dev/null & echo $! > $R/orch.pid )
 CD=$R/${CONFIG:-qwen3-8b-long-cudagraph-kv5g}/common; mkdir -p $CD
