@@ -63,9 +63,16 @@ ACTION_COLOURS = {
 ACTION_CODES = {action: i + 1 for i, action in enumerate(ACTIONS)}
 ACTION_MAPPINGS = g.value_mappings({ACTION_CODES[a]: (a, ACTION_COLOURS[a]) for a in ACTIONS})
 # What the predicted TTFT change rests on (kvoffload_recommended_ttft_change_seconds' basis).
-BASIS_CODES = {"measured": 1, "predicted": 2, "replicas": 3}
+# Every ttft_change_basis the advice sets (analysis.verdict): before_after is a tier change on
+# one server, measured before and after.
+BASIS_CODES = {"measured": 1, "predicted": 2, "replicas": 3, "before_after": 4}
 BASIS_MAPPINGS = g.value_mappings(
-    {1: ("measured", "green"), 2: ("predicted", "yellow"), 3: ("replicas", "blue")}
+    {
+        1: ("measured", "green"),
+        2: ("predicted", "yellow"),
+        3: ("replicas", "blue"),
+        4: ("before/after", "purple"),
+    }
 )
 
 # Grafana's unit for each unit of the catalog (signals.Figure.unit). The rules and the sidecar's
