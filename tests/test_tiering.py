@@ -223,6 +223,13 @@ def test_real_tiering_capture_with_its_kv_events_prices_the_tier_below(tmp_path:
     (alone,) = [r for r in whatif["eviction"] if r["size"] == "current" and r["policy"] == "lru"]
     assert abs(tier["cpu_hit_ratio"] - measured) < 0.02, (tier, measured)
     assert alone["cpu_hit_ratio"] < 0.05 and tier["tier_hit_ratio"] > 0.5
+    # the current size's prediction counts the tier below, as the server's hit ratio does
+    assert group["kv_events"]["predicted_offload_hit_ratio_current"] < 0.05
+    with_tier = group["kv_events"]["predicted_offload_hit_ratio_current_with_tier"]
+    assert with_tier == tier["cpu_hit_ratio"]
+    (curve,) = [s for s in group["recommendation"]["trace"] if s["stage"] == "curve"]
+    both = f"{alone['cpu_hit_ratio']:.3f} alone, {with_tier:.3f} with the tier below"
+    assert both in curve["why"]
     assert group["recommendation"]["secondary_tier"]["pays"] is False
     (reason,) = [r for r in group["recommendation"]["reasons"] if r.startswith("secondary tier")]
     wait = group["figures"]["tier_lookup_wait_seconds"]

@@ -104,7 +104,10 @@ def decide(ev: Evidence, t: Thresholds | None = None) -> Recommendation:
     c = ev.counters
     rec = _by_counters(c, t)
     if ev.curve is not None and not rec.insufficient_data:
-        rec = _by_curve(rec, c, ev.curve, t)
+        below = ev.whatif.tiers.get("current") if ev.whatif is not None else None
+        rec = _by_curve(
+            rec, c, ev.curve, t, below if tiering.has_secondary_tier(c.figures) else None
+        )
     if ev.ttft is not None:
         rec = verdict.judge_ttft(rec, c.offloading, ev.ttft, t)
     if ev.whatif is not None and ev.ttft is not None:
@@ -128,7 +131,7 @@ def _add_secondary_tier(
     Why: a secondary tier is configured apart from --kv-offloading-size, so its verdict leaves the
     action alone.
     """
-    if figures.get("tier_hit_ratio") is None and figures.get("tier_lookup_wait_seconds") is None:
+    if not tiering.has_secondary_tier(figures):
         return
     now = ttft_ev.now if ttft_ev is not None else None
     cost = now.parts.get("compute_seconds_per_token") if now is not None else None
@@ -303,13 +306,15 @@ def _advise_on(figures: dict[str, float | None], window: float, t: Thresholds) -
         # past the GPU floor) and judge again; KV events give the exact curve.
         current = figures.get("cpu_capacity_bytes")
         size, why = _sized(2 * current if current else None, figures, t, "twice the tier")
+        tiered = tiering.has_secondary_tier(figures)
         return Recommendation(
             "grow",
             size,
             [
                 f"CPU tier too small to add hits: {fmt(cpu, '', 0)} tokens vs GPU "
                 f"{fmt(gpu, '', 0)} tokens (it must exceed the GPU KV cache), allocation failures "
-                f"{fmt(failures, '/s', 3)}, offload hit ratio {fmt(hit)}",
+                f"{fmt(failures, '/s', 3)}, offload hit ratio {fmt(hit)}"
+                + (" (with the tier below's hits, which pass through it)" if tiered else ""),
                 why,
             ],
         )
@@ -370,10 +375,14 @@ def curve_size_gib(c: Counters, curve: CurveEvidence, t: Thresholds) -> tuple[fl
 
 
 def _by_curve(
-    rec: Recommendation, c: Counters, curve: CurveEvidence, t: Thresholds
+    rec: Recommendation,
+    c: Counters,
+    curve: CurveEvidence,
+    t: Thresholds,
+    below: knobs.TierRow | None = None,
 ) -> Recommendation:
     """enable/grow/shrink/keep from the KV-event miss-ratio curve, sizes per engine. Whether the
-    tier pays is the TTFT rule's question."""
+    tier pays is the TTFT rule's question; `below`: the tier under it, replayed, where one runs."""
     achievable, current_bytes = curve.achievable, curve.current_bytes
     curve_note = (
         f"the KV-event curve decided: achievable offload hit ratio "
@@ -413,6 +422,11 @@ def _by_curve(
         else:
             action = "keep"
         curve_note += f"; the current {gib_text(current_bytes)} gives {at_current:.3f}"
+        if below is not None:
+            curve_note += (
+                f" alone, {below.hit_ratio:.3f} with the tier below ({below.tier_hit_ratio:.3f} "
+                "from it: a larger CPU tier would serve those hits from pinned memory instead)"
+            )
     new = Recommendation(
         action,
         None if action == "keep" else size,

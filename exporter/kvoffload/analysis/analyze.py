@@ -14,7 +14,7 @@ from copy import deepcopy
 from dataclasses import dataclass, field, replace
 
 from kvoffload import recording
-from kvoffload.analysis import ttft
+from kvoffload.analysis import tiering, ttft
 from kvoffload.analysis.advisor import (
     GIB,
     Counters,
@@ -488,7 +488,7 @@ def _event_whatif(
         if live is None:
             return None
         ev.json["whatif"] = live.to_json()
-        return WhatIfRows.from_json(ev.json["whatif"])
+        return _with_tier_below(entry, ev, WhatIfRows.from_json(ev.json["whatif"]), proposed)
     advised = proposed * GIB if proposed is not None else 0.0
     sizes = {"current": ev.current_cpu_bytes_per_engine or 0.0, "advised": advised}
     top = 4 * max(sizes.values())
@@ -502,7 +502,23 @@ def _event_whatif(
         events.sample_budget or DEFAULT_MAX_BLOCKS,
     ).to_json()
     ev.json["whatif"] = whatif
-    return WhatIfRows.from_json(whatif)
+    return _with_tier_below(entry, ev, WhatIfRows.from_json(whatif), proposed)
+
+
+def _with_tier_below(
+    entry: GroupAnalysis, ev: EventEvidence, rows: WhatIfRows | None, proposed: float | None
+) -> WhatIfRows | None:
+    """On a server with a secondary tier, the current size's prediction counts the tier below too.
+
+    Why: its hits reach the GPU through the CPU tier and count as offload hits, so the CPU-alone
+    curve would compare 0 against the 0.6 such a server measures.
+    """
+    tier = rows.tiers.get("current") if rows is not None else None
+    if tier is not None and tiering.has_secondary_tier(entry.figures):
+        ev.json["predicted_offload_hit_ratio_current_with_tier"] = tier.hit_ratio
+        if proposed is None:
+            entry.predicted_offload_hit_ratio = tier.hit_ratio
+    return rows
 
 
 def _events_belong_to(window: Window, group: GroupKey, offloading: bool) -> bool:

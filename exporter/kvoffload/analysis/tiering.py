@@ -30,6 +30,17 @@ class TierVerdict:
     recompute_seconds_per_token: float | None = None
 
 
+def has_secondary_tier(figures: Mapping[str, float | None]) -> bool:
+    """Whether the window shows a tier below the CPU tier (its hits, or its lookups' delays).
+
+    Why: vLLM 0.26.0 exports no per-tier hits, only the lookup delays of its tiering manager.
+    """
+    return (
+        figures.get("tier_hit_ratio") is not None
+        or figures.get("tier_lookup_wait_seconds") is not None
+    )
+
+
 def _per_token(gbps: float | None, bytes_per_token: float | None) -> float | None:
     """Seconds to move one token's KV at `gbps` GB/s (None when either is unknown or 0)."""
     if not gbps or not bytes_per_token or gbps <= 0 or bytes_per_token <= 0:
