@@ -128,6 +128,9 @@ def event_evidence(
         # Loads the events show, with repeats: equal to vLLM's load-bytes counter over the
         # same span when the classification of never-loaded blocks is right.
         "cpu_loaded_bytes": events.cpu_loaded_blocks() * bpb if bpb else None,
+        # Stores the tiers below the CPU report (vLLM's fs tier with enable_kv_events), against
+        # whatif.secondary_tier's tier_written_bytes.
+        "tier_stored_bytes": events.tier_stored_blocks() * bpb if bpb else None,
         "never_loaded_evicted_bytes": evicted * bpb if bpb else None,
         "never_loaded_resident_bytes": resident * bpb if bpb else None,
         "bytes_per_block": bpb,

@@ -52,7 +52,13 @@ _ENGINE_SCALARS = (
     "last_ts",
 )
 # Added since the first files of version 1: read with 0 when absent.
-_ENGINE_COUNTERS = ("sequence_jumps", "sequence_rejected", "prefix_walks_cut", "decode_blocks")
+_ENGINE_COUNTERS = (
+    "sequence_jumps",
+    "sequence_rejected",
+    "prefix_walks_cut",
+    "decode_blocks",
+    "tier_stored_blocks",
+)
 
 
 class StateError(Exception):
@@ -224,6 +230,7 @@ class _Scalars(msgspec.Struct):
     sequence_rejected: _Count = 0
     prefix_walks_cut: _Count = 0
     decode_blocks: _Count = 0
+    tier_stored_blocks: _Count = 0
     gpu_parents_evicted: _Count = 0
     cpu_resident_evicted: _Count = 0
 

@@ -133,6 +133,9 @@ class EngineEvents:
     # and by sample_budget whatever it sends; enough to rebuild prefixes.
     gpu_parent: ParentMap = field(init=False)
     cpu_stored_blocks: int = 0
+    # Blocks the tiers below the CPU tier report stored (vLLM's fs tier with enable_kv_events:
+    # medium "FS", never removed): what the tier-below what-if predicts it writes.
+    tier_stored_blocks: int = 0
     # GPU blocks filled by decoding (see _is_decode_block): GPU-cached, never offloaded
     decode_blocks: int = 0
     # the last block of each recent GPU run (insertion order = age), to tell decode blocks
@@ -303,6 +306,8 @@ class EngineEvents:
                 for h in ev.block_hashes:
                     store(h)
                 self.cpu_stored_blocks += len(ev.block_hashes)
+            elif ev.kind == STORED:
+                self.tier_stored_blocks += len(ev.block_hashes)
             elif ev.kind == REMOVED and ev.medium in GPU_MEDIA:
                 pop = self.gpu_parent.pop
                 tails = self.chain_tails
@@ -580,6 +585,9 @@ class TargetEvents:
 
     def cpu_loaded_blocks(self) -> int:
         return sum(e.cpu_loaded_blocks for e in self.engines.values())
+
+    def tier_stored_blocks(self) -> int:
+        return sum(e.tier_stored_blocks for e in self.engines.values())
 
     def first_touch_ratios(self) -> tuple[float, float] | None:
         """(first-touch share of GPU-missed blocks over the whole stream, over its recent half).
