@@ -126,7 +126,13 @@ def test_idle_connections_past_the_file_limit(server):
     lines = _lines(log)
     assert len(lines) < 200, lines[-5:]
     assert not any("Traceback" in line for line in lines)
-    assert sum("cannot accept connections: Too many open files" in line for line in lines) >= 1
+    # The server shed load: out of descriptors, or (over TLS) at its cap of pending handshakes,
+    # which alone can keep it under the limit when the connections arrive slowly enough for
+    # each dropped handshake's socket to close before the next accept.
+    shed = ["cannot accept connections: Too many open files"]
+    if ca is not None:
+        shed.append("TLS handshakes pending: the oldest closed to make room")
+    assert any(m in line for line in lines for m in shed), lines[-5:]
     # Before: ~380,000 accepts a minute retried (a whole core); here the held connections cost
     # their accepts and the shedding only.
     assert spent < 1.5, f"{spent:.2f} s of CPU in {time.monotonic() - started:.1f} s"
