@@ -228,10 +228,11 @@ CONFIGS["qwen3-0.6b-rag-tiering-ab-2"] = (
     _TIER_AB,
     [("cpu1-fs", 1, False, _fs_tier("cpu1-fs")), ("cpu1", 1, False), ("nooffload", None, False)],
 )
-# Where the device time left cannot hold three servers: no offloading against the tiered one.
+# Where the device time left cannot hold three servers: the tiered one first (its predictions
+# need only its own events), then no offloading for the TTFT difference.
 CONFIGS["qwen3-0.6b-rag-tiering-ab-short"] = (
     _TIER_AB,
-    [("nooffload", None, False), ("cpu1-fs", 1, False, _fs_tier("cpu1-fs"))],
+    [("cpu1-fs", 1, False, _fs_tier("cpu1-fs")), ("nooffload", None, False)],
 )
 CONFIGS["qwen3-4b-rag-c16-kv3g-knobs-2"] = (
     CONFIGS["qwen3-4b-rag-c16-kv3g-knobs"][0],
