@@ -82,6 +82,22 @@ def test_sidecar_subscribes_and_publishes_the_curve():
     assert flag == float(ev["provisional"]) == float(bool(ev["provisional_reasons"]))
 
 
+@pytest.mark.slow
+def test_a_tiered_server_live_counts_the_fs_tiers_stores_and_predicts_with_it():
+    """Scenario `tiered` (an fs tier under the CPU tier): the tier's own stores (KV events,
+    medium FS) are exported, and the current size's prediction counts the tier below."""
+    status, metrics = asyncio.run(_live("tiered", speed=300.0, seconds=6.0, min_messages=3000))
+    (group,) = status["groups"]
+    ev = group["kv_events"]
+    assert ev["tier_stored_bytes"] > 0
+    samples = parse_text(metrics).samples
+    (stored,) = [v for n, _, v, _ in samples if n == "kvoffload_secondary_tier_stored_bytes_total"]
+    assert stored >= ev["tier_stored_bytes"]  # /metrics was read after the status
+    (tier,) = [r for r in ev["whatif"]["secondary_tier"] if r["size"] == "current"]
+    assert ev["predicted_offload_hit_ratio_current_with_tier"] == tier["cpu_hit_ratio"]
+    assert tier["cpu_hit_ratio"] >= ev["predicted_offload_hit_ratio_current"]
+
+
 @pytest.fixture
 def sim_with_events():
     http_port, events_port = free_port(), free_port()

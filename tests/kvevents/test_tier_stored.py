@@ -32,3 +32,14 @@ def test_fs_and_obj_stores_count_as_the_tier_below_and_nowhere_else(tmp_path) ->
     persist.save(events, "t:1", path)
     loaded = persist.load(path, "t:1", 1.0, None)
     assert loaded is not None and loaded.events.tier_stored_blocks() == 4
+
+
+def test_the_simulated_fs_tier_reports_every_chunk_it_is_written() -> None:
+    """Scenario `tiered`: every completed CPU store cascades to the fs tier, and its KV events
+    (medium FS) count the same chunks as the CPU tier's own stores."""
+    from kv_helpers import run_with_events
+
+    _window, events, _truth = run_with_events("tiered")
+    (engine,) = events.engines.values()
+    assert engine.tier_stored_blocks == engine.cpu_stored_blocks > 0
+    assert events.cpu_resident_blocks() <= engine.cpu_stored_blocks

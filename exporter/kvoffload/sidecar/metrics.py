@@ -399,6 +399,14 @@ SERIES: tuple[Series, ...] = (
     ),
     Series(
         "kv_events",
+        "kvoffload_secondary_tier_stored_bytes",
+        "counter",
+        GROUP,
+        "Bytes the tiers below the CPU tier report stored (KV events: vLLM's fs tier with "
+        "enable_kv_events); against kvoffload_whatif_secondary_tier_hit_ratio's replay.",
+    ),
+    Series(
+        "kv_events",
         "kvoffload_never_loaded_resident_bytes",
         "gauge",
         GROUP,
@@ -627,6 +635,7 @@ class SidecarCollector(Collector):
         resident = _gauge("kvoffload_cpu_resident_bytes")
         never_evicted = _counter("kvoffload_never_loaded_evicted_bytes")
         never_resident = _gauge("kvoffload_never_loaded_resident_bytes")
+        tier_stored = _counter("kvoffload_secondary_tier_stored_bytes")
         achievable = _gauge("kvoffload_achievable_offload_hit_ratio")
         predicted = _gauge("kvoffload_predicted_offload_hit_ratio")
         provisional = _gauge("kvoffload_curve_provisional")
@@ -651,6 +660,9 @@ class SidecarCollector(Collector):
                 value = info.get(field_name)
                 if isinstance(value, float | int):
                     family.add_metric(key, float(value))
+            # only where a tier below reports stores: a 0 would suggest one on every server
+            if isinstance(value := info.get("tier_stored_bytes"), float | int) and value > 0:
+                tier_stored.add_metric(key, float(value))
             if g.predicted_offload_hit_ratio is not None:
                 predicted.add_metric(key, g.predicted_offload_hit_ratio)
             if "provisional" in info:
@@ -660,6 +672,7 @@ class SidecarCollector(Collector):
             resident,
             never_evicted,
             never_resident,
+            tier_stored,
             achievable,
             predicted,
             provisional,

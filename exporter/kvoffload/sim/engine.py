@@ -596,6 +596,8 @@ class Engine:
             self._tier_transfer("write", len(keys), self.s.secondary_write_gbps, t)
         if self.kv is not None:
             self.kv.cpu_stored(self.index, t, keys)
+            if self.secondary is not None and keys:
+                self.kv.tier_stored(self.index, t, keys, self.secondary.tier_type.upper())
         if not self.in_step:
             self._record_step(t)
 

@@ -118,6 +118,14 @@ class KvEventLog:
 
     def cpu_stored(self, rank: int, t: float, keys: Iterable[int]) -> None:
         """Completed CPU stores: one placeholder event per chunk (vLLM 0.26's default)."""
+        self.tier_stored(rank, t, keys, MEDIUM_CPU)
+
+    def tier_stored(self, rank: int, t: float, keys: Iterable[int], medium: str) -> None:
+        """Completed stores into a tier (`medium`: CPU, FS, ...), one placeholder per chunk.
+
+        Why: vLLM 0.26.0's fs tier with enable_kv_events reports its stores as the CPU tier
+        does (OffloadingEventsTracker), and never its removals.
+        """
         events = self._events(rank, t)
         for k in keys:
             events.append(
@@ -128,7 +136,7 @@ class KvEventLog:
                     "token_ids": [],
                     "block_size": 0,
                     "lora_id": None,
-                    "medium": MEDIUM_CPU,
+                    "medium": medium,
                     "lora_name": None,
                 }
             )
