@@ -424,7 +424,8 @@ SERIES: tuple[Series, ...] = (
         "kvoffload_predicted_offload_hit_ratio",
         "gauge",
         GROUP,
-        "Predicted offload hit ratio at the recommended (else the current) CPU tier size.",
+        "Predicted offload hit ratio at the recommended (else the current) CPU tier size; at "
+        "the current size on a server with a tier below the CPU tier, with that tier's hits.",
     ),
     # `serve --prometheus`: the reads of the fleet from Prometheus
     Series(
