@@ -403,7 +403,7 @@ SERIES: tuple[Series, ...] = (
         "counter",
         GROUP,
         "Bytes the tiers below the CPU tier report stored (KV events: vLLM's fs tier with "
-        "enable_kv_events); against kvoffload_whatif_secondary_tier_hit_ratio's replay.",
+        "enable_kv_events in its secondary_tiers entry).",
     ),
     Series(
         "kv_events",
