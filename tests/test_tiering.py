@@ -231,6 +231,10 @@ def test_real_tiering_capture_with_its_kv_events_prices_the_tier_below(tmp_path:
     both = f"{alone['cpu_hit_ratio']:.3f} alone, {with_tier:.3f} with the tier below"
     assert both in curve["why"]
     assert group["recommendation"]["secondary_tier"]["pays"] is False
+    # the hits the verdict prices came through the CPU tier from either tier
+    assert group["recommendation"]["reasons"][0].startswith(
+        "the CPU tier with the tier below costs TTFT: 62% of GPU-missed tokens reload through"
+    )
     (reason,) = [r for r in group["recommendation"]["reasons"] if r.startswith("secondary tier")]
     wait = group["figures"]["tier_lookup_wait_seconds"]
     assert f"less than the {wait * 1e3:.3g} ms its lookups make one wait" in reason

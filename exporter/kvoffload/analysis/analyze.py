@@ -340,6 +340,7 @@ def _ttft_evidence(
         best_case_only=curve is None,
         current_bytes=capacity / engines if capacity else None,
         effect_with=effect_with,
+        tier_below=tiering.has_secondary_tier(figures),
     )
 
 

@@ -38,6 +38,7 @@ class TtftEvidence:
     best_case_only: bool = False
     current_bytes: float | None = None
     effect_with: Callable[[float, float], Effect | None] | None = None
+    tier_below: bool = False  # a secondary tier: its hits also reload through the CPU tier
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class _TierOn:
     hit_ratio: float | None
     best_case_only: bool
     bar: _Bar
+    tier_below: bool = False
 
     @classmethod
     def of(cls, rec: Recommendation, ev: TtftEvidence, now: Effect, bar: _Bar) -> _TierOn:
@@ -118,13 +120,25 @@ class _TierOn:
         at_size = effect_at(size * GIB) if size is not None and effect_at is not None else None
         # Both sizes through the same model, so that its bias cancels in the difference.
         base = effect_at(ev.current_bytes) if ev.current_bytes and effect_at is not None else None
-        return cls(now, size, at_size, base, ev.hit_ratio_now, ev.best_case_only, bar)
+        return cls(
+            now, size, at_size, base, ev.hit_ratio_now, ev.best_case_only, bar, ev.tier_below
+        )
+
+    @property
+    def name(self) -> str:
+        """What offloading is here: the CPU tier, or the CPU tier with a tier below it."""
+        return "the CPU tier with the tier below" if self.tier_below else "the CPU tier"
 
     @property
     def hit(self) -> str:
         """The share of GPU-missed tokens the tier reloads, as the opening of a reason."""
         if self.hit_ratio is None:
             return ""
+        if self.tier_below:
+            return (
+                f"{self.hit_ratio:.0%} of GPU-missed tokens reload through the CPU tier (from "
+                "it or the tier below), but "
+            )
         return f"{self.hit_ratio:.0%} of GPU-missed tokens reload from CPU, but "
 
     def change_to(self, target: Effect) -> Effect:
@@ -167,7 +181,7 @@ def judge_ttft(
             replace_advice(
                 rec,
                 "disable",
-                [f"the CPU tier costs TTFT: {tier.hit}{effect_words(now)}: {bar.note(now)}"],
+                [f"{tier.name} costs TTFT: {tier.hit}{effect_words(now)}: {bar.note(now)}"],
                 ttft_change_seconds=-now.seconds,
                 ttft_change_basis="measured",
                 ttft_change_range_seconds=effect_range(now, -1.0),
@@ -211,7 +225,7 @@ def _judge_on_saving(rec: Recommendation, tier: _TierOn) -> Recommendation:
     """
     now, at_size, bar = tier.now, tier.at_size, tier.bar
     rec.reasons.append(
-        f"the CPU tier pays: it saves at least {ms_text(-now.high)} per request "
+        f"{tier.name} pays: it saves at least {ms_text(-now.high)} per request "
         f"({bar.note(now)}: {effect_words(now)}); the other requests it spares a convoy of "
         "recomputes do not show on this server, so the saving may be larger"
     )
