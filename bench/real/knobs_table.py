@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Collection
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import plain_copy, run_analyze
@@ -75,25 +76,37 @@ def predicted(group: dict, policy: str, threshold: int) -> dict | None:
     return rows[0] if rows else None
 
 
-def one_call(folder: str) -> list[dict]:
-    """One call's rows: every server, measured and (for offloading ones) predicted."""
+def call_rows(folder: str, call: str, analyzed: Collection[str]) -> tuple[list[dict], dict]:
+    """Every server of one orch.py call with its clients' TTFT, and the analysis of those named.
+
+    Why: the knobs' and the tier's tables measure the same way and differ only in what they
+    predict (tier_table.py uses it too)."""
     ttft = client_ttft(folder)
     with open(os.path.join(folder, "servers.json")) as f:
         servers = json.load(f)["meta"]["order"]
     ran = [s for s in servers if s in ttft]
-    groups = {s: analyze(folder, s) for s in ran if s in KNOBS}
+    groups = {s: analyze(folder, s) for s in ran if s in analyzed}
     base = statistics.fmean(ttft["nooffload"]) if "nooffload" in ttft else None
-    rows = []
-    for s in ran:
-        t = ttft[s]
-        row: dict = {
-            "call": os.path.basename(folder)[len(PREFIX) - len("knobs-") :],
+    rows = [
+        {
+            "call": call,
             "server": s,
-            "requests": len(t),
-            "ttft_mean_ms": statistics.fmean(t),
-            "ttft_p50_ms": statistics.median(t),
-            "ttft_vs_nooffload_ms": statistics.fmean(t) - base if base is not None else None,
+            "requests": len(ttft[s]),
+            "ttft_mean_ms": statistics.fmean(ttft[s]),
+            "ttft_p50_ms": statistics.median(ttft[s]),
+            "ttft_vs_nooffload_ms": statistics.fmean(ttft[s]) - base if base is not None else None,
         }
+        for s in ran
+    ]
+    return rows, groups
+
+
+def one_call(folder: str) -> list[dict]:
+    """One call's rows: every server, measured and (for offloading ones) predicted."""
+    call = os.path.basename(folder)[len(PREFIX) - len("knobs-") :]
+    rows, groups = call_rows(folder, call, KNOBS)
+    for row in rows:
+        s = row["server"]
         if s in groups:
             g = groups[s]
             fig = g["figures"]
@@ -108,7 +121,6 @@ def one_call(folder: str) -> list[dict]:
             row["estimated_ttft_effect_ms"] = now.get("seconds") and 1e3 * now["seconds"]
             row["estimated_range_ms"] = [1e3 * x for x in now.get("range_seconds") or []]
             row["advice"] = g["recommendation"]["action"]
-        rows.append(row)
     return rows
 
 

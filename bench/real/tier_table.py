@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from knobs_table import ROOT, analyze, client_ttft, fmt, pooled
+from knobs_table import ROOT, call_rows, fmt, pooled
 
 PREFIX = "qwen3-0.6b-rag-tiering-ab"
 OFFLOADING = ("cpu1", "cpu1-fs")
@@ -34,24 +33,10 @@ def _row(group: dict, kind: str, **match: object) -> dict | None:
 
 def one_call(folder: str) -> list[dict]:
     """One call's rows: every server, measured and (for offloading ones) predicted."""
-    ttft = client_ttft(folder)
-    with open(os.path.join(folder, "servers.json")) as f:
-        servers = json.load(f)["meta"]["order"]
-    ran = [s for s in servers if s in ttft]
-    groups = {s: analyze(folder, s) for s in ran if s in OFFLOADING}
-    base = statistics.fmean(ttft["nooffload"]) if "nooffload" in ttft else None
     call = os.path.basename(folder)[len(PREFIX) :].lstrip("-") or "1"
-    rows = []
-    for s in ran:
-        t = ttft[s]
-        row: dict = {
-            "call": call,
-            "server": s,
-            "requests": len(t),
-            "ttft_mean_ms": statistics.fmean(t),
-            "ttft_p50_ms": statistics.median(t),
-            "ttft_vs_nooffload_ms": statistics.fmean(t) - base if base is not None else None,
-        }
+    rows, groups = call_rows(folder, call, OFFLOADING)
+    for row in rows:
+        s = row["server"]
         if s in groups:
             g = groups[s]
             fig, ev = g["figures"], g["kv_events"]
@@ -75,7 +60,6 @@ def one_call(folder: str) -> list[dict]:
             rec = g["recommendation"]
             row["advice"] = rec["action"]
             row["secondary_tier_pays"] = (rec.get("secondary_tier") or {}).get("pays")
-        rows.append(row)
     return rows
 
 
